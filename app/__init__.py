@@ -1,0 +1,1 @@
+"""Asyncio front end: HTTP and WebSocket routes, the bridge to the step thread, the CLI."""

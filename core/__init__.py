@@ -1,0 +1,1 @@
+"""Engine logic without torch: requests, scheduling, the KV block pool, the step loop."""

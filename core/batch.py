@@ -1,0 +1,74 @@
+"""The two plain objects that cross the seam between the scheduler and the executor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class ScheduledSequence:
+    """One request's share of a step: compute KV for `token_ids`, maybe sample after them.
+
+    `token_ids` sit at positions `start_position ..`, so `start_position + len(token_ids)` is
+    the sequence length the attention sees. `block_table` maps the sequence's logical blocks to
+    physical KV blocks and already covers every position written this step.
+    `all_token_ids` is the request's whole token list (prompt then output) for penalties;
+    the first `num_prompt_tokens` of it are the prompt. The executor must not modify either list.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    start_position: int
+    block_table: list[int]
+    sample: bool
+    sampling_params: SamplingParams
+    all_token_ids: list[int]
+    num_prompt_tokens: int
+
+    @property
+    def seq_len(self) -> int:
+        return self.start_position + len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Output tokens generated before this step (the one sampled now is not counted)."""
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+
+@dataclass(slots=True)
+class Batch:
+    """Everything one step computes: decodes first, then prefill chunks."""
+
+    sequences: list[ScheduledSequence] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Log-probabilities under the model's raw distribution for one sampled position."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(slots=True)
+class ExecutorOutput:
+    """One sampled token per sequence with `sample=True`, in batch order.
+
+    `logprobs` is aligned with `sampled_token_ids`; an entry is None where the request did not
+    ask for log-probabilities.
+    """
+
+    sampled_token_ids: list[int]
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)

@@ -1,0 +1,47 @@
+"""Engine settings: the scheduler's budgets, the KV cache shape and the policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICIES = ("fcfs", "static")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """What `baton serve` and `baton generate` flags set for the engine.
+
+    `max_model_len=None` takes the checkpoint's context length; `num_kv_blocks=None` lets the
+    executor size the cache from memory.
+    """
+
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"
+    gpu_memory_utilization: float = 0.9
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"--max-num-batched-tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"--block-size must be a power of two, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"--num-kv-blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(
+                f"--scheduling-policy must be one of {', '.join(POLICIES)}, "
+                f"got {self.scheduling_policy!r}"
+            )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )

@@ -1,0 +1,115 @@
+"""One generation request and its sequence state as the scheduler and step loop see it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from core.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(slots=True)
+class SLO:
+    """Latency targets in milliseconds; None means the server default applies."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+
+class Request:
+    """A prompt and everything generated for it so far.
+
+    `token_ids` holds the prompt followed by the output; the first `num_computed_tokens` of them
+    have their keys and values in the KV cache. After preemption that count drops to zero (or to
+    the prefix-cache hit) and the tokens are computed again.
+    """
+
+    __slots__ = (
+        "arrival_time",
+        "block_hashes",
+        "finish_reason",
+        "finish_time",
+        "first_scheduled_time",
+        "first_token_time",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "priority",
+        "request_id",
+        "sampling_params",
+        "slo",
+        "status",
+        "token_ids",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        arrival_time: float,
+        priority: int = 0,
+        slo: SLO | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.arrival_time = arrival_time
+        self.priority = priority
+        self.slo = slo or SLO()
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        # Prompt tokens served from the prefix cache the first time the request was scheduled.
+        self.num_cached_tokens: int | None = None
+        self.num_preemptions = 0
+        # Chained hashes of the full blocks of `token_ids`, extended as blocks fill.
+        self.block_hashes: list[bytes] = []
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+        self.finish_reason: FinishReason | None = None
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+            f"output={self.num_output_tokens}, computed={self.num_computed_tokens})"
+        )

@@ -1,0 +1,148 @@
+"""How one request's next tokens are chosen and when its generation stops."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_LOGPROBS = 20
+
+
+class InvalidRequestError(ValueError):
+    """A request the user can fix; `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Sampling and stopping for one request, validated on construction.
+
+    `max_tokens=None` lets the request run to the end of the context window.
+    `top_k` of -1 (or 0) and `top_p` of 1.0 disable those filters; `temperature` 0 is greedy.
+    `logprobs=N` returns the sampled token's log-probability and the N most likely alternatives.
+    """
+
+    max_tokens: int | None = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids)
+        self._validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    def _validate(self) -> None:
+        if self.max_tokens is not None and (_not_int(self.max_tokens) or self.max_tokens < 1):
+            raise InvalidRequestError(
+                f"max_tokens must be a positive integer, got {self.max_tokens!r}", "max_tokens"
+            )
+        _require_finite(self.temperature, "temperature")
+        if self.temperature < 0:
+            raise InvalidRequestError(
+                f"temperature must be >= 0 (0 means greedy), got {self.temperature}",
+                "temperature",
+            )
+        _require_finite(self.top_p, "top_p")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequestError(
+                f"top_p must be in (0, 1], got {self.top_p}; use 1 to disable it", "top_p"
+            )
+        if _not_int(self.top_k) or self.top_k < -1:
+            raise InvalidRequestError(
+                f"top_k must be an integer >= -1 (-1 or 0 disables it), got {self.top_k!r}",
+                "top_k",
+            )
+        _require_finite(self.min_p, "min_p")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
+        if self.seed is not None and _not_int(self.seed):
+            raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}", "seed")
+        self._validate_stops()
+        if _not_int(self.min_tokens) or self.min_tokens < 0:
+            raise InvalidRequestError(
+                f"min_tokens must be an integer >= 0, got {self.min_tokens!r}", "min_tokens"
+            )
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidRequestError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
+                "min_tokens",
+            )
+        _require_finite(self.repetition_penalty, "repetition_penalty")
+        if self.repetition_penalty <= 0:
+            raise InvalidRequestError(
+                f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}",
+                "repetition_penalty",
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _require_finite(value, name)
+            if not -2.0 <= value <= 2.0:
+                raise InvalidRequestError(f"{name} must be in [-2, 2], got {value}", name)
+        if self.logprobs is not None and (
+            _not_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise InvalidRequestError(
+                f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
+                "logprobs",
+            )
+
+    def _validate_stops(self) -> None:
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequestError(
+                f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(self.stop)}",
+                "stop",
+            )
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise InvalidRequestError("stop strings must be non-empty strings", "stop")
+            if len(s) > MAX_STOP_STRING_CHARS:
+                raise InvalidRequestError(
+                    f"a stop string may be at most {MAX_STOP_STRING_CHARS} characters, "
+                    f"got one of {len(s)}",
+                    "stop",
+                )
+        for t in self.stop_token_ids:
+            if _not_int(t) or t < 0:
+                raise InvalidRequestError(
+                    f"stop_token_ids must be non-negative integers, got {t!r}", "stop_token_ids"
+                )
+
+
+def _not_int(value: object) -> bool:
+    return isinstance(value, bool) or not isinstance(value, int)
+
+
+def _require_finite(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequestError(f"{name} must be a finite number, got {value!r}", name)

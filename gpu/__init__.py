@@ -1,0 +1,1 @@
+"""Torch executor: checkpoint loading, model definitions, KV cache tensors, the sampler."""

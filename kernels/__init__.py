@@ -1,0 +1,1 @@
+"""Compute kernels, each beside the plain-torch reference it is tested against."""

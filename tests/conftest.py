@@ -1,0 +1,40 @@
+"""Shared fixtures: tiny random-weight checkpoints of each supported family, built once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer():
+    """The byte-level BPE tokenizer every test checkpoint shares (trained once per session)."""
+    from gpu.random_checkpoint import train_tokenizer
+
+    return train_tokenizer(512)
+
+
+@pytest.fixture(scope="session")
+def make_checkpoint(tmp_path_factory, hf_tokenizer):
+    """Build (and cache) a tiny random checkpoint: `make_checkpoint("qwen3", hidden_size=...)`."""
+    from gpu.random_checkpoint import write_checkpoint
+
+    built: dict[tuple, Path] = {}
+
+    def make(family: str = "llama", **overrides) -> Path:
+        key = (family, tuple(sorted(overrides.items())))
+        if key not in built:
+            out = tmp_path_factory.mktemp(f"ckpt-{family}")
+            built[key] = write_checkpoint(out, family, "tiny", tokenizer=hf_tokenizer, **overrides)
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def llama_checkpoint(make_checkpoint) -> Path:
+    return make_checkpoint("llama")
