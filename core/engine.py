@@ -1,0 +1,174 @@
+"""The engine: one `step()` runs schedule → execute → update → detokenize → stop checks and
+returns every request's delta for that iteration. `core` stays free of torch: the model runs
+behind the `Executor` interface."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from core.config import EngineConfig
+from core.executor import Executor
+from core.kv_cache_manager import KVCacheManager
+from core.output_processor import OutputProcessor
+from core.outputs import RequestOutput, RequestTiming
+from core.policy import make_policy
+from core.request import SLO, FinishReason, Request
+from core.sampling_params import InvalidRequestError, SamplingParams
+from core.scheduler import Scheduler
+from core.tokenizer import Tokenizer
+
+
+class Engine:
+    """Continuous batching over one executor. Not thread-safe: one thread drives it."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        executor: Executor,
+        *,
+        max_model_len: int,
+        vocab_size: int,
+        eos_token_ids: list[int],
+        tokenizer: Tokenizer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.executor = executor
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.clock = clock
+        self.tokenizer = tokenizer
+        self.kv_cache = KVCacheManager(
+            executor.num_kv_blocks, executor.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.kv_cache,
+            make_policy(config.scheduling_policy),
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+        )
+        self.outputs = OutputProcessor(tokenizer, eos_token_ids, max_model_len)
+        self.num_steps = 0
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        slo: SLO | None = None,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Queue a request, or raise InvalidRequestError if it can never be served."""
+        self._check_prompt(prompt_token_ids)
+        num_prompt = len(prompt_token_ids)
+        room = self.max_model_len - num_prompt
+        if params.max_tokens is None:
+            params = dataclasses.replace(params, max_tokens=room)
+        elif params.max_tokens > room:
+            raise InvalidRequestError(
+                f"the prompt has {num_prompt} tokens and max_tokens is {params.max_tokens}, "
+                f"but the context length is {self.max_model_len}; lower max_tokens to at most "
+                f"{room} or shorten the prompt",
+                "max_tokens",
+            )
+        blocks = self.kv_cache.blocks_needed(num_prompt + params.max_tokens)
+        if blocks > self.kv_cache.num_blocks:
+            raise InvalidRequestError(
+                f"the request needs {blocks} KV blocks ({num_prompt} prompt + {params.max_tokens}"
+                f" max_tokens) but the whole cache has {self.kv_cache.num_blocks}; lower "
+                "max_tokens or start the server with more --num-kv-blocks",
+                "max_tokens",
+            )
+        arrival = self.clock() if arrival_time is None else arrival_time
+        request = Request(request_id, prompt_token_ids, params, arrival, priority, slo)
+        self.scheduler.add_request(request)
+        self.outputs.add(request)
+        return request
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Cancel a request; its KV blocks are free before the next step."""
+        return self._finish_early(request_id, FinishReason.CANCELLED, None)
+
+    def fail_request(self, request_id: str, error: str) -> RequestOutput | None:
+        return self._finish_early(request_id, FinishReason.ERROR, error)
+
+    def step(self) -> list[RequestOutput]:
+        now = self.clock()
+        batch = self.scheduler.schedule(now)
+        if not batch.sequences:
+            return []
+        result = self.executor.execute(batch)
+        sampled = self.scheduler.update(batch, result)
+        now = self.clock()
+        self.num_steps += 1
+        outputs = []
+        for request, token_id, logprobs in sampled:
+            if request.first_token_time is None:
+                request.first_token_time = now
+            text, finish_reason = self.outputs.process(request, token_id)
+            output = RequestOutput(
+                request.request_id,
+                [token_id],
+                text,
+                request.num_prompt_tokens,
+                request.num_output_tokens,
+                token_times=[now],
+            )
+            if logprobs is not None:
+                output.logprobs = [logprobs]
+            if finish_reason is not None:
+                self._finish(request, output, finish_reason, now)
+            outputs.append(output)
+        return outputs
+
+    def _finish(
+        self, request: Request, output: RequestOutput, reason: FinishReason, now: float
+    ) -> None:
+        self.scheduler.finish_request(request, reason, now)
+        output.new_text += self.outputs.remove(request.request_id)
+        output.finished = True
+        output.finish_reason = reason
+        output.timing = RequestTiming.of(request)
+
+    def _finish_early(
+        self, request_id: str, reason: FinishReason, error: str | None
+    ) -> RequestOutput | None:
+        request = self.scheduler.requests.get(request_id)
+        if request is None:
+            return None
+        output = RequestOutput(
+            request_id, [], "", request.num_prompt_tokens, request.num_output_tokens, error=error
+        )
+        self._finish(request, output, reason, self.clock())
+        return output
+
+    def _check_prompt(self, prompt_token_ids: list[int]) -> None:
+        if not prompt_token_ids:
+            raise InvalidRequestError("the prompt is empty; send at least one token", "prompt")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(prompt_token_ids)} tokens but the context length is "
+                f"{self.max_model_len}, which must also leave room for one generated token",
+                "prompt",
+            )
+        bad = next((t for t in prompt_token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"token id {bad} is outside the vocabulary [0, {self.vocab_size})", "prompt"
+            )

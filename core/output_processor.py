@@ -1,0 +1,89 @@
+"""Turns sampled tokens into text and decides when a request stops: EOS, stop tokens, stop
+strings, max_tokens, the context length. Text that might still become a stop string is held
+back, so a stop string never reaches the client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.detokenizer import IncrementalDetokenizer
+from core.request import FinishReason, Request
+from core.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class _Stream:
+    detokenizer: IncrementalDetokenizer | None
+    text: str = ""
+    num_emitted_chars: int = 0
+
+
+class OutputProcessor:
+    def __init__(
+        self, tokenizer: Tokenizer | None, eos_token_ids: list[int], max_model_len: int
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_model_len = max_model_len
+        self._streams: dict[str, _Stream] = {}
+
+    def add(self, request: Request) -> None:
+        detokenizer = None
+        if self.tokenizer is not None:
+            detokenizer = IncrementalDetokenizer(
+                self.tokenizer,
+                request.prompt_token_ids,
+                request.sampling_params.skip_special_tokens,
+            )
+        self._streams[request.request_id] = _Stream(detokenizer)
+
+    def remove(self, request_id: str) -> str:
+        """Forget a request; returns whatever text it still held back."""
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return ""
+        return stream.text[stream.num_emitted_chars :]
+
+    def process(self, request: Request, token_id: int) -> tuple[str, FinishReason | None]:
+        """Account for the token just appended to `request`: its text delta and stop reason."""
+        params = request.sampling_params
+        stream = self._streams[request.request_id]
+        num_output = request.num_output_tokens
+        may_stop = num_output >= params.min_tokens
+        if may_stop and not params.ignore_eos and token_id in self.eos_token_ids:
+            return self._release(stream, None), FinishReason.STOP
+        if may_stop and token_id in params.stop_token_ids:
+            return self._release(stream, None), FinishReason.STOP
+        if stream.detokenizer is not None:
+            stream.text += stream.detokenizer.add(token_id)
+        if params.stop and may_stop:
+            cut = _find_stop(stream.text, params.stop, stream.num_emitted_chars)
+            if cut is not None:
+                return self._release(stream, cut), FinishReason.STOP
+        if (params.max_tokens is not None and num_output >= params.max_tokens) or (
+            request.num_tokens >= self.max_model_len
+        ):
+            return self._release(stream, None), FinishReason.LENGTH
+        holdback = max(map(len, params.stop)) - 1 if params.stop else 0
+        end = max(stream.num_emitted_chars, len(stream.text) - holdback)
+        delta = stream.text[stream.num_emitted_chars : end]
+        stream.num_emitted_chars = end
+        return delta, None
+
+    def _release(self, stream: _Stream, cut: int | None) -> str:
+        """The last delta of a finished request: all held-back text up to `cut`."""
+        if cut is not None:
+            stream.text = stream.text[:cut]
+        elif stream.detokenizer is not None:
+            stream.text += stream.detokenizer.flush()
+        delta = stream.text[stream.num_emitted_chars :]
+        stream.num_emitted_chars = len(stream.text)
+        return delta
+
+
+def _find_stop(text: str, stops: list[str], num_emitted: int) -> int | None:
+    """Where the earliest stop string starts, looking only where a new match can be."""
+    longest = max(map(len, stops))
+    start = max(0, num_emitted - longest)
+    found = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+    return min(found) if found else None

@@ -1,0 +1,53 @@
+"""What the engine hands back each step: per request, the tokens and text that step produced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.batch import TokenLogprobs
+from core.request import FinishReason, Request
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    """Latency breakdown in milliseconds, from the engine's own clock."""
+
+    queue_ms: float
+    ttft_ms: float
+    tpot_ms: float
+    e2e_ms: float
+    cached_prompt_tokens: int
+    preemptions: int
+
+    @classmethod
+    def of(cls, request: Request) -> RequestTiming:
+        arrival = request.arrival_time
+        first_scheduled = request.first_scheduled_time or arrival
+        first_token = request.first_token_time or first_scheduled
+        finish = request.finish_time or first_token
+        decode_tokens = request.num_output_tokens - 1
+        return cls(
+            queue_ms=(first_scheduled - arrival) * 1e3,
+            ttft_ms=(first_token - arrival) * 1e3,
+            tpot_ms=(finish - first_token) * 1e3 / decode_tokens if decode_tokens > 0 else 0.0,
+            e2e_ms=(finish - arrival) * 1e3,
+            cached_prompt_tokens=request.num_cached_tokens or 0,
+            preemptions=request.num_preemptions,
+        )
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """One request's delta from one step; the last one has `finished` set and `timing`."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprobs] | None = None
+    timing: RequestTiming | None = None
+    error: str | None = None
+    token_times: list[float] = field(default_factory=list)

@@ -1,0 +1,174 @@
+"""The scheduler mechanism: per step, fill a token budget with running decodes first, then
+prefill chunks of partly-prefilled and waiting requests; preempt by recompute when KV blocks run
+out. Which request goes first, how much prefill a step carries and whom to preempt are the
+policy's decisions."""
+
+from __future__ import annotations
+
+from core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
+from core.kv_cache_manager import KVCacheManager
+from core.policy import SchedulingPolicy
+from core.request import FinishReason, Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv_cache: KVCacheManager,
+        policy: SchedulingPolicy,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+    ) -> None:
+        self.kv_cache = kv_cache
+        self.policy = policy
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._scheduled: list[Request] = []
+        self.num_preemptions = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_request(self, request: Request, reason: FinishReason, now: float) -> None:
+        """Take a request out of the queues for good and free its blocks at once."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status is not RequestStatus.FINISHED:
+            self.waiting.remove(request)
+        self.kv_cache.free(request)
+        del self.requests[request.request_id]
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finish_time = now
+
+    def schedule(self, now: float) -> Batch:
+        batch = Batch()
+        self._scheduled = []
+        token_budget = self.max_num_batched_tokens
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        preempted = False
+
+        for request in decodes:
+            if token_budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted to make room for an earlier decode
+            if self._reserve(request, 1, now):
+                self._add(batch, request, 1)
+                token_budget -= 1
+            else:
+                preempted = True
+
+        prefill_budget = self.policy.prefill_budget(self.running, token_budget, now)
+        for request in prefills:
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            num_new = min(request.num_tokens - request.num_computed_tokens, prefill_budget)
+            if num_new == 0:
+                break
+            if self._reserve(request, num_new, now):
+                self._add(batch, request, num_new)
+                prefill_budget -= num_new
+            else:
+                preempted = True
+
+        # After a preemption the pool is known to be short; admitting more would only thrash.
+        if not preempted:
+            self._admit_waiting(batch, prefill_budget, now)
+        return batch
+
+    def update(
+        self, batch: Batch, output: ExecutorOutput
+    ) -> list[tuple[Request, int, TokenLogprobs | None]]:
+        """Advance each scheduled request past this step's tokens; return the sampled tokens."""
+        sampled = []
+        index = 0
+        for seq, request in zip(batch.sequences, self._scheduled, strict=True):
+            request.num_computed_tokens += len(seq.token_ids)
+            self.kv_cache.cache_computed_blocks(request)
+            if seq.sample:
+                token_id = output.sampled_token_ids[index]
+                logprobs = output.logprobs[index] if output.logprobs else None
+                index += 1
+                request.append_token(token_id)
+                sampled.append((request, token_id, logprobs))
+        self._scheduled = []
+        return sampled
+
+    def _admit_waiting(self, batch: Batch, prefill_budget: int, now: float) -> None:
+        admitted: set[str] = set()
+        for request in self.policy.order_waiting(self.waiting, now):
+            if prefill_budget == 0 or len(self.running) >= self.max_num_seqs:
+                break
+            prefix = self.kv_cache.cached_prefix(request)
+            num_hit = len(prefix) * self.kv_cache.block_size
+            num_new = min(request.num_tokens - num_hit, prefill_budget)
+            if not self.kv_cache.allocate_slots(request, num_new, prefix):
+                break
+            admitted.add(request.request_id)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit
+            if request.num_cached_tokens is None:
+                request.num_cached_tokens = num_hit
+                request.first_scheduled_time = now
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += num_hit
+            self.running.append(request)
+            self._add(batch, request, num_new)
+            prefill_budget -= num_new
+        if admitted:
+            self.waiting = [r for r in self.waiting if r.request_id not in admitted]
+
+    def _reserve(self, request: Request, num_new: int, now: float) -> bool:
+        """Get blocks for a running request, preempting others (or itself) until they fit."""
+        while not self.kv_cache.allocate_slots(request, num_new):
+            scheduled = {r.request_id for r in self._scheduled}
+            candidates = [r for r in self.running if r.request_id not in scheduled]
+            victim = self.policy.choose_victim(candidates, now)
+            self._preempt(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv_cache.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.append(request)
+
+    def _add(self, batch: Batch, request: Request, num_new: int) -> None:
+        start = request.num_computed_tokens
+        end = start + num_new
+        batch.sequences.append(
+            ScheduledSequence(
+                request_id=request.request_id,
+                token_ids=request.token_ids[start:end],
+                start_position=start,
+                block_table=self.kv_cache.block_table(request.request_id),
+                sample=end == request.num_tokens,
+                sampling_params=request.sampling_params,
+                all_token_ids=request.token_ids,
+                num_prompt_tokens=request.num_prompt_tokens,
+            )
+        )
+        self._scheduled.append(request)
+        if num_new == 1 and start >= request.num_prompt_tokens:
+            batch.num_decode_tokens += 1
+        else:
+            batch.num_prefill_tokens += num_new

@@ -1,0 +1,134 @@
+"""The step thread: drains a thread-safe inbox of adds and aborts, steps the engine, and hands
+each iteration's outputs for all requests to one callback. Idle means blocked on the inbox."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from core.engine import Engine
+from core.outputs import RequestOutput
+from core.request import SLO, FinishReason
+from core.sampling_params import InvalidRequestError, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class AddRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int = 0
+    slo: SLO | None = None
+    arrival_time: float | None = None
+
+
+@dataclass(slots=True)
+class AbortRequest:
+    request_id: str
+
+
+class _Stop:
+    """Inbox marker: finish the current step, cancel what is left, end the thread."""
+
+
+class StepLoop:
+    """Owns the engine on one thread; every other thread talks to it through `submit`/`abort`."""
+
+    def __init__(self, engine: Engine, deliver: Callable[[list[RequestOutput]], None]) -> None:
+        self.engine = engine
+        self.deliver = deliver
+        self._inbox: queue.SimpleQueue[AddRequest | AbortRequest | _Stop] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def submit(self, add: AddRequest) -> None:
+        self._inbox.put(add)
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(AbortRequest(request_id))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="baton-step", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._inbox.put(_Stop())
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run(self) -> None:
+        while not self._stopping:
+            outputs = self._drain_inbox(block=not self.engine.has_unfinished_requests)
+            if self._stopping:
+                break
+            if self.engine.has_unfinished_requests:
+                outputs.extend(self._step())
+            if outputs:
+                self.deliver(outputs)
+        self._cancel_all()
+
+    def _drain_inbox(self, block: bool) -> list[RequestOutput]:
+        outputs: list[RequestOutput] = []
+        while True:
+            try:
+                message = self._inbox.get(block=block)
+            except queue.Empty:
+                return outputs
+            block = False
+            if isinstance(message, _Stop):
+                self._stopping = True
+                return outputs
+            if isinstance(message, AbortRequest):
+                aborted = self.engine.abort_request(message.request_id)
+                if aborted is not None:
+                    outputs.append(aborted)
+                continue
+            try:
+                self.engine.add_request(
+                    message.request_id,
+                    message.prompt_token_ids,
+                    message.params,
+                    priority=message.priority,
+                    slo=message.slo,
+                    arrival_time=message.arrival_time,
+                )
+            except InvalidRequestError as error:
+                outputs.append(_rejected(message, str(error)))
+
+    def _step(self) -> list[RequestOutput]:
+        try:
+            return self.engine.step()
+        except Exception as error:
+            # The batch's state is unknown after a failed forward: fail what was running,
+            # keep the loop (and the waiting requests) alive.
+            logger.exception("engine step failed")
+            running = [r.request_id for r in self.engine.scheduler.running]
+            failed = (self.engine.fail_request(rid, f"internal error: {error}") for rid in running)
+            return [output for output in failed if output is not None]
+
+    def _cancel_all(self) -> None:
+        outputs = []
+        for request_id in list(self.engine.scheduler.requests):
+            output = self.engine.abort_request(request_id)
+            if output is not None:
+                outputs.append(output)
+        if outputs:
+            self.deliver(outputs)
+
+
+def _rejected(add: AddRequest, message: str) -> RequestOutput:
+    return RequestOutput(
+        add.request_id,
+        [],
+        "",
+        len(add.prompt_token_ids),
+        0,
+        finished=True,
+        finish_reason=FinishReason.ERROR,
+        error=message,
+    )

@@ -1,0 +1,247 @@
+"""Scheduler mechanism on a simulated clock with a model-free executor: budgets, chunked prefill,
+decodes first, preemption and resumption, admission refusal, static batching, prefix hits."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from core.config import EngineConfig
+from core.engine import Engine
+from core.request import FinishReason, RequestStatus
+from core.sampling_params import InvalidRequestError, SamplingParams
+from core.simulated_executor import SimulatedClock, SimulatedExecutor
+
+VOCAB = 1000
+
+
+def make_engine(
+    num_kv_blocks: int = 256, block_size: int = 16, max_model_len: int = 4096, **config
+) -> Engine:
+    clock = SimulatedClock()
+    executor = SimulatedExecutor(num_kv_blocks, block_size, VOCAB, clock)
+    return Engine(
+        EngineConfig(block_size=block_size, **config),
+        executor,
+        max_model_len=max_model_len,
+        vocab_size=VOCAB,
+        eos_token_ids=[],
+        clock=clock,
+    )
+
+
+def prompt(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+def run_to_completion(engine: Engine, max_steps: int = 10_000) -> dict[str, list[int]]:
+    tokens: dict[str, list[int]] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests:
+            return tokens
+        for output in engine.step():
+            tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
+    raise AssertionError("requests did not finish")
+
+
+def scheduled_steps(engine: Engine, max_steps: int = 10_000):
+    """Yield each step's batch (scheduled but not yet executed), then run the step."""
+    scheduler = engine.scheduler
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests:
+            return
+        batch = scheduler.schedule(engine.clock())
+        yield batch
+        result = engine.executor.execute(batch)
+        for request, token_id, _ in scheduler.update(batch, result):
+            _, reason = engine.outputs.process(request, token_id)
+            if reason is not None:
+                engine._finish(request, _blank(request), reason, engine.clock())
+
+
+def _blank(request):
+    from core.outputs import RequestOutput
+
+    return RequestOutput(request.request_id, [], "", request.num_prompt_tokens, 0)
+
+
+def test_every_step_respects_token_budget_and_sequence_cap():
+    engine = make_engine(max_num_seqs=8, max_num_batched_tokens=64)
+    rng = random.Random(1)
+    for i in range(40):
+        params = SamplingParams(max_tokens=rng.randint(1, 40))
+        engine.add_request(f"r{i}", prompt(rng.randint(1, 200), i), params)
+    steps = list(scheduled_steps(engine))
+    assert steps
+    for batch in steps:
+        assert 0 < batch.num_tokens <= 64
+        assert len(batch) <= 8
+        assert len({s.request_id for s in batch.sequences}) == len(batch)
+
+
+def test_long_prompt_is_split_into_chunks_and_samples_only_after_the_last():
+    engine = make_engine(max_num_batched_tokens=32)
+    engine.add_request("long", prompt(100), SamplingParams(max_tokens=2))
+    chunks = []
+    for batch in scheduled_steps(engine):
+        (seq,) = batch.sequences
+        chunks.append((seq.start_position, len(seq.token_ids), seq.sample))
+    assert chunks == [
+        (0, 32, False),
+        (32, 32, False),
+        (64, 32, False),
+        (96, 4, True),
+        (100, 1, True),
+    ]
+
+
+def test_decodes_ride_in_every_step_while_a_long_prompt_prefills():
+    engine = make_engine(max_num_batched_tokens=40)
+    for i in range(4):
+        engine.add_request(f"d{i}", prompt(8, i), SamplingParams(max_tokens=30))
+    engine.step()  # all four prefill together
+    engine.add_request("long", prompt(300, 9), SamplingParams(max_tokens=1))
+    steps = scheduled_steps(engine)
+    for _ in range(6):
+        batch = next(steps)
+        decodes = [s.request_id for s in batch.sequences if len(s.token_ids) == 1]
+        prefill = [s for s in batch.sequences if s.request_id == "long"]
+        assert decodes == ["d0", "d1", "d2", "d3"]
+        assert len(prefill[0].token_ids) == 36, "the prefill chunk takes the rest of the budget"
+        assert batch.num_decode_tokens == 4 and batch.num_prefill_tokens == 36
+
+
+def test_preempted_request_resumes_with_the_same_output():
+    lengths = [(40, 60), (50, 50), (30, 70)]
+
+    def add_all(engine):
+        for i, (n_prompt, n_out) in enumerate(lengths):
+            engine.add_request(f"r{i}", prompt(n_prompt, i), SamplingParams(max_tokens=n_out))
+
+    alone = {}
+    for i, (n_prompt, n_out) in enumerate(lengths):
+        engine = make_engine()
+        engine.add_request(f"r{i}", prompt(n_prompt, i), SamplingParams(max_tokens=n_out))
+        alone.update(run_to_completion(engine))
+
+    # 3 requests need up to 7 blocks each; 14 blocks force preemptions.
+    tight = make_engine(num_kv_blocks=14)
+    add_all(tight)
+    together = run_to_completion(tight)
+    assert tight.scheduler.num_preemptions > 0
+    assert together == alone
+    assert tight.kv_cache.pool.num_free_blocks == 14
+
+
+def test_victim_is_the_latest_arrival_under_fcfs():
+    engine = make_engine(num_kv_blocks=8, block_size=4)
+    engine.add_request("early", prompt(12, 1), SamplingParams(max_tokens=16))
+    engine.add_request("late", prompt(12, 2), SamplingParams(max_tokens=16))
+    for _ in range(20):
+        engine.step()
+        late = engine.scheduler.requests.get("late")
+        if late is not None and late.num_preemptions:
+            break
+    early = engine.scheduler.requests["early"]
+    assert late.num_preemptions == 1 and early.num_preemptions == 0
+    assert late.status in (RequestStatus.PREEMPTED, RequestStatus.RUNNING)
+
+
+def test_request_that_can_never_fit_is_refused_at_admission():
+    engine = make_engine(num_kv_blocks=4, block_size=16)
+    with pytest.raises(InvalidRequestError, match="KV blocks"):
+        engine.add_request("big", prompt(50), SamplingParams(max_tokens=20))
+    with pytest.raises(InvalidRequestError, match="context length"):
+        make_engine(max_model_len=64).add_request("x", prompt(60), SamplingParams(max_tokens=10))
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        engine.add_request("bad", [VOCAB], SamplingParams())
+    with pytest.raises(InvalidRequestError, match="empty"):
+        engine.add_request("empty", [], SamplingParams())
+    assert not engine.has_unfinished_requests
+
+
+def test_max_tokens_defaults_to_the_room_left_in_the_context():
+    engine = make_engine(max_model_len=40)
+    shared = SamplingParams(max_tokens=None)
+    engine.add_request("a", prompt(30), shared)
+    assert run_to_completion(engine)["a"].__len__() == 10
+    assert shared.max_tokens is None, "the caller's params are not modified"
+
+
+def test_static_batching_never_admits_into_a_running_batch():
+    engine = make_engine(scheduling_policy="static", max_num_seqs=4, max_num_batched_tokens=16)
+    for i in range(3):
+        engine.add_request(f"a{i}", prompt(40, i), SamplingParams(max_tokens=5 + 5 * i))
+    first = engine.scheduler.schedule(0.0)
+    assert {s.request_id for s in first.sequences} == {"a0", "a1", "a2"}
+    assert first.num_prefill_tokens == 120, "static prefills the whole batch at once"
+    engine.scheduler.update(first, engine.executor.execute(first))
+    engine.add_request("late", prompt(10, 7), SamplingParams(max_tokens=3))
+    batch_sizes = []
+    for batch in scheduled_steps(engine):
+        ids = {s.request_id for s in batch.sequences}
+        if "late" in ids:
+            assert ids == {"late"}, "the late request runs only after the batch drained"
+        batch_sizes.append(len(ids))
+    assert batch_sizes[:4] == [3, 3, 3, 3]
+
+
+def test_abort_frees_blocks_before_the_next_step():
+    engine = make_engine(num_kv_blocks=32)
+    engine.add_request("a", prompt(100), SamplingParams(max_tokens=50))
+    engine.step()
+    assert engine.kv_cache.pool.num_free_blocks < 32
+    output = engine.abort_request("a")
+    assert output.finished and output.finish_reason is FinishReason.CANCELLED
+    assert engine.kv_cache.pool.num_free_blocks == 32
+    assert not engine.has_unfinished_requests
+    assert engine.abort_request("a") is None
+
+
+def test_prefix_cache_hit_skips_prefill_of_cached_blocks():
+    engine = make_engine(max_num_batched_tokens=512)
+    shared = prompt(64, 3)
+    engine.add_request("first", [*shared, 1, 2, 3], SamplingParams(max_tokens=2))
+    run_to_completion(engine)
+    engine.add_request("second", [*shared, 4, 5], SamplingParams(max_tokens=2))
+    batch = engine.scheduler.schedule(engine.clock())
+    (seq,) = batch.sequences
+    assert seq.start_position == 64 and seq.token_ids == [4, 5]
+    assert engine.scheduler.requests["second"].num_cached_tokens == 64
+    assert engine.scheduler.prefix_cache_hits == 64
+
+
+def test_prefix_caching_can_be_turned_off():
+    engine = make_engine(enable_prefix_caching=False)
+    shared = prompt(64, 3)
+    engine.add_request("first", [*shared, 1], SamplingParams(max_tokens=2))
+    run_to_completion(engine)
+    engine.add_request("second", [*shared, 2], SamplingParams(max_tokens=2))
+    (seq,) = engine.scheduler.schedule(engine.clock()).sequences
+    assert seq.start_position == 0
+
+
+def test_outputs_are_batch_invariant_across_budgets_and_caches():
+    specs = [
+        (random.Random(i).randint(1, 300), random.Random(i + 99).randint(1, 60)) for i in range(32)
+    ]
+
+    def run(max_batched: int, prefix: bool, blocks: int = 1024) -> tuple[dict, Engine]:
+        engine = make_engine(
+            num_kv_blocks=blocks, max_num_batched_tokens=max_batched, enable_prefix_caching=prefix
+        )
+        for i, (n_prompt, n_out) in enumerate(specs):
+            engine.add_request(f"r{i}", prompt(n_prompt, i % 5), SamplingParams(max_tokens=n_out))
+        return run_to_completion(engine), engine
+
+    reference, _ = run(2048, prefix=False)
+    assert [len(reference[f"r{i}"]) for i in range(32)] == [n for _, n in specs]
+    for max_batched in (1, 16, 256):
+        tokens, engine = run(max_batched, prefix=True)
+        assert tokens == reference
+        assert engine.scheduler.prefix_cache_hits > 0, "prompts share prefixes: the cache is warm"
+    tokens, engine = run(256, prefix=True, blocks=40)
+    assert engine.scheduler.num_preemptions > 0
+    assert tokens == reference
