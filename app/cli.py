@@ -1,0 +1,137 @@
+"""The `baton` command line: `baton generate` runs the engine offline on a checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from core.config import POLICIES, EngineConfig
+from core.sampling_params import InvalidRequestError, SamplingParams
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by every subcommand that builds an engine (names fixed by DESIGN.md)."""
+    defaults = EngineConfig()
+    parser.add_argument("--model", required=True, help="Hugging Face checkpoint folder")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto"
+    )
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens
+    )
+    parser.add_argument("--block-size", type=int, default=defaults.block_size)
+    parser.add_argument("--num-kv-blocks", type=int, default=None)
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization
+    )
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.enable_prefix_caching,
+    )
+    parser.add_argument("--scheduling-policy", choices=POLICIES, default=defaults.scheduling_policy)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+
+
+def engine_config_from(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        enable_prefix_caching=args.enable_prefix_caching,
+        scheduling_policy=args.scheduling_policy,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        seed=args.seed,
+    )
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    defaults = SamplingParams()
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=defaults.temperature)
+    parser.add_argument("--top-p", type=float, default=defaults.top_p)
+    parser.add_argument("--top-k", type=int, default=defaults.top_k)
+    parser.add_argument("--min-p", type=float, default=defaults.min_p)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true")
+
+
+def sampling_params_from(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.sampling_seed,
+        stop=args.stop,
+        ignore_eos=args.ignore_eos,
+    )
+
+
+def generate(args: argparse.Namespace) -> int:
+    from app.llm import LLM
+
+    params = sampling_params_from(args)
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, config=engine_config_from(args))
+    prompts = (
+        [llm.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in args.prompt]
+        if args.chat
+        else args.prompt
+    )
+    stream = len(prompts) == 1
+
+    def show(output):
+        if stream:
+            sys.stdout.write(output.new_text)
+            sys.stdout.flush()
+
+    start = time.perf_counter()
+    results = llm.generate(prompts, params, on_output=show)
+    elapsed = time.perf_counter() - start
+    for result in results:
+        if not stream:
+            print(f"--- {result.request_id}\n{result.text}")
+        if result.error:
+            print(f"\nerror: {result.error}", file=sys.stderr)
+    num_tokens = sum(len(r.token_ids) for r in results)
+    print(
+        f"\n[{num_tokens} tokens in {elapsed:.2f} s, {num_tokens / elapsed:.1f} tokens/s, "
+        f"finish: {', '.join(str(r.finish_reason.value) for r in results)}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="baton", description="Baton LLM inference server")
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="generate offline from a checkpoint, no server")
+    add_engine_args(gen)
+    add_sampling_args(gen)
+    gen.add_argument("--prompt", action="append", required=True, help="prompt (repeatable)")
+    gen.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
+    gen.set_defaults(handler=generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (InvalidRequestError, ValueError, FileNotFoundError) as error:
+        print(f"baton: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

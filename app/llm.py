@@ -1,0 +1,124 @@
+"""The offline Python API: build an engine for a checkpoint folder and generate, no server.
+
+from app.llm import LLM
+from core.sampling_params import SamplingParams
+
+llm = LLM("path/to/checkpoint")
+for result in llm.generate(["The capital of France is"], SamplingParams(max_tokens=16)):
+    print(result.text)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.batch import TokenLogprobs
+from core.config import EngineConfig
+from core.engine import Engine
+from core.model_config import ModelConfig
+from core.outputs import RequestOutput, RequestTiming
+from core.request import FinishReason
+from core.sampling_params import SamplingParams
+from core.tokenizer import Tokenizer
+
+Prompt = str | list[int]
+
+
+def build_engine(
+    model: str | Path, config: EngineConfig, device: str = "auto", dtype: str = "auto"
+) -> Engine:
+    """Load a Hugging Face checkpoint folder into a ready engine on `device`."""
+    from gpu.executor import TorchExecutor  # torch loads only when a model is actually built
+
+    model_config = ModelConfig.from_pretrained(model)
+    tokenizer = Tokenizer.from_pretrained(model)
+    executor = TorchExecutor(model_config, config, device=device, dtype=dtype)
+    eos_token_ids = model_config.eos_token_ids or (
+        [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    )
+    return Engine(
+        config,
+        executor,
+        max_model_len=executor.max_model_len,
+        vocab_size=model_config.vocab_size,
+        eos_token_ids=eos_token_ids,
+        tokenizer=tokenizer,
+    )
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    request_id: str
+    prompt_token_ids: list[int]
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    timing: RequestTiming | None = None
+    error: str | None = None
+
+
+class LLM:
+    """Offline generation over continuous batching: all prompts are queued at once."""
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        config: EngineConfig | None = None,
+        **engine_config,
+    ) -> None:
+        """`config` or keyword settings of EngineConfig (`max_num_seqs=8`, ...)."""
+        config = config or EngineConfig(**engine_config)
+        self.engine = build_engine(model, config, device, dtype)
+        self.tokenizer = self.engine.tokenizer
+        self._next_id = 0
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        on_output: Callable[[RequestOutput], None] | None = None,
+    ) -> list[GenerationResult]:
+        """Generate for each prompt (text or token ids); results come back in prompt order.
+
+        `on_output` sees every per-step delta as it is produced, for streaming.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        results: dict[str, GenerationResult] = {}
+        for prompt, request_params in zip(prompts, params, strict=True):
+            token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            request_id = f"offline-{self._next_id}"
+            self._next_id += 1
+            self.engine.add_request(request_id, token_ids, request_params)
+            results[request_id] = GenerationResult(request_id, token_ids)
+        while self.engine.has_unfinished_requests:
+            for output in self.engine.step():
+                _accumulate(results[output.request_id], output)
+                if on_output is not None:
+                    on_output(output)
+        return list(results.values())
+
+    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> GenerationResult:
+        """One chat turn through the checkpoint's chat template."""
+        return self.generate([self.tokenizer.encode_chat(messages)], params)[0]
+
+
+def _accumulate(result: GenerationResult, output: RequestOutput) -> None:
+    result.text += output.new_text
+    result.token_ids.extend(output.new_token_ids)
+    if output.logprobs:
+        result.logprobs.extend(output.logprobs)
+    if output.finished:
+        result.finish_reason = output.finish_reason
+        result.timing = output.timing
+        result.error = output.error

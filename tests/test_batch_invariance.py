@@ -1,0 +1,103 @@
+"""A request's output does not depend on its company: alone, in a batch of 32 mixed-length
+requests, with prefill chunks of 1, 16 and 256 tokens, with a cold or warm prefix cache, and
+when forced through preemption by a pool too small for the batch."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from app.llm import LLM
+from core.sampling_params import SamplingParams
+
+NUM_REQUESTS = 32
+
+
+def workload(vocab: int, seed: int = 0) -> tuple[list[list[int]], list[SamplingParams]]:
+    """Mixed lengths; half the prompts share one of two system-prompt-like prefixes."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(3, vocab) for _ in range(40)] for _ in range(2)]
+    prompts, params = [], []
+    for i in range(NUM_REQUESTS):
+        tail = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 200))]
+        prompts.append(prefixes[i % 2] + tail if i % 4 < 2 else tail)
+        params.append(
+            SamplingParams(max_tokens=rng.randint(1, 24), temperature=0.0, ignore_eos=True)
+        )
+    return prompts, params
+
+
+def token_ids(results) -> list[list[int]]:
+    return [r.token_ids for r in results]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(make_checkpoint):
+    return make_checkpoint("llama")
+
+
+@pytest.fixture(scope="module")
+def alone(checkpoint):
+    """Each request run by itself on a fresh engine: the reference."""
+    prompts, params = workload(512)
+    outputs = []
+    for prompt, p in zip(prompts, params, strict=True):
+        llm = LLM(checkpoint, device="cpu", num_kv_blocks=64, enable_prefix_caching=False)
+        outputs.append(llm.generate([prompt], p)[0].token_ids)
+    return outputs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", [16, 256])
+def test_batched_output_equals_alone_for_every_prefill_chunk_size(checkpoint, alone, chunk):
+    prompts, params = workload(512)
+    llm = LLM(checkpoint, device="cpu", max_num_batched_tokens=chunk, num_kv_blocks=1024)
+    assert token_ids(llm.generate(prompts, params)) == alone
+
+
+@pytest.mark.slow
+def test_one_token_chunks_give_the_same_output(checkpoint, alone):
+    prompts, params = workload(512)
+    subset = slice(0, 8)
+    llm = LLM(checkpoint, device="cpu", max_num_batched_tokens=1, num_kv_blocks=256)
+    assert token_ids(llm.generate(prompts[subset], params[subset])) == alone[subset]
+
+
+@pytest.mark.slow
+def test_warm_prefix_cache_gives_the_same_output(checkpoint, alone):
+    prompts, params = workload(512)
+    llm = LLM(checkpoint, device="cpu", max_num_batched_tokens=256, num_kv_blocks=1024)
+    cold = token_ids(llm.generate(prompts, params))
+    hits_before = llm.engine.scheduler.prefix_cache_hits
+    warm = token_ids(llm.generate(prompts, params))
+    assert llm.engine.scheduler.prefix_cache_hits - hits_before > sum(map(len, prompts)) // 2
+    assert cold == alone
+    assert warm == alone
+
+
+@pytest.mark.slow
+def test_preempted_requests_give_the_same_output(checkpoint, alone):
+    prompts, params = workload(512)
+    llm = LLM(checkpoint, device="cpu", max_num_batched_tokens=256, num_kv_blocks=48)
+    results = token_ids(llm.generate(prompts, params))
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert results == alone
+    assert llm.engine.kv_cache.pool.num_free_blocks == 48
+
+
+@pytest.mark.slow
+def test_seeded_sampling_is_the_same_alone_and_batched(checkpoint):
+    prompts, _ = workload(512, seed=1)
+    params = [
+        SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=100 + i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    llm = LLM(checkpoint, device="cpu", max_num_batched_tokens=64, num_kv_blocks=1024)
+    batched = token_ids(llm.generate(prompts, params))
+    for i in (0, 5, 17, 31):
+        solo = LLM(checkpoint, device="cpu", num_kv_blocks=64)
+        assert solo.generate([prompts[i]], params[i])[0].token_ids == batched[i]
+    unseeded = [SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)] * 2
+    first, second = llm.generate([prompts[0]] * 2, unseeded)
+    assert first.token_ids != second.token_ids, "unseeded requests draw their own noise"
