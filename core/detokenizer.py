@@ -28,11 +28,13 @@ MAX_HELD_TOKENS = 32
 
 
 class IncrementalDetokenizer:
-    """Turns one request's output ids into text deltas whose concatenation (with `flush()`)
-    equals the tokenizer's decode of all the output ids.
+    """Turns one request's output ids into text deltas.
 
+    The deltas and `flush()` concatenate to `decode(prompt + output)` minus `decode(prompt)`.
     Text ending in U+FFFD is held back, because that is how a decode shows a character whose
-    remaining bytes are in tokens not yet generated.
+    remaining bytes are in tokens not yet generated. Only invalid UTF-8 (a degenerate model)
+    can make them differ: past `MAX_HELD_TOKENS`, and with byte-fallback decoders, which turn
+    earlier valid bytes of a byte-token run into U+FFFD once an invalid byte joins the run.
     """
 
     def __init__(
@@ -60,6 +62,9 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int) -> str:
         """Take the next output id; return the text it completes (often "", never broken)."""
+        if self._skip_special_tokens and token_id in self._tokenizer.all_special_ids:
+            # Decode would drop it anyway; kept out of the window, it cannot crowd out context.
+            return ""
         self._ids.append(token_id)
         text = self._decode()
         end = _num_final_chars(text)
@@ -86,9 +91,14 @@ class IncrementalDetokenizer:
     def _at_boundary(self) -> None:
         """Everything decoded so far is out: cut the window back once it has grown."""
         if len(self._ids) > WINDOW_TOKENS and self._boundary > 0:
-            # Cut at the previous boundary, not here, so the next token still has context.
+            # Cut at the previous boundary, not here, so the next token still has context. The
+            # kept text must not be empty: decoders that drop the leading space of a decode's
+            # first token would drop the next token's. If it is, keep the boundary and retry.
+            kept = self._tokenizer.decode(self._ids[self._boundary :], self._skip_special_tokens)
+            if not kept:
+                return
             del self._ids[: self._boundary]
-            self._num_settled = len(self._decode())
+            self._num_settled = len(kept)
         self._boundary = len(self._ids)
 
     def _decode(self) -> str:
@@ -103,15 +113,21 @@ def _num_final_chars(text: str) -> int:
 def _prompt_context(
     tokenizer: Tokenizer, prompt_token_ids: Sequence[int], skip_special_tokens: bool
 ) -> list[int]:
-    """The last few prompt ids, widened so they do not begin in the middle of a character."""
-    start = max(0, len(prompt_token_ids) - PROMPT_CONTEXT_TOKENS)
+    """The last few prompt ids that decode to text, not beginning inside a character."""
+    # Three more than needed: a character's tail spans at most three byte tokens.
+    wanted = PROMPT_CONTEXT_TOKENS + 3
+    context: list[int] = []
+    for token_id in reversed(prompt_token_ids):
+        if len(context) == wanted:
+            break
+        if not (skip_special_tokens and token_id in tokenizer.all_special_ids):
+            context.append(token_id)
+    context.reverse()
+    start = max(0, len(context) - PROMPT_CONTEXT_TOKENS)
     # Byte-fallback decoders turn a run of byte tokens into U+FFFDs unless the whole run is
     # valid UTF-8, so a window opening on the tail of a character would spoil what follows.
-    for _ in range(3):
-        if start == 0:
-            break
-        head = tokenizer.decode(list(prompt_token_ids[start:]), skip_special_tokens)
-        if not head.startswith(REPLACEMENT):
-            break
+    while start > 0 and tokenizer.decode(context[start:], skip_special_tokens).startswith(
+        REPLACEMENT
+    ):
         start -= 1
-    return list(prompt_token_ids[start:])
+    return context[start:]

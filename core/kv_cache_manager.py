@@ -57,8 +57,15 @@ class KVCacheManager:
         `prefix` is a cache hit for a request not yet holding blocks; its tokens count as
         computed. Returns False, changing nothing, when the pool cannot cover the growth.
         """
+        blocks = self._blocks.get(request.request_id)
+        if blocks is not None:
+            # The common decode case: the last block still has room.
+            num_tokens = request.num_computed_tokens + num_new_tokens
+            if num_tokens <= len(blocks) * self.block_size:
+                return True
+        else:
+            blocks = []
         prefix = prefix or []
-        blocks = self._blocks.get(request.request_id, [])
         num_tokens = request.num_computed_tokens + len(prefix) * self.block_size + num_new_tokens
         num_new_blocks = self.blocks_needed(num_tokens) - len(blocks) - len(prefix)
         # Free prefix blocks sit in the free queue; touching them takes them out of it.

@@ -57,8 +57,11 @@ class Scheduler:
         batch = Batch()
         self._scheduled = []
         token_budget = self.max_num_batched_tokens
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for request in self.running:
+            is_decode = len(request.token_ids) - request.num_computed_tokens == 1
+            (decodes if is_decode else prefills).append(request)
         preempted = False
 
         for request in decodes:
@@ -155,16 +158,17 @@ class Scheduler:
     def _add(self, batch: Batch, request: Request, num_new: int) -> None:
         start = request.num_computed_tokens
         end = start + num_new
+        token_ids = request.token_ids
         batch.sequences.append(
             ScheduledSequence(
-                request_id=request.request_id,
-                token_ids=request.token_ids[start:end],
-                start_position=start,
-                block_table=self.kv_cache.block_table(request.request_id),
-                sample=end == request.num_tokens,
-                sampling_params=request.sampling_params,
-                all_token_ids=request.token_ids,
-                num_prompt_tokens=request.num_prompt_tokens,
+                request.request_id,
+                token_ids[start:end],
+                start,
+                self.kv_cache.block_table(request.request_id),
+                end == len(token_ids),
+                request.sampling_params,
+                token_ids,
+                request.num_prompt_tokens,
             )
         )
         self._scheduled.append(request)

@@ -1,0 +1,85 @@
+"""The scheduler's own cost per step (schedule + update), with the model replaced by the
+simulated executor, for a given number of running requests.
+
+    python benchmarks/scheduler_overhead.py --running 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+from core.config import EngineConfig
+from core.engine import Engine
+from core.sampling_params import SamplingParams
+from core.simulated_executor import SimulatedClock, SimulatedExecutor
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--running", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    args = parser.parse_args()
+
+    block_size = 16
+    clock = SimulatedClock()
+    tokens_per_request = args.prompt_len + args.steps + 8
+    num_blocks = args.running * (-(-tokens_per_request // block_size))
+    executor = SimulatedExecutor(num_blocks, block_size, 32000, clock)
+    config = EngineConfig(
+        max_num_seqs=args.running,
+        max_num_batched_tokens=args.running * args.prompt_len,
+        block_size=block_size,
+    )
+    engine = Engine(
+        config, executor, max_model_len=8192, vocab_size=32000, eos_token_ids=[], clock=clock
+    )
+    rng = random.Random(0)
+    for i in range(args.running):
+        prompt = [rng.randrange(32000) for _ in range(args.prompt_len)]
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=args.steps + 4))
+    engine.step()  # every prompt prefills in one step; from here on all are decoding
+
+    scheduler = engine.scheduler
+    schedule_us, update_us, step_us = [], [], []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        batch = scheduler.schedule(clock())
+        t1 = time.perf_counter()
+        result = executor.execute(batch)
+        t2 = time.perf_counter()
+        scheduler.update(batch, result)
+        t3 = time.perf_counter()
+        assert len(batch) == args.running
+        schedule_us.append((t1 - t0) * 1e6)
+        update_us.append((t3 - t2) * 1e6)
+        step_us.append((t1 - t0 + t3 - t2) * 1e6)
+
+    def summary(samples: list[float]) -> dict[str, float]:
+        samples = sorted(samples)
+        return {
+            "mean_us": round(statistics.fmean(samples), 1),
+            "p50_us": round(samples[len(samples) // 2], 1),
+            "p99_us": round(samples[int(len(samples) * 0.99)], 1),
+        }
+
+    print(
+        json.dumps(
+            {
+                "running_requests": args.running,
+                "steps": args.steps,
+                "schedule": summary(schedule_us),
+                "update": summary(update_us),
+                "schedule_plus_update": summary(step_us),
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
