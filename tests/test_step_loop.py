@@ -1,0 +1,146 @@
+"""The step thread: requests go in through a thread-safe inbox, each step's outputs come out in
+one delivery, idle means blocked, a failed step fails only what was running."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from core.config import EngineConfig
+from core.engine import Engine
+from core.outputs import RequestOutput
+from core.request import FinishReason
+from core.sampling_params import SamplingParams
+from core.simulated_executor import SimulatedExecutor
+from core.step_loop import AddRequest, StepLoop
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.deliveries: list[list[RequestOutput]] = []
+        self.finished: dict[str, RequestOutput] = {}
+        self.tokens: dict[str, list[int]] = {}
+        self._cond = threading.Condition()
+
+    def __call__(self, outputs: list[RequestOutput]) -> None:
+        with self._cond:
+            self.deliveries.append(outputs)
+            for output in outputs:
+                self.tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
+                if output.finished:
+                    self.finished[output.request_id] = output
+            self._cond.notify_all()
+
+    def wait_finished(self, request_ids: set[str], timeout: float = 10.0) -> None:
+        with self._cond:
+            done = self._cond.wait_for(lambda: request_ids <= self.finished.keys(), timeout)
+        assert done, f"not finished: {request_ids - self.finished.keys()}"
+
+
+class FlakyExecutor(SimulatedExecutor):
+    """Raises once on the step after `fail_after` steps."""
+
+    def __init__(self, fail_after: int) -> None:
+        super().__init__(num_kv_blocks=256, block_size=16, vocab_size=100)
+        self.fail_after = fail_after
+        self.calls = 0
+
+    def execute(self, batch):
+        self.calls += 1
+        if self.calls == self.fail_after:
+            raise RuntimeError("injected fault")
+        return super().execute(batch)
+
+
+def make_loop(executor=None) -> tuple[StepLoop, Collector]:
+    executor = executor or SimulatedExecutor(256, 16, 100)
+    engine = Engine(
+        EngineConfig(max_num_batched_tokens=64),
+        executor,
+        max_model_len=1024,
+        vocab_size=100,
+        eos_token_ids=[],
+    )
+    collector = Collector()
+    loop = StepLoop(engine, collector)
+    loop.start()
+    return loop, collector
+
+
+def test_requests_from_another_thread_finish_with_one_delivery_per_step():
+    loop, collector = make_loop()
+    try:
+        for i in range(5):
+            loop.submit(AddRequest(f"r{i}", [1, 2, 3, i], SamplingParams(max_tokens=10)))
+        collector.wait_finished({f"r{i}" for i in range(5)})
+        assert all(len(collector.tokens[f"r{i}"]) == 10 for i in range(5))
+        for delivery in collector.deliveries:
+            ids = [o.request_id for o in delivery]
+            assert len(ids) == len(set(ids)), "one output per request per delivery"
+    finally:
+        loop.stop(timeout=5)
+
+
+def test_idle_loop_blocks_instead_of_stepping():
+    loop, collector = make_loop()
+    try:
+        loop.submit(AddRequest("a", [1, 2], SamplingParams(max_tokens=3)))
+        collector.wait_finished({"a"})
+        steps = loop.engine.num_steps
+        time.sleep(0.2)
+        assert loop.engine.num_steps == steps
+        assert loop._thread.is_alive()
+    finally:
+        loop.stop(timeout=5)
+    assert not loop._thread.is_alive()
+
+
+def test_abort_from_another_thread_frees_blocks():
+    loop, collector = make_loop()
+    try:
+        loop.submit(AddRequest("long", list(range(50)), SamplingParams(max_tokens=900)))
+        while "long" not in collector.tokens:
+            time.sleep(0.001)
+        loop.abort("long")
+        collector.wait_finished({"long"})
+        assert collector.finished["long"].finish_reason is FinishReason.CANCELLED
+        assert loop.engine.kv_cache.pool.num_free_blocks == 256
+    finally:
+        loop.stop(timeout=5)
+
+
+def test_invalid_request_is_rejected_without_disturbing_others():
+    loop, collector = make_loop()
+    try:
+        loop.submit(AddRequest("ok", [1, 2, 3], SamplingParams(max_tokens=5)))
+        loop.submit(AddRequest("bad", [1, 100], SamplingParams(max_tokens=5)))
+        collector.wait_finished({"ok", "bad"})
+        assert collector.finished["bad"].finish_reason is FinishReason.ERROR
+        assert "outside the vocabulary" in collector.finished["bad"].error
+        assert len(collector.tokens["ok"]) == 5
+    finally:
+        loop.stop(timeout=5)
+
+
+def test_failed_step_fails_running_requests_and_the_loop_keeps_serving():
+    loop, collector = make_loop(FlakyExecutor(fail_after=3))
+    try:
+        loop.submit(AddRequest("victim", [1, 2, 3], SamplingParams(max_tokens=20)))
+        collector.wait_finished({"victim"})
+        assert collector.finished["victim"].finish_reason is FinishReason.ERROR
+        assert "injected fault" in collector.finished["victim"].error
+        loop.submit(AddRequest("after", [4, 5], SamplingParams(max_tokens=4)))
+        collector.wait_finished({"after"})
+        assert collector.finished["after"].finish_reason is FinishReason.LENGTH
+        assert loop.engine.kv_cache.pool.num_free_blocks == 256
+    finally:
+        loop.stop(timeout=5)
+
+
+def test_stop_cancels_what_is_left():
+    loop, collector = make_loop()
+    loop.submit(AddRequest("endless", [1], SamplingParams(max_tokens=1000)))
+    while "endless" not in collector.tokens:
+        time.sleep(0.001)
+    loop.stop(timeout=5)
+    assert collector.finished["endless"].finish_reason is FinishReason.CANCELLED
