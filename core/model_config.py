@@ -10,12 +10,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Architectures the executor implements, and what distinguishes them.
+# Architectures the executor implements, and what distinguishes them. `attention_bias` means the
+# config's flag of that name biases q/k/v/o (as transformers reads it); Qwen2 always biases q/k/v
+# and never o; Mistral has no biases.
 SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": {"qkv_bias": False, "qk_norm": False},
-    "MistralForCausalLM": {"qkv_bias": False, "qk_norm": False},
-    "Qwen2ForCausalLM": {"qkv_bias": True, "qk_norm": False},
-    "Qwen3ForCausalLM": {"qkv_bias": False, "qk_norm": True},
+    "LlamaForCausalLM": {"attention_bias": True, "qkv_bias": False, "qk_norm": False},
+    "MistralForCausalLM": {"attention_bias": False, "qkv_bias": False, "qk_norm": False},
+    "Qwen2ForCausalLM": {"attention_bias": False, "qkv_bias": True, "qk_norm": False},
+    "Qwen3ForCausalLM": {"attention_bias": True, "qkv_bias": False, "qk_norm": True},
 }
 
 
@@ -50,6 +52,7 @@ class ModelConfig:
     rope: RopeConfig
     tie_word_embeddings: bool
     qkv_bias: bool
+    o_proj_bias: bool
     qk_norm: bool
     dtype: str
     sliding_window: int | None = None
@@ -80,6 +83,7 @@ class ModelConfig:
                 f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
             )
         traits = SUPPORTED_ARCHITECTURES[architecture]
+        attention_bias = traits["attention_bias"] and bool(raw.get("attention_bias", False))
         heads = raw["num_attention_heads"]
         head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
         sliding_window = raw.get("sliding_window")
@@ -99,7 +103,8 @@ class ModelConfig:
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             rope=_rope_config(raw),
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
-            qkv_bias=raw.get("attention_bias", traits["qkv_bias"]),
+            qkv_bias=traits["qkv_bias"] or attention_bias,
+            o_proj_bias=attention_bias,
             qk_norm=traits["qk_norm"],
             dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
             sliding_window=sliding_window,

@@ -122,9 +122,7 @@ def write_checkpoint(
     shape = {**PRESETS[preset], **overrides}
     if tokenizer is None:
         tokenizer = train_tokenizer(shape["vocab_size"])
-    config = model_config(
-        family, bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id, **shape
-    )
+    config = model_config(family, bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id, **shape)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out)

@@ -76,3 +76,25 @@ def test_greedy_output_matches_transformers(make_checkpoint, family, overrides):
         reference = transformers_greedy(reference_model, prompt, NUM_NEW_TOKENS)
         assert len(result.token_ids) == NUM_NEW_TOKENS
         assert_same_or_near_tie(reference_model, prompt, result.token_ids, reference)
+
+
+def test_logprobs_match_transformers_log_softmax(llama_checkpoint):
+    import transformers
+
+    reference_model = transformers.AutoModelForCausalLM.from_pretrained(
+        llama_checkpoint, dtype=torch.float32
+    )
+    llm = LLM(llama_checkpoint, device="cpu", num_kv_blocks=64)
+    prompt = random_prompts(512, lengths=(20,))[0]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, logprobs=4)
+    result = llm.generate([prompt], params)[0]
+    assert len(result.logprobs) == 3
+    with torch.no_grad():
+        logits = reference_model(torch.tensor([prompt + result.token_ids[:2]])).logits[0]
+    for step, entry in enumerate(result.logprobs):
+        expected = torch.log_softmax(logits[len(prompt) - 1 + step].float(), -1)
+        top = torch.topk(expected, 4)
+        assert entry.token_id == result.token_ids[step] == int(top.indices[0])
+        assert entry.logprob == pytest.approx(float(top.values[0]), abs=1e-4)
+        assert [t for t, _ in entry.top] == top.indices.tolist()
+        assert [lp for _, lp in entry.top] == pytest.approx(top.values.tolist(), abs=1e-4)

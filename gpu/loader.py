@@ -1,0 +1,136 @@
+"""Load a Hugging Face checkpoint folder's safetensors weights into Baton's `CausalLM`.
+
+Separate q/k/v and gate/up tensors land in slices of the fused `qkv_proj` and `gate_up_proj`
+parameters; a checkpoint without `lm_head.weight` gets tied embeddings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from core.model_config import ModelConfig
+from gpu.model import CausalLM
+
+# Baton's fused projections and the checkpoint's tensors that fill them, in order.
+SPLIT_PROJECTIONS = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+# Buffers some older checkpoints saved that Baton recomputes.
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder whose weights do not fit its config.json or cannot be read."""
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The weight files of a checkpoint: the shards its index lists, else every `*.safetensors`."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [path / shard for shard in shards]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise CheckpointError(f"{path} lists weight files that are not there: {missing}")
+    if not files:
+        raise CheckpointError(
+            f"no *.safetensors in {path}; Baton loads safetensors only (convert *.bin with "
+            "transformers' save_pretrained)"
+        )
+    return files
+
+
+def checkpoint_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every (name, tensor) of the checkpoint, one file open at a time."""
+    for file in safetensors_files(path):
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
+                yield name, f.get_tensor(name)
+
+
+def checkpoint_tensor_names(path: Path) -> set[str]:
+    """The names of the checkpoint's tensors, read from the file headers alone."""
+    names: set[str] = set()
+    for file in safetensors_files(path):
+        with safe_open(file, framework="pt") as f:
+            names.update(f.keys())
+    return names
+
+
+def load_model(
+    config: ModelConfig,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    max_positions: int | None = None,
+) -> CausalLM:
+    """Build the model on `device` in `dtype` with the weights of the checkpoint `config.path`."""
+    tied = config.tie_word_embeddings or "lm_head.weight" not in checkpoint_tensor_names(
+        config.path
+    )
+    # Built on the meta device so no memory is spent on random initial weights.
+    with torch.device("meta"):
+        model = CausalLM(config, max_positions, device, tie_word_embeddings=tied)
+    model = model.to(dtype).to_empty(device=device).requires_grad_(False)
+    load_weights(model, config, checkpoint_tensors(config.path))
+    return model.eval()
+
+
+def load_weights(
+    model: CausalLM, config: ModelConfig, tensors: Iterator[tuple[str, torch.Tensor]]
+) -> None:
+    """Copy HF-named `tensors` into `model`; raise if one is unexpected or any is missing."""
+    slots = _weight_slots(model, config)
+    unfilled = set(slots)
+    for hf_name, tensor in tensors:
+        if hf_name.endswith(IGNORED_SUFFIXES):
+            continue
+        if hf_name == "lm_head.weight" and model.lm_head is None:
+            continue  # tied: transformers ignores a saved head too
+        target = slots.get(hf_name)
+        if target is None:
+            raise CheckpointError(
+                f"{config.path} has a tensor {hf_name!r} that a {config.architecture} with this "
+                "config.json does not use; does config.json belong to these weights?"
+            )
+        if target.shape != tensor.shape:
+            raise CheckpointError(
+                f"{hf_name} in {config.path} has shape {tuple(tensor.shape)}, but config.json "
+                f"implies {tuple(target.shape)}"
+            )
+        with torch.no_grad():
+            target.copy_(tensor)
+        unfilled.discard(hf_name)
+    if unfilled:
+        shown = ", ".join(sorted(unfilled)[:5])
+        raise CheckpointError(f"{config.path} lacks {len(unfilled)} weight tensors: {shown}")
+
+
+def _weight_slots(model: CausalLM, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Each checkpoint tensor name the model needs -> the parameter, or slice of one, it fills."""
+    q_size = config.num_attention_heads * config.head_dim
+    kv_size = config.num_key_value_heads * config.head_dim
+    split_sizes = {
+        "qkv_proj": (q_size, kv_size, kv_size),
+        "gate_up_proj": (config.intermediate_size, config.intermediate_size),
+    }
+    slots: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        *module, projection, kind = name.split(".")
+        prefix = "" if projection == "lm_head" else "model."
+        if projection not in SPLIT_PROJECTIONS:
+            slots[prefix + name] = param
+            continue
+        offset = 0
+        parts = zip(SPLIT_PROJECTIONS[projection], split_sizes[projection], strict=True)
+        for part, size in parts:
+            slots[prefix + ".".join([*module, part, kind])] = param.detach().narrow(0, offset, size)
+            offset += size
+    return slots

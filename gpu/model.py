@@ -1,0 +1,186 @@
+"""The decoder-only transformer of Llama, Mistral, Qwen2 and Qwen3, over a packed batch.
+
+Every scheduled token of every sequence runs as one [T, hidden] tensor. Each attention layer
+writes its new K/V into the paged cache by slot mapping and then reads all K/V back from the
+cache, so the cache is the only source of keys and values.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.model_config import ModelConfig
+from gpu.input_batch import AttentionMetadata
+from kernels.activation import silu_and_mul_ref
+from kernels.kv_cache import write_kv_cache_ref
+from kernels.paged_attention import paged_attention_ref
+from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from kernels.rotary import apply_rotary_ref, build_cos_sin_cache
+
+# (k_cache, v_cache) of one layer, each [num_blocks, block_size, num_kv_heads, head_dim].
+LayerKVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm_ref(x, self.weight, self.eps)
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add `x` to the residual stream and normalize: (normed, new_residual)."""
+        return fused_add_rms_norm_ref(x, residual, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with rotary positions, through the paged KV cache."""
+
+    def __init__(self, config: ModelConfig, cos_sin_cache: torch.Tensor) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        # Shared by all layers and kept in float32: not a parameter, so never cast or reloaded.
+        self.cos_sin_cache = cos_sin_cache
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        kv_cache: LayerKVCache,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary_ref(q, k, positions, self.cos_sin_cache)
+
+        k_cache, v_cache = kv_cache
+        write_kv_cache_ref(k, v, k_cache, v_cache, attn_metadata.slot_mapping)
+        out = paged_attention_ref(
+            q,
+            k_cache,
+            v_cache,
+            attn_metadata.block_tables,
+            attn_metadata.query_start_loc,
+            attn_metadata.seq_lens,
+            self.scale,
+        )
+        return self.o_proj(out.view(num_tokens, self.q_size))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward with the gate and up projections fused into one matmul."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul_ref(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: norm, attention, residual add; norm, MLP, residual add.
+
+    Each residual add is deferred into the next norm (fused add + RMSNorm), so a layer returns
+    its output and the residual stream separately.
+    """
+
+    def __init__(self, config: ModelConfig, cos_sin_cache: torch.Tensor) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, cos_sin_cache)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: LayerKVCache,
+        attn_metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, attn_metadata)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class CausalLM(nn.Module):
+    """Token embeddings, the decoder layers, a final norm and the LM head.
+
+    `tie_word_embeddings` overrides the config's flag (the loader ties when a checkpoint has no
+    `lm_head.weight`). The rotary cache covers positions `0 .. max_positions - 1` and is built on
+    `device` even when the layers are built on the meta device.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        max_positions: int | None = None,
+        device: torch.device | str = "cpu",
+        tie_word_embeddings: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        cos_sin_cache = build_cos_sin_cache(
+            config.rope, config.head_dim, max_positions or config.max_position_embeddings, device
+        )
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, cos_sin_cache) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if tie_word_embeddings is None:
+            tie_word_embeddings = config.tie_word_embeddings
+        self.lm_head = (
+            None
+            if tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        kv_caches: list[LayerKVCache],
+    ) -> torch.Tensor:
+        """The final hidden state of every packed token: [T, hidden_size]."""
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
+        hidden, _ = self.norm.add_and_norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Next-token logits [N, vocab_size] for the hidden states [N, hidden_size] given."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight)

@@ -1,0 +1,121 @@
+"""The torch executor on the CPU: cache sizing, and greedy steps that match transformers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from core.batch import Batch, ScheduledSequence
+from core.config import EngineConfig
+from core.model_config import ModelConfig
+from core.sampling_params import SamplingParams
+from gpu.executor import TorchExecutor
+from gpu.kv_cache import (
+    CPU_KV_CACHE_BYTES,
+    allocate_kv_caches,
+    cpu_num_kv_blocks,
+    kv_cache_bytes_per_block,
+)
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=None)
+
+
+def step_for(
+    token_ids: list[int], all_token_ids: list[int], start: int, table: list[int], prompt_len: int
+) -> ScheduledSequence:
+    return ScheduledSequence(
+        request_id="r",
+        token_ids=token_ids,
+        start_position=start,
+        block_table=table,
+        sample=start + len(token_ids) >= prompt_len,
+        sampling_params=GREEDY,
+        all_token_ids=all_token_ids,
+        num_prompt_tokens=prompt_len,
+    )
+
+
+def test_greedy_steps_through_the_executor_match_transformers_generate(make_checkpoint) -> None:
+    import transformers
+
+    path = make_checkpoint("qwen3")
+    executor = TorchExecutor(
+        ModelConfig.from_pretrained(path), EngineConfig(block_size=4, num_kv_blocks=32), "cpu"
+    )
+    prompt = [5, 17, 301, 44, 9, 120, 77, 3, 250, 18, 66]
+    table = [31, 2, 17, 8, 25, 11, 0, 19]
+    tokens = list(prompt)
+
+    # The prompt in two chunks (the first samples nothing), then one decode per step.
+    first = executor.execute(Batch([step_for(prompt[:6], tokens, 0, table, len(prompt))]))
+    assert first.sampled_token_ids == []
+    while len(tokens) < len(prompt) + 12:
+        start = 6 if len(tokens) == len(prompt) else len(tokens) - 1
+        seq = step_for(tokens[start:], list(tokens), start, table, len(prompt))
+        tokens.append(executor.execute(Batch([seq])).sampled_token_ids[0])
+
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ids = torch.tensor([prompt])
+    expected = reference.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False
+    )
+    assert tokens == expected[0].tolist()
+
+
+def test_cpu_cache_holds_max_num_seqs_full_length_sequences(make_checkpoint) -> None:
+    config = ModelConfig.from_pretrained(make_checkpoint("llama"))
+    engine = EngineConfig(max_model_len=100, max_num_seqs=3, block_size=16)
+
+    executor = TorchExecutor(config, engine, device="cpu")
+
+    assert (executor.num_kv_blocks, executor.block_size) == (3 * 7, 16)
+    k_cache, v_cache = executor.kv_caches[0]
+    assert k_cache.shape == v_cache.shape == (21, 16, config.num_key_value_heads, config.head_dim)
+    assert k_cache.dtype == torch.float32
+
+
+def test_explicit_num_kv_blocks_is_what_the_executor_allocates(make_checkpoint) -> None:
+    config = ModelConfig.from_pretrained(make_checkpoint("llama"))
+
+    executor = TorchExecutor(config, EngineConfig(num_kv_blocks=5, block_size=8), device="cpu")
+
+    assert executor.num_kv_blocks == 5
+    assert len(executor.kv_caches) == config.num_hidden_layers
+    assert all(k.shape[:2] == (5, 8) for k, _ in executor.kv_caches)
+
+
+def test_cpu_cache_of_a_large_model_is_capped_by_the_byte_budget(make_checkpoint) -> None:
+    tiny = ModelConfig.from_pretrained(make_checkpoint("llama"))
+    large = dataclasses.replace(tiny, num_hidden_layers=32, num_key_value_heads=8, head_dim=128)
+    per_block = kv_cache_bytes_per_block(large, 16, torch.float32)
+
+    num_blocks = cpu_num_kv_blocks(large, 8192, 64, 16, torch.float32)
+
+    assert per_block == 2 * 32 * 8 * 128 * 16 * 4
+    assert num_blocks == CPU_KV_CACHE_BYTES // per_block
+
+
+def test_layers_share_one_zeroed_kv_allocation(make_checkpoint) -> None:
+    config = ModelConfig.from_pretrained(make_checkpoint("llama"))
+
+    caches = allocate_kv_caches(config, 4, 16, torch.float32, "cpu")
+
+    storages = {t.untyped_storage().data_ptr() for layer in caches for t in layer}
+    assert len(storages) == 1
+    assert all(not t.any() for layer in caches for t in layer)
+
+
+def test_max_model_len_beyond_the_checkpoint_is_refused(make_checkpoint) -> None:
+    config = ModelConfig.from_pretrained(make_checkpoint("llama"))
+
+    with pytest.raises(ValueError, match="--max-model-len 4096 exceeds"):
+        TorchExecutor(config, EngineConfig(max_model_len=4096), device="cpu")
+
+
+def test_unknown_dtype_is_refused_with_the_choices(make_checkpoint) -> None:
+    config = ModelConfig.from_pretrained(make_checkpoint("llama"))
+
+    with pytest.raises(ValueError, match="--dtype must be auto or one of float32, bfloat16"):
+        TorchExecutor(config, EngineConfig(num_kv_blocks=4), device="cpu", dtype="int8")
