@@ -25,14 +25,14 @@ def allocate_kv_caches(
     dtype: torch.dtype,
     device: torch.device | str,
 ) -> list[LayerKVCache]:
-    """Per layer (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
+    """Per layer one [2, num_blocks, block_size, num_kv_heads, head_dim] tensor (K, then V).
 
     All layers share one allocation. It is zeroed because padded kernels read slots never written:
     a masked score times a garbage NaN value would still be NaN.
     """
     shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
     kv = torch.zeros((config.num_hidden_layers, 2, *shape), dtype=dtype, device=device)
-    return [(layer[0], layer[1]) for layer in kv]
+    return list(kv.unbind(0))
 
 
 def cpu_num_kv_blocks(

@@ -19,8 +19,8 @@ from kernels.paged_attention import paged_attention_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rotary import apply_rotary_ref, build_cos_sin_cache
 
-# (k_cache, v_cache) of one layer, each [num_blocks, block_size, num_kv_heads, head_dim].
-LayerKVCache = tuple[torch.Tensor, torch.Tensor]
+# One layer's keys and values: [2, num_blocks, block_size, num_kv_heads, head_dim].
+LayerKVCache = torch.Tensor
 
 
 class RMSNorm(nn.Module):
@@ -75,12 +75,10 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary_ref(q, k, positions, self.cos_sin_cache)
 
-        k_cache, v_cache = kv_cache
-        write_kv_cache_ref(k, v, k_cache, v_cache, attn_metadata.slot_mapping)
+        write_kv_cache_ref(k, v, kv_cache, attn_metadata.slot_mapping)
         out = paged_attention_ref(
             q,
-            k_cache,
-            v_cache,
+            kv_cache,
             attn_metadata.block_tables,
             attn_metadata.query_start_loc,
             attn_metadata.seq_lens,

@@ -6,18 +6,15 @@ import torch
 
 
 def write_kv_cache_ref(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Store token t's `key[t]`/`value[t]` [T, Hkv, D] at slot `slot_mapping[t]` of the caches.
+    """Store token t's `key[t]`/`value[t]` [T, Hkv, D] at slot `slot_mapping[t]` of the cache.
 
-    A slot is `block_id * block_size + offset` into the [num_blocks, block_size, Hkv, D] caches;
-    negative slots mark padding tokens, which are not stored.
+    `kv_cache` is [2, num_blocks, block_size, Hkv, D]; a slot is `block_id * block_size +
+    offset`; negative slots mark padding tokens, which are not stored.
     """
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = key[valid]
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = value[valid]
+    flat = kv_cache.view(2, -1, *kv_cache.shape[3:])
+    flat[0, slots] = key[valid]
+    flat[1, slots] = value[valid]

@@ -45,8 +45,8 @@ def test_paged_attention_matches_dense_causal_attention_on_a_mixed_packed_batch(
     num_blocks = sum(-(-seq_len // block_size) for seq_len, _ in SEQUENCES) + 5
     free_blocks = list(range(num_blocks))
     rng.shuffle(free_blocks)
-    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, HEAD_DIM)
-    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, HEAD_DIM)
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, HEAD_DIM)
+    k_cache, v_cache = kv_cache.unbind(0)
 
     max_blocks = max(-(-seq_len // block_size) for seq_len, _ in SEQUENCES)
     block_tables = torch.zeros(len(SEQUENCES), max_blocks, dtype=torch.int32)
@@ -66,8 +66,7 @@ def test_paged_attention_matches_dense_causal_attention_on_a_mixed_packed_batch(
     scale = HEAD_DIM**-0.5
     out = paged_attention_ref(
         torch.cat(queries),
-        k_cache,
-        v_cache,
+        kv_cache,
         block_tables,
         query_start_loc,
         [seq_len for seq_len, _ in SEQUENCES],
@@ -83,12 +82,12 @@ def test_paged_attention_matches_dense_causal_attention_on_a_mixed_packed_batch(
 
 def test_kv_write_stores_each_token_at_its_slot_and_skips_padding() -> None:
     block_size, num_blocks = 4, 3
-    k_cache = torch.zeros(num_blocks, block_size, 2, 8)
-    v_cache = torch.zeros(num_blocks, block_size, 2, 8)
+    kv_cache = torch.zeros(2, num_blocks, block_size, 2, 8)
+    k_cache, v_cache = kv_cache.unbind(0)
     key, value = torch.randn(2, 5, 2, 8).unbind(0)
     slot_mapping = torch.tensor([9, -1, 0, 7, -1])
 
-    write_kv_cache_ref(key, value, k_cache, v_cache, slot_mapping)
+    write_kv_cache_ref(key, value, kv_cache, slot_mapping)
 
     for token, (block, offset) in {0: (2, 1), 2: (0, 0), 3: (1, 3)}.items():
         assert torch.equal(k_cache[block, offset], key[token])
