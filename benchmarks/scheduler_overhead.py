@@ -7,6 +7,7 @@ simulated executor, for a given number of running requests.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -43,6 +44,7 @@ def main() -> None:
         prompt = [rng.randrange(32000) for _ in range(args.prompt_len)]
         engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=args.steps + 4))
     engine.step()  # every prompt prefills in one step; from here on all are decoding
+    gc.freeze()  # as the step thread does once it starts
 
     scheduler = engine.scheduler
     schedule_us, update_us, step_us = [], [], []

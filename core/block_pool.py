@@ -100,10 +100,5 @@ class BlockPool:
         self._cached[block_hash] = block
         return True
 
-    def reset_prefix_cache(self) -> None:
-        for block in self._cached.values():
-            block.block_hash = None
-        self._cached.clear()
-
     def free_block_ids(self) -> list[int]:
         return list(self._free)

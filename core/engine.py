@@ -128,7 +128,6 @@ class Engine:
                 text,
                 request.num_prompt_tokens,
                 request.num_output_tokens,
-                token_times=[now],
             )
             if logprobs is not None:
                 output.logprobs = [logprobs]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from core.batch import TokenLogprobs
 from core.request import FinishReason, Request
@@ -50,4 +50,3 @@ class RequestOutput:
     logprobs: list[TokenLogprobs] | None = None
     timing: RequestTiming | None = None
     error: str | None = None
-    token_times: list[float] = field(default_factory=list)

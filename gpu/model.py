@@ -84,7 +84,7 @@ class Attention(nn.Module):
             attn_metadata.seq_lens,
             self.scale,
         )
-        return self.o_proj(out.view(num_tokens, self.q_size))
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
 class MLP(nn.Module):

@@ -10,16 +10,6 @@ import torch
 import torch.nn.functional as F
 
 
-def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """Keys and values of one sequence's first `seq_len` tokens, contiguous: [2, seq_len, H, D].
-
-    One `index_select` fetches K and V together: on the CPU the gather is per call, not per byte.
-    """
-    block_size = kv_cache.shape[2]
-    blocks = kv_cache.index_select(1, block_table[: -(-seq_len // block_size)])
-    return blocks.flatten(1, 2)[:, :seq_len]
-
-
 def paged_attention_ref(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -35,30 +25,39 @@ def paged_attention_ref(
     `seq_lens[i]` tokens, whose K/V are already cached at the blocks `block_tables[i]` lists.
     Each query attends causally: to every cached token up to and including its own position.
     """
-    out = torch.empty_like(q)
-    # CPU index_select is several times slower with int32 indices.
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    # Blocks are gathered as rows of 2-d views: CPU index_select is fastest along dim 0 of a
+    # 2-d tensor, and with int64 indices (measured: 10-25% faster than over the 4-d cache or
+    # than K and V in one call along dim 1; several times faster than int32).
+    k_rows = kv_cache[0].view(num_blocks, -1)
+    v_rows = kv_cache[1].view(num_blocks, -1)
     block_tables = block_tables.long()
+    # SDPA wants [1, heads, tokens, D]; its fast CPU kernel only takes 4-d inputs.
+    queries = q.transpose(0, 1).unsqueeze(0)
+    outputs = []
     for i, seq_len in enumerate(seq_lens):
         start, end = query_start_loc[i], query_start_loc[i + 1]
-        query_len = end - start
-        if query_len == 0:
+        if start == end:
             continue
-        # [2, 1, Hkv, seq_len, D]: SDPA wants heads before tokens, and its fast CPU kernel
-        # wants 4-d inputs (3-d ones fall back to a path twice as slow).
-        k, v = gather_kv(kv_cache, block_tables[i], seq_len).transpose(1, 2).unsqueeze(1)
+        used = block_tables[i, : -(-seq_len // block_size)]
+        k = k_rows.index_select(0, used).view(1, -1, num_kv_heads, head_dim)[:, :seq_len]
+        v = v_rows.index_select(0, used).view(1, -1, num_kv_heads, head_dim)[:, :seq_len]
         mask = None
-        if query_len > 1:
+        if end - start > 1:
             # Query j sits at position seq_len - query_len + j: a causal mask aligned to the end.
-            query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
-            key_pos = torch.arange(seq_len, device=q.device)
-            mask = key_pos[None, :] <= query_pos[:, None]
-        attended = F.scaled_dot_product_attention(
-            q[start:end].transpose(0, 1).unsqueeze(0),
-            k,
-            v,
-            attn_mask=mask,
-            scale=scale,
-            enable_gqa=True,
+            query_pos = torch.arange(seq_len - (end - start), seq_len, device=q.device)
+            mask = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]
+        outputs.append(
+            F.scaled_dot_product_attention(
+                queries[:, :, start:end],
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                attn_mask=mask,
+                scale=scale,
+                enable_gqa=True,
+            )
         )
-        out[start:end] = attended[0].transpose(0, 1)
-    return out
+    if not outputs:
+        return torch.empty_like(q)
+    # One concatenation instead of a copy into the output per sequence.
+    return torch.cat(outputs, dim=2)[0].transpose(0, 1)
