@@ -5,9 +5,11 @@ behind the `Executor` interface."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 
+from core.batch import Batch, ExecutorOutput, TokenLogprobs
 from core.config import EngineConfig
 from core.executor import Executor
 from core.kv_cache_manager import KVCacheManager
@@ -18,6 +20,8 @@ from core.request import SLO, FinishReason, Request
 from core.sampling_params import InvalidRequestError, SamplingParams
 from core.scheduler import Scheduler
 from core.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 class Engine:
@@ -64,17 +68,10 @@ class Engine:
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        *,
-        priority: int = 0,
-        slo: SLO | None = None,
-        arrival_time: float | None = None,
-    ) -> Request:
-        """Queue a request, or raise InvalidRequestError if it can never be served."""
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
+        """Validate a request against the model and the cache; return its params with
+        `max_tokens` resolved. Reads only settings fixed at start-up, so any thread may call it.
+        """
         self._check_prompt(prompt_token_ids)
         num_prompt = len(prompt_token_ids)
         room = self.max_model_len - num_prompt
@@ -95,6 +92,20 @@ class Engine:
                 "max_tokens or start the server with more --num-kv-blocks",
                 "max_tokens",
             )
+        return params
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        slo: SLO | None = None,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Queue a request, or raise InvalidRequestError if it can never be served."""
+        params = self.check_request(prompt_token_ids, params)
         arrival = self.clock() if arrival_time is None else arrival_time
         request = Request(request_id, prompt_token_ids, params, arrival, priority, slo)
         self.scheduler.add_request(request)
@@ -113,28 +124,74 @@ class Engine:
         batch = self.scheduler.schedule(now)
         if not batch.sequences:
             return []
-        result = self.executor.execute(batch)
+        failed: list[RequestOutput] = []
+        try:
+            result = self.executor.execute(batch)
+        except Exception as error:
+            batch, result, failed = self._isolate_fault(batch, error)
         sampled = self.scheduler.update(batch, result)
         now = self.clock()
         self.num_steps += 1
-        outputs = []
+        outputs = failed
         for request, token_id, logprobs in sampled:
-            if request.first_token_time is None:
-                request.first_token_time = now
-            text, finish_reason = self.outputs.process(request, token_id)
-            output = RequestOutput(
-                request.request_id,
-                [token_id],
-                text,
-                request.num_prompt_tokens,
-                request.num_output_tokens,
-            )
-            if logprobs is not None:
-                output.logprobs = [logprobs]
-            if finish_reason is not None:
-                self._finish(request, output, finish_reason, now)
-            outputs.append(output)
+            try:
+                outputs.append(self._process(request, token_id, logprobs, now))
+            except Exception as error:
+                logger.exception("output processing failed for request %s", request.request_id)
+                outputs.append(self._fail(request, error))
         return outputs
+
+    def _process(
+        self, request: Request, token_id: int, logprobs: TokenLogprobs | None, now: float
+    ) -> RequestOutput:
+        if request.first_token_time is None:
+            request.first_token_time = now
+        text, finish_reason = self.outputs.process(request, token_id)
+        output = RequestOutput(
+            request.request_id,
+            [token_id],
+            text,
+            request.num_prompt_tokens,
+            request.num_output_tokens,
+        )
+        if logprobs is not None:
+            output.logprobs = [logprobs]
+        if finish_reason is not None:
+            self._finish(request, output, finish_reason, now)
+        return output
+
+    def _isolate_fault(
+        self, batch: Batch, error: Exception
+    ) -> tuple[Batch, ExecutorOutput, list[RequestOutput]]:
+        """A failed forward cannot say whose input broke it: run each sequence alone, fail the
+        ones that still raise, and carry on with the rest as if the step had gone through."""
+        logger.warning("step of %d sequences failed (%s); isolating the fault", len(batch), error)
+        kept = Batch()
+        merged = ExecutorOutput([], [])
+        failed = []
+        for seq in batch.sequences:
+            alone = Batch([seq])
+            try:
+                result = self.executor.execute(alone)
+            except Exception as seq_error:
+                failed.append(self._fail(self.scheduler.requests[seq.request_id], seq_error))
+                continue
+            kept.sequences.append(seq)
+            merged.sampled_token_ids.extend(result.sampled_token_ids)
+            merged.logprobs.extend(result.logprobs or [None] * len(result.sampled_token_ids))
+        return kept, merged, failed
+
+    def _fail(self, request: Request, error: Exception) -> RequestOutput:
+        output = RequestOutput(
+            request.request_id,
+            [],
+            "",
+            request.num_prompt_tokens,
+            request.num_output_tokens,
+            error=f"internal error while serving this request: {error}",
+        )
+        self._finish(request, output, FinishReason.ERROR, self.clock())
+        return output
 
     def _finish(
         self, request: Request, output: RequestOutput, reason: FinishReason, now: float

@@ -26,7 +26,8 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
-        self._scheduled: list[Request] = []
+        # Requests holding a place in the batch being built: not candidates for preemption.
+        self._scheduled: set[str] = set()
         self.num_preemptions = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -55,7 +56,7 @@ class Scheduler:
 
     def schedule(self, now: float) -> Batch:
         batch = Batch()
-        self._scheduled = []
+        self._scheduled = set()
         token_budget = self.max_num_batched_tokens
         decodes: list[Request] = []
         prefills: list[Request] = []
@@ -99,7 +100,8 @@ class Scheduler:
         """Advance each scheduled request past this step's tokens; return the sampled tokens."""
         sampled = []
         index = 0
-        for seq, request in zip(batch.sequences, self._scheduled, strict=True):
+        for seq in batch.sequences:
+            request = self.requests[seq.request_id]
             request.num_computed_tokens += len(seq.token_ids)
             self.kv_cache.cache_computed_blocks(request)
             if seq.sample:
@@ -108,7 +110,6 @@ class Scheduler:
                 index += 1
                 request.append_token(token_id)
                 sampled.append((request, token_id, logprobs))
-        self._scheduled = []
         return sampled
 
     def _admit_waiting(self, batch: Batch, prefill_budget: int, now: float) -> None:
@@ -138,8 +139,7 @@ class Scheduler:
     def _reserve(self, request: Request, num_new: int, now: float) -> bool:
         """Get blocks for a running request, preempting others (or itself) until they fit."""
         while not self.kv_cache.allocate_slots(request, num_new):
-            scheduled = {r.request_id for r in self._scheduled}
-            candidates = [r for r in self.running if r.request_id not in scheduled]
+            candidates = [r for r in self.running if r.request_id not in self._scheduled]
             victim = self.policy.choose_victim(candidates, now)
             self._preempt(victim)
             if victim is request:
@@ -171,7 +171,7 @@ class Scheduler:
                 request.num_prompt_tokens,
             )
         )
-        self._scheduled.append(request)
+        self._scheduled.add(request.request_id)
         if num_new == 1 and start >= request.num_prompt_tokens:
             batch.num_decode_tokens += 1
         else:

@@ -37,17 +37,17 @@ class Collector:
         assert done, f"not finished: {request_ids - self.finished.keys()}"
 
 
-class FlakyExecutor(SimulatedExecutor):
-    """Raises once on the step after `fail_after` steps."""
+POISON = 99
 
-    def __init__(self, fail_after: int) -> None:
+
+class FaultyExecutor(SimulatedExecutor):
+    """Raises on any batch that holds a prompt with the poison token."""
+
+    def __init__(self) -> None:
         super().__init__(num_kv_blocks=256, block_size=16, vocab_size=100)
-        self.fail_after = fail_after
-        self.calls = 0
 
     def execute(self, batch):
-        self.calls += 1
-        if self.calls == self.fail_after:
+        if any(POISON in seq.all_token_ids[: seq.num_prompt_tokens] for seq in batch.sequences):
             raise RuntimeError("injected fault")
         return super().execute(batch)
 
@@ -122,19 +122,28 @@ def test_invalid_request_is_rejected_without_disturbing_others():
         loop.stop(timeout=5)
 
 
-def test_failed_step_fails_running_requests_and_the_loop_keeps_serving():
-    loop, collector = make_loop(FlakyExecutor(fail_after=3))
+def test_fault_fails_only_its_request_and_batch_mates_finish_unharmed():
+    clean, clean_collector = make_loop(FaultyExecutor())
+    faulty, collector = make_loop(FaultyExecutor())
     try:
-        loop.submit(AddRequest("victim", [1, 2, 3], SamplingParams(max_tokens=20)))
-        collector.wait_finished({"victim"})
-        assert collector.finished["victim"].finish_reason is FinishReason.ERROR
-        assert "injected fault" in collector.finished["victim"].error
-        loop.submit(AddRequest("after", [4, 5], SamplingParams(max_tokens=4)))
+        for loop in (clean, faulty):
+            for i in range(4):
+                loop.submit(AddRequest(f"ok{i}", [1, 2, 3, i], SamplingParams(max_tokens=20)))
+        faulty.submit(AddRequest("poisoned", [1, POISON], SamplingParams(max_tokens=20)))
+        clean_collector.wait_finished({f"ok{i}" for i in range(4)})
+        collector.wait_finished({"poisoned", *(f"ok{i}" for i in range(4))})
+        assert collector.finished["poisoned"].finish_reason is FinishReason.ERROR
+        assert "injected fault" in collector.finished["poisoned"].error
+        for i in range(4):
+            assert collector.finished[f"ok{i}"].finish_reason is FinishReason.LENGTH
+            assert collector.tokens[f"ok{i}"] == clean_collector.tokens[f"ok{i}"]
+        faulty.submit(AddRequest("after", [4, 5], SamplingParams(max_tokens=4)))
         collector.wait_finished({"after"})
         assert collector.finished["after"].finish_reason is FinishReason.LENGTH
-        assert loop.engine.kv_cache.pool.num_free_blocks == 256
+        assert faulty.engine.kv_cache.pool.num_free_blocks == 256
     finally:
-        loop.stop(timeout=5)
+        clean.stop(timeout=5)
+        faulty.stop(timeout=5)
 
 
 def test_stop_cancels_what_is_left():
