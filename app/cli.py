@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 
+from app.settings import ServerSettings
 from core.config import POLICIES, EngineConfig
 from core.sampling_params import InvalidRequestError, SamplingParams
 
@@ -112,6 +115,58 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    defaults = ServerSettings()
+    parser.add_argument("--host", default=defaults.host)
+    parser.add_argument("--port", type=int, default=defaults.port)
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help="require this bearer key (repeatable; or set BATON_API_KEY)",
+    )
+    parser.add_argument(
+        "--allowed-origins",
+        default="",
+        help="comma-separated origins allowed for CORS and WebSocket upgrades",
+    )
+    parser.add_argument("--max-queued-requests", type=int, default=defaults.max_queued_requests)
+    parser.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout_s)
+    parser.add_argument("--ttft-slo-ms", type=float, default=None)
+    parser.add_argument("--tpot-slo-ms", type=float, default=None)
+    parser.add_argument("--otlp-traces-endpoint", default=None)
+
+
+def server_settings_from(args: argparse.Namespace) -> ServerSettings:
+    api_keys = list(args.api_key or [])
+    if not api_keys and os.environ.get("BATON_API_KEY"):
+        api_keys = [os.environ["BATON_API_KEY"]]
+    return ServerSettings(
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        api_keys=api_keys,
+        allowed_origins=[o.strip() for o in args.allowed_origins.split(",") if o.strip()],
+        max_queued_requests=args.max_queued_requests,
+        shutdown_timeout_s=args.shutdown_timeout,
+        ttft_slo_ms=args.ttft_slo_ms,
+        tpot_slo_ms=args.tpot_slo_ms,
+        otlp_traces_endpoint=args.otlp_traces_endpoint,
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    from app.llm import build_engine
+    from app.server import serve_engine
+
+    settings = server_settings_from(args)
+    engine = build_engine(args.model, engine_config_from(args), args.device, args.dtype)
+    name = settings.served_model_name or Path(args.model).resolve().name
+    serve_engine(engine, name, settings)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description="Baton LLM inference server")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -121,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", action="append", required=True, help="prompt (repeatable)")
     gen.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     gen.set_defaults(handler=generate)
+    srv = commands.add_parser("serve", help="serve the OpenAI API, WebSockets and the chat UI")
+    add_engine_args(srv)
+    add_server_args(srv)
+    srv.set_defaults(handler=serve)
     return parser
 
 

@@ -40,9 +40,15 @@ class _Stop:
 class StepLoop:
     """Owns the engine on one thread; every other thread talks to it through `submit`/`abort`."""
 
-    def __init__(self, engine: Engine, deliver: Callable[[list[RequestOutput]], None]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        deliver: Callable[[list[RequestOutput]], None],
+        on_death: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.deliver = deliver
+        self.on_death = on_death
         self._inbox: queue.SimpleQueue[AddRequest | AbortRequest | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -53,14 +59,26 @@ class StepLoop:
     def abort(self, request_id: str) -> None:
         self._inbox.put(AbortRequest(request_id))
 
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name="baton-step", daemon=True)
+        self._thread = threading.Thread(target=self._guarded_run, name="baton-step", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float | None = None) -> None:
         self._inbox.put(_Stop())
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def _guarded_run(self) -> None:
+        try:
+            self.run()
+        except BaseException as error:
+            logger.exception("the step thread died")
+            if self.on_death is not None:
+                self.on_death(error)
 
     def run(self) -> None:
         # Everything alive now (model, tokenizer, engine) lives as long as the loop: keep the

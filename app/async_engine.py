@@ -1,0 +1,140 @@
+"""The bridge between the asyncio event loop and the step thread.
+
+Routes call `generate()` and iterate its deltas. Adds and aborts cross into the step thread
+through `StepLoop`'s inbox; each step's outputs for all requests come back in one
+`call_soon_threadsafe`, and are fanned out to per-request queues on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from core.engine import Engine
+from core.outputs import RequestOutput
+from core.request import SLO
+from core.sampling_params import SamplingParams
+from core.step_loop import AddRequest, StepLoop
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class QueueFullError(RuntimeError):
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__("the server is at its --max-queued-requests limit")
+        self.retry_after_s = retry_after_s
+
+
+class AsyncEngine:
+    """Owns the step thread; safe to use from the event loop that called `start()`."""
+
+    def __init__(self, engine: Engine, max_queued_requests: int) -> None:
+        self.engine = engine
+        self.max_queued_requests = max_queued_requests
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
+        self._step_loop = StepLoop(engine, self._deliver_from_step_thread, self._on_death)
+        self._dead: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self._step_loop.is_alive and self._dead is None
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._step_loop.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Cancel what is left and end the step thread (blocks up to `timeout`)."""
+        self._step_loop.stop(timeout)
+        self._dead = self._dead or "the engine has shut down"
+
+    def check_capacity(self) -> None:
+        """Refuse new work past the queue limit, before any tokenizing is spent on it."""
+        if not self.healthy:
+            raise EngineDeadError(self._dead or "the engine is not running")
+        limit = self.engine.config.max_num_seqs + self.max_queued_requests
+        if len(self._streams) >= limit:
+            raise QueueFullError(self._retry_after_s())
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
+        return self.engine.check_request(prompt_token_ids, params)
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        slo: SLO | None = None,
+        arrival_time: float | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Deltas of one request, one per step that produced something; the last is finished.
+
+        Leaving the iteration early (a client hung up, a task was cancelled) aborts the request.
+        """
+        if not self.healthy:
+            raise EngineDeadError(self._dead or "the engine is not running")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        self._streams[request_id] = queue
+        self._step_loop.submit(
+            AddRequest(request_id, prompt_token_ids, params, priority, slo, arrival_time)
+        )
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._step_loop.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self._streams:
+            self._step_loop.abort(request_id)
+
+    def abort_all(self) -> None:
+        """Cancel every in-flight request; each stream still receives its final output."""
+        for request_id in list(self._streams):
+            self._step_loop.abort(request_id)
+
+    def _on_death(self, error: BaseException) -> None:
+        """Runs on the dying step thread: every waiting client gets an error, health fails."""
+        self._dead = f"the engine stopped: {error}"
+        self._call_on_loop(self._fail_all, EngineDeadError(self._dead))
+
+    def _deliver_from_step_thread(self, outputs: list[RequestOutput]) -> None:
+        # One hop per step, whatever the number of requests and tokens in it.
+        self._call_on_loop(self._dispatch, outputs)
+
+    def _call_on_loop(self, callback, argument) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(callback, argument)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            queue = self._streams.get(output.request_id)
+            if queue is not None:
+                queue.put_nowait(output)
+
+    def _fail_all(self, error: Exception) -> None:
+        for queue in self._streams.values():
+            queue.put_nowait(error)
+
+    def _retry_after_s(self) -> int:
+        """A rough drain time: the queue ahead, at the engine's recent pace (at least 1 s)."""
+        return max(1, len(self._streams) // max(1, self.engine.config.max_num_seqs))

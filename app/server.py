@@ -1,0 +1,205 @@
+"""The Starlette application and the uvicorn server around it.
+
+`create_app` wires routes to a `ServerState` (the async engine, the tokenizer, settings);
+`serve` loads a checkpoint, starts the step thread inside the app's lifespan and runs uvicorn
+on uvloop, with a graceful shutdown that lets streams finish before aborting them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+
+from app.async_engine import AsyncEngine
+from app.errors import APIError
+from app.settings import ServerSettings
+from core.engine import Engine
+from core.tokenizer import Tokenizer
+
+logger = logging.getLogger("baton.server")
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+
+
+@dataclass
+class ServerState:
+    """Everything a route needs, reachable as `request.app.state.baton`."""
+
+    engine: AsyncEngine
+    tokenizer: Tokenizer
+    model_name: str
+    settings: ServerSettings
+    created: int = 0
+    _ids: itertools.count = field(default_factory=itertools.count)
+
+    def next_request_id(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+
+def json_response(body: object, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(
+        orjson.dumps(body), status_code=status, headers=headers, media_type="application/json"
+    )
+
+
+async def health(request: Request) -> Response:
+    state: ServerState = request.app.state.baton
+    if state.engine.healthy:
+        return json_response({"status": "ok"})
+    return APIError(503, "the engine is not running").response()
+
+
+async def models(request: Request) -> Response:
+    state: ServerState = request.app.state.baton
+    card = {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "baton",
+        "max_model_len": state.engine.engine.max_model_len,
+    }
+    return json_response({"object": "list", "data": [card]})
+
+
+class EngineGauges:
+    """The gauges `/metrics` shows until the observability issue adds the rest."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.registry = CollectorRegistry()
+        core = engine.engine
+        registry = self.registry
+        running = Gauge("baton:num_requests_running", "Requests running.", registry=registry)
+        waiting = Gauge("baton:num_requests_waiting", "Requests waiting.", registry=registry)
+        usage = Gauge("baton:kv_cache_usage_perc", "KV blocks in use (0-1).", registry=registry)
+        # Read at scrape time; the counts are single attribute reads, safe across threads.
+        running.set_function(lambda: core.num_running)
+        waiting.set_function(lambda: core.num_waiting)
+        usage.set_function(lambda: core.kv_cache.usage)
+
+
+async def metrics(request: Request) -> Response:
+    gauges: EngineGauges = request.app.state.gauges
+    return Response(generate_latest(gauges.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def api_error_handler(request: Request, error: Exception) -> Response:
+    assert isinstance(error, APIError)
+    return error.response()
+
+
+async def http_error_handler(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    message = error.detail if error.status_code != 404 else f"no route {request.url.path}"
+    return APIError(error.status_code, str(message)).response()
+
+
+async def server_error_handler(request: Request, error: Exception) -> Response:
+    logger.exception("unhandled error on %s", request.url.path)
+    return APIError(500, "internal server error; the request was not completed").response()
+
+
+def create_app(state: ServerState) -> Starlette:
+    from app.openai_api import chat_completions, completions
+    from app.security import security_middleware
+    from app.websocket_api import websocket_endpoint
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state.engine.start()
+        settings = state.settings
+        print(
+            f"Baton is serving {state.model_name} at http://{settings.host}:{settings.port} "
+            f"(chat UI at /, OpenAI API at /v1)",
+            flush=True,
+        )
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state.engine.stop, 10.0)
+
+    routes = [
+        Route("/health", health),
+        Route("/metrics", metrics),
+        Route("/v1/models", models),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        WebSocketRoute("/v1/ws", websocket_endpoint),
+    ]
+    if (STATIC_DIR / "index.html").is_file():
+        routes.append(Mount("/", StaticFiles(directory=STATIC_DIR, html=True)))
+    app = Starlette(
+        routes=routes,
+        middleware=security_middleware(state.settings),
+        exception_handlers={
+            APIError: api_error_handler,
+            HTTPException: http_error_handler,
+            Exception: server_error_handler,
+        },
+        lifespan=lifespan,
+    )
+    app.state.baton = state
+    app.state.gauges = EngineGauges(state.engine)
+    return app
+
+
+class BatonServer(uvicorn.Server):
+    """uvicorn, plus Baton's graceful shutdown: on SIGTERM/SIGINT new connections are refused
+    at once, running streams get `shutdown_timeout_s` to finish, then the engine aborts the
+    rest so every stream still ends with a final chunk and a finish reason."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+        self._abort_timer: asyncio.TimerHandle | None = None
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self._abort_timer is None:
+            loop = asyncio.get_running_loop()
+            delay = self.state.settings.shutdown_timeout_s
+            logger.info("shutting down: in-flight requests have %.0f s to finish", delay)
+            self._abort_timer = loop.call_later(delay, self.state.engine.abort_all)
+        super().handle_exit(sig, frame)
+
+
+def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        ws="websockets-sansio",
+        log_level="warning",
+        access_log=False,
+        # Streams are aborted (with a final chunk) at shutdown_timeout_s; the extra seconds let
+        # those last chunks reach the clients before uvicorn cuts the connections.
+        timeout_graceful_shutdown=int(settings.shutdown_timeout_s) + 5,
+    )
+
+
+def serve_engine(engine: Engine, model_name: str, settings: ServerSettings) -> None:
+    """Run the server until SIGTERM/SIGINT; blocks."""
+    state = ServerState(
+        engine=AsyncEngine(engine, settings.max_queued_requests),
+        tokenizer=engine.tokenizer,
+        model_name=model_name,
+        settings=settings,
+        created=int(time.time()),
+    )
+    app = create_app(state)
+    BatonServer(uvicorn_config(app, settings), state).run()

@@ -1,0 +1,29 @@
+"""Server settings: what `baton serve` flags set beyond the engine's own configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    api_keys: list[str] = field(default_factory=list)
+    allowed_origins: list[str] = field(default_factory=list)
+    max_queued_requests: int = 256
+    # Bodies past this get 413 before they are read whole.
+    max_body_bytes: int = 4 * 1024 * 1024
+    shutdown_timeout_s: float = 30.0
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+    otlp_traces_endpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_queued_requests < 0:
+            raise ValueError(f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")
+        if self.shutdown_timeout_s < 0:
+            raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout_s}")
+        if any(not key for key in self.api_keys):
+            raise ValueError("--api-key must not be empty")

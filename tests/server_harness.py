@@ -1,0 +1,80 @@
+"""Run a real Baton server (uvicorn on uvloop, loopback, free port) inside the test process, on
+its own thread, so tests can drive it with httpx, the openai client and websockets and still
+reach into the engine (fault injection, KV usage)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import uvloop
+
+from app.async_engine import AsyncEngine
+from app.llm import build_engine
+from app.server import BatonServer, ServerState, create_app, uvicorn_config
+from app.settings import ServerSettings
+from core.config import EngineConfig
+from core.engine import Engine
+from core.simulated_executor import SimulatedExecutor
+from core.tokenizer import Tokenizer
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def model_engine(checkpoint: Path, **config) -> Engine:
+    """The real CPU engine on a checkpoint; `config` are EngineConfig fields."""
+    return build_engine(checkpoint, EngineConfig(**config), device="cpu")
+
+
+def simulated_engine(tokenizer_dir: Path, executor=None, **config) -> Engine:
+    """An engine whose executor returns tokens instantly: only server and scheduler cost."""
+    tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
+    config = EngineConfig(**config)
+    executor = executor or SimulatedExecutor(
+        config.num_kv_blocks or 4096, config.block_size, tokenizer.vocab_size
+    )
+    return Engine(
+        config,
+        executor,
+        max_model_len=4096,
+        vocab_size=tokenizer.vocab_size,
+        eos_token_ids=[tokenizer.eos_token_id],
+        tokenizer=tokenizer,
+    )
+
+
+@contextlib.contextmanager
+def running_server(engine: Engine, model_name: str = "tiny", **settings) -> Iterator[ServerState]:
+    """Serve `engine` on a free loopback port; yields the state (`state.settings.port`)."""
+    server_settings = ServerSettings(port=free_port(), **settings)
+    state = ServerState(
+        engine=AsyncEngine(engine, server_settings.max_queued_requests),
+        tokenizer=engine.tokenizer,
+        model_name=model_name,
+        settings=server_settings,
+    )
+    server = BatonServer(uvicorn_config(create_app(state), server_settings), state)
+    thread = threading.Thread(target=uvloop.run, args=(server.serve(),), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.01)
+    try:
+        yield state
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def base_url(state: ServerState) -> str:
+    return f"http://127.0.0.1:{state.settings.port}"
