@@ -105,8 +105,15 @@ async def drive(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     deadline = start + args.seconds
     if args.transport == "sse":
-        body = orjson.dumps({"model": "sim", "prompt": PROMPT, "stream": True,
-                             "stream_options": {"include_usage": True}, **params})  # fmt: skip
+        body = orjson.dumps(
+            {
+                "model": "sim",
+                "prompt": PROMPT,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                **params,
+            }
+        )
         clients = [sse_client(args.port, body, deadline, gaps) for _ in range(args.streams)]
     else:
         frame = {"type": "generate", "prompt": PROMPT, **params}

@@ -18,8 +18,11 @@ def test_health_models_and_metrics(llama_checkpoint):
         families = {
             f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
         }
-        for name in ("baton:num_requests_running", "baton:num_requests_waiting",
-                     "baton:kv_cache_usage_perc"):  # fmt: skip
+        for name in (
+            "baton:num_requests_running",
+            "baton:num_requests_waiting",
+            "baton:kv_cache_usage_perc",
+        ):
             assert families[name].samples[0].value == 0.0
         missing = httpx.get(f"{url}/v1/nothing")
         assert missing.status_code == 404
