@@ -8,6 +8,9 @@ through `StepLoop`'s inbox; each step's outputs for all requests come back in on
 from __future__ import annotations
 
 import asyncio
+import math
+import time
+from collections import deque
 from collections.abc import AsyncIterator
 
 from core.engine import Engine
@@ -15,6 +18,10 @@ from core.outputs import RequestOutput
 from core.request import SLO
 from core.sampling_params import SamplingParams
 from core.step_loop import AddRequest, StepLoop
+
+# Retry-After is the time the queue ahead takes to drain at the pace of recent completions.
+PACE_WINDOW_S = 30.0
+MAX_RETRY_AFTER_S = 60
 
 
 class EngineDeadError(RuntimeError):
@@ -37,10 +44,18 @@ class AsyncEngine:
         self._streams: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
         self._step_loop = StepLoop(engine, self._deliver_from_step_thread, self._on_death)
         self._dead: str | None = None
+        self._started_at = time.monotonic()
+        # Event-loop times of recent completions; bounded so a busy server keeps only the last.
+        self._finish_times: deque[float] = deque(maxlen=1024)
 
     @property
     def healthy(self) -> bool:
         return self._step_loop.is_alive and self._dead is None
+
+    @property
+    def failure(self) -> str:
+        """Why the engine is not serving, for 503 bodies (health, refused requests)."""
+        return self._dead or "the engine is not running"
 
     @property
     def num_in_flight(self) -> int:
@@ -48,6 +63,7 @@ class AsyncEngine:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._started_at = time.monotonic()
         self._step_loop.start()
 
     def stop(self, timeout: float | None = None) -> None:
@@ -58,7 +74,7 @@ class AsyncEngine:
     def check_capacity(self) -> None:
         """Refuse new work past the queue limit, before any tokenizing is spent on it."""
         if not self.healthy:
-            raise EngineDeadError(self._dead or "the engine is not running")
+            raise EngineDeadError(self.failure)
         limit = self.engine.config.max_num_seqs + self.max_queued_requests
         if len(self._streams) >= limit:
             raise QueueFullError(self._retry_after_s())
@@ -81,7 +97,7 @@ class AsyncEngine:
         Leaving the iteration early (a client hung up, a task was cancelled) aborts the request.
         """
         if not self.healthy:
-            raise EngineDeadError(self._dead or "the engine is not running")
+            raise EngineDeadError(self.failure)
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight")
         queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
@@ -130,11 +146,27 @@ class AsyncEngine:
             queue = self._streams.get(output.request_id)
             if queue is not None:
                 queue.put_nowait(output)
+            if output.finished:
+                self._finish_times.append(time.monotonic())
 
     def _fail_all(self, error: Exception) -> None:
         for queue in self._streams.values():
             queue.put_nowait(error)
 
     def _retry_after_s(self) -> int:
-        """A rough drain time: the queue ahead, at the engine's recent pace (at least 1 s)."""
-        return max(1, len(self._streams) // max(1, self.engine.config.max_num_seqs))
+        """Seconds until the requests queued now have drained, at the recent completion rate.
+
+        The rate is completions over the last PACE_WINDOW_S (or since start). With none in
+        that time it is counted as one, an upper bound, so a stalled server asks for long waits.
+        """
+        now = time.monotonic()
+        recent = self._finish_times
+        while recent and recent[0] < now - PACE_WINDOW_S:
+            recent.popleft()
+        if len(recent) == recent.maxlen:
+            observed_s = now - recent[0]
+        else:
+            observed_s = min(PACE_WINDOW_S, now - self._started_at)
+        queued = max(1, len(self._streams) - self.engine.config.max_num_seqs)
+        drain_s = queued * observed_s / max(1, len(recent))
+        return min(MAX_RETRY_AFTER_S, max(1, math.ceil(drain_s)))

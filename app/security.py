@@ -1,11 +1,290 @@
-"""API keys, CORS, WebSocket origins and body limits (scaffold; the middleware lands next)."""
+"""Who may call Baton and how much they may send: API keys, CORS, WebSocket origins, body limits.
+
+All of it is pure ASGI middleware, so streaming responses pass through untouched and a request
+costs a few dict lookups. `security_middleware(settings)` returns the stack, outermost first:
+CORS (only with `--allowed-origins`), API keys (only with `--api-key`), the WebSocket gate,
+the body limit.
+
+**What needs a key.** With keys configured, every request needs one except
+
+- `/health`, so load balancers and orchestrators can probe without secrets, and
+- GET and HEAD outside the API namespace: those can only reach the static chat UI (`/`,
+  `/index.html` and the files beside it), which is public by design. It asks for the key itself.
+
+The API namespace is every path whose first segment is `v1` or `metrics`. Every other method,
+and every WebSocket upgrade whatever its path, needs the key too, so a route added later is
+guarded unless it is a GET outside `/v1` (put new API routes under `/v1`). The decision is made on
+a canonical form of the path: percent-escapes decoded until none are left, backslashes read as
+slashes, empty and `.` segments dropped, `..` resolved, case folded. So `//v1/models`,
+`/v1//models`, `/%2Fv1/models`, `/v1/models/`, `/V1/models` and `/x/../v1/models` are all
+guarded; routing needs the exact path to reach an endpoint, so nothing routed to a guarded
+endpoint escapes the check.
+
+**How to send the key.** HTTP: `Authorization: Bearer KEY`. WebSocket: the same header (non-browser
+clients), or, since browsers cannot set headers on a WebSocket, as a subprotocol:
+`new WebSocket(url, ["baton", "baton.bearer." + KEY])`. The key protocol is removed before the
+endpoint sees the handshake, and the server answers with the `baton` protocol, which browsers
+require when they offered any. A key sent this way must consist of token characters (letters,
+digits and ``!#$%&'*+-.^_`|~``). Keys are not accepted in the query string: URLs end up in logs.
+Keys are compared by their SHA-256 digests with `hmac.compare_digest`, against every configured
+key without stopping at a match, so the time taken tells nothing about which key, or how much of
+one, matched.
+
+**WebSocket origins.** An upgrade with no `Origin` (a non-browser client), with the server's own
+origin (the chat UI served from here), or with an origin listed in `--allowed-origins` (`*` allows
+all) is let through; any other is refused with 403 before the socket is accepted, which stops
+other web pages from driving the server with a visitor's browser.
+"""
 
 from __future__ import annotations
 
-from starlette.middleware import Middleware
+import hashlib
+import hmac
+import posixpath
+from collections.abc import Iterable
+from urllib.parse import unquote, urlsplit
 
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.errors import APIError
 from app.settings import ServerSettings
+
+API_ROOTS = frozenset({"v1", "metrics"})
+OPEN_PATH = "/health"
+WS_PROTOCOL = "baton"
+WS_KEY_PROTOCOL_PREFIX = "baton.bearer."
+# Enough rounds to undo any realistic nesting of %25-escapes; what is still escaped after that
+# is left as it is and stays in its (guarded or not) segment.
+MAX_UNQUOTE_ROUNDS = 8
 
 
 def security_middleware(settings: ServerSettings) -> list[Middleware]:
-    return []
+    stack: list[Middleware] = []
+    if settings.allowed_origins:
+        stack.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=settings.allowed_origins,
+                allow_methods=["GET", "POST", "OPTIONS"],
+                # OpenAI's browser client sends its own x-stainless-* headers; mirror what asks.
+                allow_headers=["*"],
+                expose_headers=["Retry-After"],
+            )
+        )
+    if settings.api_keys:
+        stack.append(Middleware(APIKeyMiddleware, api_keys=settings.api_keys))
+    stack.append(Middleware(WebSocketGate, allowed_origins=settings.allowed_origins))
+    stack.append(Middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes))
+    return stack
+
+
+def canonical_path(scope: Scope) -> str:
+    """The request path with every ambiguity resolved, for deciding who may call it."""
+    path: str = scope["path"]
+    root_path: str = scope.get("root_path", "")
+    if root_path and path.startswith(root_path + "/"):
+        path = path[len(root_path) :]
+    for _ in range(MAX_UNQUOTE_ROUNDS):
+        decoded = unquote(path)
+        if decoded == path:
+            break
+        path = decoded
+    path = posixpath.normpath("/" + path.replace("\\", "/"))
+    # normpath keeps a leading "//" (POSIX leaves it implementation-defined); routing does not.
+    return "/" + path.lstrip("/").casefold()
+
+
+def needs_key(scope: Scope) -> bool:
+    if scope["type"] == "websocket":
+        return True
+    path = canonical_path(scope)
+    if path == OPEN_PATH:
+        return False
+    if path.split("/")[1] in API_ROOTS:
+        return True
+    return scope["method"] not in ("GET", "HEAD")
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
+def offered_subprotocols(scope: Scope) -> list[str]:
+    return list(scope.get("subprotocols") or [])
+
+
+def presented_key(scope: Scope) -> bytes | None:
+    """The key a client sent: a bearer token, or on a WebSocket the key subprotocol."""
+    authorization = header(scope, b"authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.partition(b" ")
+        return token.strip() if scheme.lower() == b"bearer" else None
+    if scope["type"] == "websocket":
+        for protocol in offered_subprotocols(scope):
+            if protocol.startswith(WS_KEY_PROTOCOL_PREFIX):
+                return protocol[len(WS_KEY_PROTOCOL_PREFIX) :].encode()
+    return None
+
+
+class KeyRing:
+    """The configured keys, held as digests so every comparison has the same length."""
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._digests = [hashlib.sha256(key.encode()).digest() for key in keys]
+
+    def accepts(self, candidate: bytes | None) -> bool:
+        digest = hashlib.sha256(candidate or b"").digest()
+        matched = False
+        # No early exit: the loop costs the same whichever key matched, or none.
+        for key_digest in self._digests:
+            matched |= hmac.compare_digest(digest, key_digest)
+        return matched and candidate is not None
+
+
+async def deny(scope: Scope, receive: Receive, send: Send, error: APIError) -> None:
+    """Answer with `error`; on a WebSocket, as the HTTP response to the upgrade (no accept)."""
+    if scope["type"] == "websocket" and "websocket.http.response" not in scope.get(
+        "extensions", {}
+    ):
+        # Without the denial-response extension the server can only answer 403.
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    await error.response()(scope, receive, send)
+
+
+class APIKeyMiddleware:
+    """401 for a missing or wrong key wherever `needs_key` says one is required."""
+
+    def __init__(self, app: ASGIApp, api_keys: list[str]) -> None:
+        self.app = app
+        self.keys = KeyRing(api_keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket") and needs_key(scope):
+            key = presented_key(scope)
+            if not self.keys.accepts(key):
+                await deny(scope, receive, send, self._unauthorized(key))
+                return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    def _unauthorized(key: bytes | None) -> APIError:
+        problem = "no API key was sent" if key is None else "the API key is not valid"
+        return APIError(
+            401,
+            f"{problem}; send 'Authorization: Bearer <key>' with a key given to --api-key "
+            f"(WebSocket clients in a browser may offer the subprotocols "
+            f"'{WS_PROTOCOL}' and '{WS_KEY_PROTOCOL_PREFIX}<key>' instead)",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+class WebSocketGate:
+    """The upgrade's Origin check, and the subprotocol side of passing a key in a browser."""
+
+    def __init__(self, app: ASGIApp, allowed_origins: list[str]) -> None:
+        self.app = app
+        self.allowed_origins = frozenset(allowed_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "websocket":
+            await self.app(scope, receive, send)
+            return
+        origin = header(scope, b"origin")
+        if origin is not None and not self._origin_allowed(origin.decode("latin-1"), scope):
+            message = f"WebSocket connections from {origin.decode('latin-1')!r} are not allowed"
+            await deny(scope, receive, send, APIError(403, f"{message}; see --allowed-origins"))
+            return
+        offered = offered_subprotocols(scope)
+        # The endpoint never sees the key, and need not know about the browser convention.
+        kept = [p for p in offered if not p.startswith(WS_KEY_PROTOCOL_PREFIX)]
+        scope = {**scope, "subprotocols": kept}
+        if WS_PROTOCOL in offered:
+            send = _accepting_protocol(send, WS_PROTOCOL)
+        await self.app(scope, receive, send)
+
+    def _origin_allowed(self, origin: str, scope: Scope) -> bool:
+        if "*" in self.allowed_origins or origin in self.allowed_origins:
+            return True
+        # Same origin: the chat UI served by this server talks to its own /v1/ws.
+        host = header(scope, b"host")
+        netloc = urlsplit(origin).netloc
+        return host is not None and netloc.casefold() == host.decode("latin-1").casefold()
+
+
+def _accepting_protocol(send: Send, protocol: str) -> Send:
+    async def send_with_protocol(message: Message) -> None:
+        if message["type"] == "websocket.accept" and not message.get("subprotocol"):
+            message = {**message, "subprotocol": protocol}
+        await send(message)
+
+    return send_with_protocol
+
+
+class BodyTooLargeError(Exception):
+    """Raised into the app from `receive` once a streamed body passes the limit."""
+
+
+class BodySizeLimit:
+    """413 for bodies over `max_body_bytes`: at once from Content-Length, or as a chunked body
+    grows past it. The body is never buffered here; uvicorn drops what arrives after the 413."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await self._too_large().response()(scope, receive, send)
+            return
+        await self._call_counting(scope, receive, send)
+
+    async def _call_counting(self, scope: Scope, receive: Receive, send: Send) -> None:
+        received = 0
+        exceeded = False
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received, exceeded
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    exceeded = True
+                    raise BodyTooLargeError
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            # Whatever the app answers about a body it never got whole is replaced by the 413.
+            if exceeded and not started:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, guarded_send)
+        except Exception:
+            # The app may have wrapped BodyTooLargeError into its own error; either way it ends.
+            if not exceeded:
+                raise
+        if exceeded and not started:
+            await self._too_large().response()(scope, receive, send)
+
+    def _too_large(self) -> APIError:
+        return APIError(
+            413,
+            f"the request body is larger than the server's limit of {self.max_body_bytes} "
+            f"bytes; send a shorter prompt",
+            code="request_too_large",
+        )

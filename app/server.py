@@ -11,10 +11,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import signal
+import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 import orjson
 import uvicorn
@@ -61,7 +64,7 @@ async def health(request: Request) -> Response:
     state: ServerState = request.app.state.baton
     if state.engine.healthy:
         return json_response({"status": "ok"})
-    return APIError(503, "the engine is not running").response()
+    return APIError(503, state.engine.failure).response()
 
 
 async def models(request: Request) -> Response:
@@ -165,15 +168,23 @@ class BatonServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
         self.state = state
-        self._abort_timer: asyncio.TimerHandle | None = None
 
-    def handle_exit(self, sig: int, frame) -> None:
-        if self._abort_timer is None:
-            loop = asyncio.get_running_loop()
-            delay = self.state.settings.shutdown_timeout_s
-            logger.info("shutting down: in-flight requests have %.0f s to finish", delay)
-            self._abort_timer = loop.call_later(delay, self.state.engine.abort_all)
-        super().handle_exit(sig, frame)
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # uvicorn would record the signal and raise it again after shutting down, so the
+        # process ended killed by SIGTERM (status 143); a graceful stop is a clean exit (0).
+        # Only flags are set here: this runs as a signal handler, in the middle of the loop.
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        delay = self.state.settings.shutdown_timeout_s
+        logger.info("shutting down: in-flight requests have %.1f s to finish", delay)
+        abort_timer = asyncio.get_running_loop().call_later(delay, self.state.engine.abort_all)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            abort_timer.cancel()
 
 
 def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
@@ -186,6 +197,8 @@ def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
         ws="websockets-sansio",
         log_level="warning",
         access_log=False,
+        # A WebSocket frame carries a request as a POST body does: the same limit applies.
+        ws_max_size=settings.max_body_bytes,
         # Streams are aborted (with a final chunk) at shutdown_timeout_s; the extra seconds let
         # those last chunks reach the clients before uvicorn cuts the connections.
         timeout_graceful_shutdown=int(settings.shutdown_timeout_s) + 5,

@@ -1,9 +1,238 @@
-"""The WebSocket protocol at /v1/ws (scaffold; the protocol lands next)."""
+"""The WebSocket protocol at `/v1/ws`: many generate requests multiplexed on one socket.
+
+Client → server text frames: `{"type": "generate", "id": ID, "prompt" | "messages": ..., ...}`
+with the HTTP API's parameters, and `{"type": "cancel", "id": ID}`. ID is a string or an integer,
+chosen by the client and echoed back; it must be unique among the socket's in-flight requests.
+
+Server → client: `{"type": "token", "id", "text", "index"}` once per engine step that produced
+text for the request, where `index` counts that request's token frames from 0 (so a client can
+check it missed none); then `{"type": "done", "id", "finish_reason", "usage", "timing"}`, or
+`{"type": "error", "id", "error": {"message", "type", "param", "code"}}` instead. A frame the
+server cannot act on gets an error frame (`id` null when it has none) and the socket stays open.
+Binary frames are read as UTF-8 JSON too. A cancel for an id not in flight is ignored: it raced
+the request's end. Closing the socket aborts all of its requests.
+"""
 
 from __future__ import annotations
 
-from starlette.websockets import WebSocket
+import asyncio
+import contextlib
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from app.admission import AdmittedRequest, admit, check_capacity
+from app.async_engine import EngineDeadError
+from app.errors import APIError
+from app.openai_format import timing, usage
+from app.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationRequest,
+    parse_json_object,
+    validate_request,
+)
+from core.outputs import RequestOutput
+from core.request import FinishReason
+
+if TYPE_CHECKING:
+    from app.server import ServerState
+
+logger = logging.getLogger("baton.websocket")
+
+ClientId = str | int
 
 
 async def websocket_endpoint(websocket: WebSocket) -> None:
-    await websocket.close(code=1011)
+    await websocket.accept()
+    session = Session(websocket, websocket.app.state.baton)
+    try:
+        await session.serve()
+    finally:
+        await session.close()
+
+
+@dataclass(slots=True)
+class InFlight:
+    client_id: ClientId
+    engine_id: str
+    task: asyncio.Task | None = None
+    cancelled: bool = False
+    num_token_frames: int = 0
+
+
+class Session:
+    """One socket: reads frames, runs one task per generate request, writes frames whole."""
+
+    def __init__(self, websocket: WebSocket, state: ServerState) -> None:
+        self.websocket = websocket
+        self.state = state
+        # Engine request ids must be unique across sockets; client ids are only per socket.
+        self._engine_id_prefix = state.next_request_id("ws")
+        self._engine_ids = itertools.count()
+        self._requests: dict[ClientId, InFlight] = {}
+        self._send_lock = asyncio.Lock()
+        self._closed = False
+
+    async def serve(self) -> None:
+        """Read frames until the client goes away."""
+        while True:
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            # Binary frames holding UTF-8 JSON are read too: some clients send bytes as binary.
+            data = message.get("text") or message.get("bytes") or b""
+            try:
+                self._handle(parse_json_object(data, "the frame"))
+            except APIError as error:
+                await self._send_error(None, error)
+            except FrameError as error:
+                await self._send_error(error.client_id, error.api_error)
+
+    async def close(self) -> None:
+        """Abort every request of this socket: their streams close, which aborts them."""
+        self._closed = True
+        tasks = [r.task for r in self._requests.values() if r.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _handle(self, frame: dict[str, Any]) -> None:
+        client_id = _client_id(frame)
+        kind = frame.get("type")
+        if kind not in ("generate", "cancel"):
+            raise FrameError(
+                client_id, f"type must be 'generate' or 'cancel', got {kind!r}", "type"
+            )
+        if client_id is None:
+            raise FrameError(None, "the frame needs an id: a string or an integer", "id")
+        if kind == "cancel":
+            self._cancel(client_id)
+        elif client_id in self._requests:
+            raise FrameError(
+                client_id, f"id {client_id!r} is already in flight; use a new id", "id"
+            )
+        else:
+            self._start(client_id, frame)
+
+    def _start(self, client_id: ClientId, frame: dict[str, Any]) -> None:
+        engine_id = f"{self._engine_id_prefix}-{next(self._engine_ids)}"
+        record = InFlight(client_id, engine_id)
+        self._requests[client_id] = record
+        record.task = asyncio.ensure_future(self._run(record, frame))
+
+    def _cancel(self, client_id: ClientId) -> None:
+        record = self._requests.get(client_id)
+        if record is not None:
+            record.cancelled = True
+            # The engine answers with a final output, so the client still gets `done`.
+            self.state.engine.abort(record.engine_id)
+
+    async def _run(self, record: InFlight, frame: dict[str, Any]) -> None:
+        try:
+            await self._generate(record, frame)
+        except APIError as error:
+            await self._send_error(record.client_id, error)
+        except EngineDeadError as error:
+            await self._send_error(record.client_id, APIError(503, str(error)))
+        except WebSocketDisconnect:
+            pass  # the reader sees the close as well and ends the session
+        except Exception:
+            logger.exception("WebSocket request %s failed", record.engine_id)
+            failure = APIError(500, "internal server error; the request was not completed")
+            await self._send_error(record.client_id, failure)
+        finally:
+            del self._requests[record.client_id]
+
+    async def _generate(self, record: InFlight, frame: dict[str, Any]) -> None:
+        check_capacity(self.state)
+        admitted = await admit(self.state, _validate_generate(frame))
+        prompt = admitted.prompts[0]
+        stream = self.state.engine.generate(
+            record.engine_id,
+            prompt.token_ids,
+            prompt.params,
+            priority=admitted.priority,
+            slo=admitted.slo,
+        )
+        if record.cancelled:
+            # Cancelled while being admitted: the abort must follow the submission, which
+            # happens when the stream is first iterated below, before this callback runs.
+            asyncio.get_running_loop().call_soon(self.state.engine.abort, record.engine_id)
+        async with contextlib.aclosing(stream):
+            async for output in stream:
+                await self._deliver(record, output, admitted)
+
+    async def _deliver(
+        self, record: InFlight, output: RequestOutput, admitted: AdmittedRequest
+    ) -> None:
+        client_id = record.client_id
+        if output.finish_reason is FinishReason.ERROR:
+            raise APIError(500, output.error or "the request failed inside the engine")
+        if output.new_text:
+            frame = {
+                "type": "token",
+                "id": client_id,
+                "text": output.new_text,
+                "index": record.num_token_frames,
+            }
+            record.num_token_frames += 1
+            await self._send(frame)
+        if output.finished:
+            reason = output.finish_reason.value if output.finish_reason is not None else None
+            done = {
+                "type": "done",
+                "id": client_id,
+                "finish_reason": reason,
+                "usage": usage(admitted.num_prompt_tokens, output.num_output_tokens),
+                "timing": timing(output.timing),
+            }
+            await self._send(done)
+
+    async def _send(self, frame: dict[str, Any]) -> None:
+        if self._closed:
+            return
+        # One writer at a time: a frame waiting on flow control must not let another overtake
+        # it halfway through the ASGI send.
+        async with self._send_lock:
+            await self.websocket.send_text(orjson.dumps(frame).decode())
+
+    async def _send_error(self, client_id: ClientId | None, error: APIError) -> None:
+        with contextlib.suppress(WebSocketDisconnect):
+            await self._send({"type": "error", "id": client_id, **error.body()})
+
+
+class FrameError(Exception):
+    """A frame the session cannot act on; answered with an error frame."""
+
+    def __init__(self, client_id: ClientId | None, message: str, param: str) -> None:
+        super().__init__(message)
+        self.client_id = client_id
+        self.api_error = APIError(400, message, param=param)
+
+
+def _client_id(frame: dict[str, Any]) -> ClientId | None:
+    client_id = frame.get("id")
+    if isinstance(client_id, str) or (
+        isinstance(client_id, int) and not isinstance(client_id, bool)
+    ):
+        return client_id
+    return None
+
+
+def _validate_generate(frame: dict[str, Any]) -> GenerationRequest:
+    if ("prompt" in frame) == ("messages" in frame):
+        raise APIError(400, "a generate frame needs either prompt or messages (not both)")
+    if "messages" in frame:
+        return validate_request(ChatCompletionRequest, frame)
+    request = validate_request(CompletionRequest, frame)
+    assert isinstance(request, CompletionRequest)
+    if len(request.prompts) > 1:
+        raise APIError(
+            400, "a generate frame takes one prompt; send one frame per prompt", param="prompt"
+        )
+    return request

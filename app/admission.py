@@ -1,0 +1,109 @@
+"""Admission of one generation request, shared by HTTP and WebSocket: the capacity check that
+comes before any work, the model name, tokenizing (off the event loop when long) and the
+engine's own checks. Every refusal is an `APIError`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from app.async_engine import EngineDeadError, QueueFullError
+from app.errors import APIError
+from app.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from core.request import SLO
+from core.sampling_params import InvalidRequestError, SamplingParams
+from core.tokenizer import ChatTemplateError, Tokenizer
+
+if TYPE_CHECKING:
+    from app.server import ServerState
+
+# Tokenizing more characters than this would hold the event loop for a millisecond or more,
+# delaying every other stream's tokens, so it moves to a worker thread.
+MAX_INLINE_TOKENIZE_CHARS = 4096
+
+
+@dataclass(slots=True)
+class EnginePrompt:
+    """One prompt ready for the engine, with `max_tokens` resolved for its length."""
+
+    token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(slots=True)
+class AdmittedRequest:
+    prompts: list[EnginePrompt]
+    priority: int
+    slo: SLO
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(prompt.token_ids) for prompt in self.prompts)
+
+
+def check_capacity(state: ServerState) -> None:
+    """429 past the queue limit and 503 without an engine, decided before reading the body."""
+    try:
+        state.engine.check_capacity()
+    except QueueFullError as error:
+        raise APIError(
+            429,
+            f"{error}; retry after {error.retry_after_s} s",
+            code="rate_limit_error",
+            headers={"Retry-After": str(error.retry_after_s)},
+        ) from None
+    except EngineDeadError as error:
+        raise APIError(503, str(error)) from None
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    """A missing `model` means the served one; any other name is a 404."""
+    if model is not None and model != state.model_name:
+        raise APIError(
+            404,
+            f"the model {model!r} does not exist; this server serves {state.model_name!r}",
+            param="model",
+        )
+
+
+async def admit(state: ServerState, request: GenerationRequest) -> AdmittedRequest:
+    """Tokenize and check `request` against the model; raises APIError on anything wrong."""
+    check_model(state, request.model)
+    params = request.sampling_params()
+    prompts = await _tokenize(state.tokenizer, request)
+    admitted = []
+    for token_ids in prompts:
+        try:
+            checked = state.engine.check_request(token_ids, params)
+        except InvalidRequestError as error:
+            raise request.invalid(error) from None
+        admitted.append(EnginePrompt(token_ids, checked))
+    default_slo = SLO(state.settings.ttft_slo_ms, state.settings.tpot_slo_ms)
+    return AdmittedRequest(admitted, request.priority, request.slo_targets(default_slo))
+
+
+async def _tokenize(tokenizer: Tokenizer, request: GenerationRequest) -> list[list[int]]:
+    encode, num_chars = _encoder(tokenizer, request)
+    try:
+        if num_chars > MAX_INLINE_TOKENIZE_CHARS:
+            return await asyncio.to_thread(encode)
+        return encode()
+    except ChatTemplateError as error:
+        raise APIError(400, str(error), param="messages") from None
+
+
+def _encoder(
+    tokenizer: Tokenizer, request: GenerationRequest
+) -> tuple[Callable[[], list[list[int]]], int]:
+    """The tokenizing work for `request` as a callable, and how many characters it reads."""
+    if isinstance(request, ChatCompletionRequest):
+        messages = request.message_dicts()
+        num_chars = sum(len(m["content"] or "") for m in messages)
+        return (lambda: [tokenizer.encode_chat(messages)]), num_chars
+    assert isinstance(request, CompletionRequest)
+    prompts = request.prompts
+    num_chars = sum(len(p) for p in prompts if isinstance(p, str))
+    # Text gets the tokenizer's special tokens (BOS), as the offline API and OpenAI servers do.
+    return (lambda: [tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]), num_chars

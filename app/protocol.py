@@ -1,0 +1,323 @@
+"""Request bodies of the OpenAI-compatible API (and of WebSocket `generate` frames): parsing,
+validation with messages that name the field to fix, and conversion to engine parameters."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import orjson
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from app.errors import APIError
+from core.request import SLO
+from core.sampling_params import InvalidRequestError, SamplingParams
+
+EMPTY_PROMPT = "must not be empty; send some text or token ids"
+# A prompt as the engine takes it: text to tokenize, or token ids as sent.
+Prompt = str | list[int]
+
+# What a JSON value is called in error messages, by its Python type after parsing.
+JSON_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    list: "an array",
+    dict: "an object",
+    type(None): "null",
+}
+
+
+def parse_json_object(body: bytes | str, what: str = "the request body") -> dict[str, Any]:
+    """Parse a JSON object; anything else (bad JSON, bad UTF-8, a lone surrogate) is a 400."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise APIError(
+            400,
+            f"{what} is not valid JSON ({error}); send a UTF-8 JSON object without NaN, "
+            "Infinity or unpaired surrogate escapes",
+        ) from None
+    if not isinstance(value, dict):
+        raise APIError(400, f"{what} must be a JSON object, got {json_type(value)}")
+    return value
+
+
+def json_type(value: object) -> str:
+    return JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+
+
+class SLOTargets(BaseModel):
+    ttft_ms: StrictFloat | None = Field(default=None, gt=0)
+    tpot_ms: StrictFloat | None = Field(default=None, gt=0)
+
+
+class ChatMessage(BaseModel):
+    """One chat turn. Extra keys (`name`, `tool_calls`, ...) reach the chat template as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: StrictStr = Field(min_length=1)
+    content: Any = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_content(cls, content: Any) -> str | None:
+        # Text parts are joined as vLLM joins them, so templates always see a plain string.
+        if content is None or isinstance(content, str):
+            return content
+        if isinstance(content, list) and all(_is_text_part(part) for part in content):
+            return "\n".join(part["text"] for part in content)
+        raise PydanticCustomError(
+            "baton_content_type",
+            "must be a string or a list of {'type': 'text', 'text': ...} parts; "
+            "other content types are not supported",
+        )
+
+
+def _is_text_part(part: object) -> bool:
+    return (
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+    )
+
+
+class GenerationRequest(BaseModel):
+    """The parameters completions and chat share, OpenAI's and Baton's extensions alike.
+    Unknown fields are ignored: OpenAI clients send ones Baton has no use for."""
+
+    model_config = ConfigDict(extra="ignore")
+    # Chat runs to the end of the context unless told otherwise; completions override this.
+    default_max_tokens: ClassVar[int | None] = None
+
+    model: StrictStr | None = None
+    max_tokens: StrictInt | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
+    n: StrictInt | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    stop: Any = None
+    seed: StrictInt | None = None
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    top_k: StrictInt | None = None
+    min_p: StrictFloat | None = None
+    repetition_penalty: StrictFloat | None = None
+    ignore_eos: StrictBool = False
+    min_tokens: StrictInt = 0
+    stop_token_ids: list[StrictInt] | None = None
+    priority: StrictInt = 0
+    slo: SLOTargets | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _single_choice(cls, n: int | None) -> int | None:
+        if n is not None and n > 1:
+            raise PydanticCustomError(
+                "baton_n", "> 1 is not supported yet; send n=1 or separate requests"
+            )
+        if n is not None and n < 1:
+            raise PydanticCustomError("baton_n", "must be 1")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, stop: Any) -> list[str] | None:
+        if stop is None or (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+            return stop
+        if isinstance(stop, str):
+            return [stop]
+        raise PydanticCustomError("baton_stop_type", "must be a string or a list of strings")
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def requested_logprobs(self) -> int | None:
+        return None
+
+    def sampling_params(self) -> SamplingParams:
+        """Engine parameters; OpenAI's defaults where a field is absent. Raises APIError."""
+        max_tokens = self.requested_max_tokens()
+        settings = {
+            "max_tokens": self.default_max_tokens if max_tokens is None else max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "seed": self.seed,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "stop": self.stop,
+            "stop_token_ids": self.stop_token_ids,
+            "logprobs": self.requested_logprobs(),
+        }
+        explicit = {k: v for k, v in settings.items() if v is not None or k == "max_tokens"}
+        try:
+            return SamplingParams(
+                **explicit, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens
+            )
+        except InvalidRequestError as error:
+            raise self.invalid(error) from None
+
+    def slo_targets(self, default: SLO) -> SLO:
+        """The request's latency targets, each falling back to the server's default."""
+        if self.slo is None:
+            return default
+        return SLO(
+            ttft_ms=self.slo.ttft_ms if self.slo.ttft_ms is not None else default.ttft_ms,
+            tpot_ms=self.slo.tpot_ms if self.slo.tpot_ms is not None else default.tpot_ms,
+        )
+
+    def invalid(self, error: InvalidRequestError) -> APIError:
+        """A 400 for an engine-side check, naming the field as this request spelled it."""
+        return APIError(400, str(error), param=self.field_name(error.param))
+
+    def field_name(self, param: str | None) -> str | None:
+        return param
+
+
+class CompletionRequest(GenerationRequest):
+    default_max_tokens: ClassVar[int | None] = 16  # OpenAI's default for completions
+
+    prompt: Any
+    logprobs: StrictInt | None = None
+    echo: StrictBool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _known_prompt_shape(cls, prompt: Any) -> list[Prompt]:
+        return _prompt_list(prompt)
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, echo: bool) -> bool:
+        if echo:
+            raise PydanticCustomError("baton_echo", "is not supported; leave it false")
+        return echo
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        return self.prompt
+
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _some_messages(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+        if not messages:
+            raise PydanticCustomError("baton_empty", "must not be empty; send at least one message")
+        return messages
+
+    def requested_max_tokens(self) -> int | None:
+        # The newer name wins, as in OpenAI's API, where max_tokens is deprecated for chat.
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+    def requested_logprobs(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if not self.logprobs:
+            return None
+        return self.top_logprobs or 0
+
+    def field_name(self, param: str | None) -> str | None:
+        if param == "max_tokens" and self.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        # The engine checks the tokenized template as `prompt` and top-N as `logprobs`.
+        return {"prompt": "messages", "logprobs": "top_logprobs"}.get(param, param)
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        return [message.model_dump() for message in self.messages]
+
+
+def _prompt_list(prompt: Any) -> list[Prompt]:
+    """A string, strings, token ids, or lists of token ids → one engine prompt per entry."""
+    if isinstance(prompt, str):
+        prompts: list[Any] = [prompt]
+    elif isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt:
+        prompts = prompt
+    elif isinstance(prompt, list):
+        raise PydanticCustomError("baton_empty", EMPTY_PROMPT)
+    else:
+        prompts = [None]
+    for entry in prompts:
+        if isinstance(entry, str) and entry:
+            continue
+        if isinstance(entry, list) and entry and all(_is_token_id(t) for t in entry):
+            continue
+        if entry == "" or entry == []:
+            raise PydanticCustomError("baton_empty", EMPTY_PROMPT)
+        raise PydanticCustomError(
+            "baton_prompt_type",
+            "must be a string, a list of strings, a list of token ids (integers) or a list of "
+            "token-id lists",
+        )
+    return prompts
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_request(model: type[GenerationRequest], body: dict[str, Any]) -> GenerationRequest:
+    """`model.model_validate(body)`, with the first problem as a 400 naming its field."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        raise _validation_error(error) from None
+
+
+def _validation_error(error: ValidationError) -> APIError:
+    first = error.errors(include_url=False)[0]
+    param = _field_path(first["loc"])
+    message = first["msg"]
+    if first["type"] == "missing":
+        return APIError(400, f"{param} is required", param=param)
+    if first["type"].endswith("_type"):
+        message = f"{message}, got {json_type(first['input'])}"
+    if first["type"].startswith("baton_"):
+        # Baton's own messages are predicates written to follow the field's name.
+        return APIError(400, f"{param} {message}", param=param)
+    return APIError(400, f"{param}: {message}", param=param)
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """`("messages", 0, "content")` → `messages[0].content`."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else part
+    return path

@@ -1,0 +1,161 @@
+"""Every bad input gets an OpenAI-shaped error with the right status and a message that says
+what to change, never a 500, and the server keeps serving afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import httpx
+import orjson
+import pytest
+
+from core.simulated_executor import SimulatedExecutor
+from tests.server_harness import base_url, running_server, simulated_engine
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+FAULTY_TOKEN = 99
+
+
+class FaultyExecutor(SimulatedExecutor):
+    """Raises for prompts that start with FAULTY_TOKEN; can be held to keep requests running."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.running = threading.Event()
+        self.running.set()
+
+    def execute(self, batch):
+        self.running.wait(timeout=10)
+        if any(seq.all_token_ids[0] == FAULTY_TOKEN for seq in batch.sequences):
+            raise RuntimeError("injected fault")
+        return super().execute(batch)
+
+
+@pytest.fixture(scope="module")
+def server(llama_checkpoint):
+    engine = simulated_engine(llama_checkpoint, max_num_seqs=4)
+    engine.executor = FaultyExecutor(4096, 16, engine.vocab_size)
+    with running_server(engine, model_name="tiny", max_queued_requests=2) as state:
+        yield state
+
+
+def post(state, path: str, body: bytes | dict) -> httpx.Response:
+    content = body if isinstance(body, bytes) else orjson.dumps(body)
+    headers = {"content-type": "application/json"}
+    return httpx.post(f"{base_url(state)}{path}", content=content, headers=headers, timeout=10)
+
+
+def assert_error(response: httpx.Response, status: int, kind: str, param: str | None) -> str:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert list(body) == ["error"]
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == kind
+    assert body["error"]["param"] == param
+    return body["error"]["message"]
+
+
+def completion(**fields) -> dict:
+    return {"model": "tiny", "prompt": "The for statement", "max_tokens": 4, **fields}
+
+
+def chat(**fields) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+# (path, body, param the error names, a word the message must contain)
+BAD_REQUESTS = [
+    (COMPLETIONS, b'{"prompt": "x",', None, "JSON"),
+    (COMPLETIONS, b'{"prompt": "x", "temperature": NaN}', None, "NaN"),
+    (COMPLETIONS, b'["prompt", "x"]', None, "object"),
+    (COMPLETIONS, b'"just a string"', None, "object"),
+    (COMPLETIONS, b'{"prompt": "\\ud800"}', None, "surrogate"),
+    (COMPLETIONS, b'{"prompt": "caf\xe9"}', None, "UTF-8"),
+    (COMPLETIONS, completion(max_tokens="5"), "max_tokens", "integer"),
+    (COMPLETIONS, completion(max_tokens=2.5), "max_tokens", "integer"),
+    (COMPLETIONS, completion(temperature="hot"), "temperature", "number"),
+    (COMPLETIONS, completion(stream="yes"), "stream", "boolean"),
+    (COMPLETIONS, completion(prompt=5), "prompt", "string"),
+    (COMPLETIONS, completion(prompt=["a", 5]), "prompt", "token"),
+    (COMPLETIONS, completion(stop=[1]), "stop", "strings"),
+    (
+        COMPLETIONS,
+        completion(stream_options={"include_usage": "yes"}),
+        "stream_options.include_usage",
+        "boolean",
+    ),
+    (COMPLETIONS, completion(max_tokens=0), "max_tokens", "positive"),
+    (COMPLETIONS, completion(max_tokens=-3), "max_tokens", "positive"),
+    (COMPLETIONS, completion(max_tokens=5000), "max_tokens", "lower max_tokens"),
+    (COMPLETIONS, completion(temperature=-0.5), "temperature", ">= 0"),
+    (COMPLETIONS, completion(top_p=0.0), "top_p", "(0, 1]"),
+    (COMPLETIONS, completion(top_p=1.5), "top_p", "(0, 1]"),
+    (COMPLETIONS, completion(top_k=-2), "top_k", ">= -1"),
+    (COMPLETIONS, completion(prompt=[5] * 5000), "prompt", "context length"),
+    (COMPLETIONS, completion(prompt="statement " * 5000), "prompt", "context length"),
+    (COMPLETIONS, completion(prompt=""), "prompt", "empty"),
+    (COMPLETIONS, completion(prompt=[]), "prompt", "empty"),
+    (COMPLETIONS, completion(prompt=[[]]), "prompt", "empty"),
+    (COMPLETIONS, completion(prompt=[10**6]), "prompt", "vocabulary"),
+    (COMPLETIONS, completion(prompt=[-1]), "prompt", "vocabulary"),
+    (COMPLETIONS, completion(stop=[f"s{i}" for i in range(17)]), "stop", "at most 16"),
+    (COMPLETIONS, completion(stop="x" * 300), "stop", "at most 256"),
+    (COMPLETIONS, completion(n=2), "n", "n > 1 is not supported yet"),
+    (COMPLETIONS, completion(logprobs=50), "logprobs", "[0, 20]"),
+    (CHAT, chat(messages=[]), "messages", "empty"),
+    (CHAT, chat(messages="hi"), "messages", "list"),
+    (CHAT, chat(messages=[{"content": "hi"}]), "messages[0].role", "required"),
+    (CHAT, chat(messages=[{"role": "user", "content": 5}]), "messages[0].content", "string"),
+    (CHAT, chat(max_completion_tokens=0), "max_completion_tokens", "positive"),
+    (CHAT, chat(top_logprobs=2), "top_logprobs", "logprobs"),
+    (CHAT, chat(messages=[{"role": "user", "content": "x" * 20000}]), "messages", "context"),
+    (CHAT, chat(n=3), "n", "not supported"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "hint"), BAD_REQUESTS)
+def test_bad_input_is_a_400_naming_what_to_change(server, path, body, param, hint):
+    message = assert_error(post(server, path, body), 400, "invalid_request_error", param)
+    assert hint in message
+
+
+def test_top_p_of_one_is_valid(server):
+    assert post(server, COMPLETIONS, completion(top_p=1.0)).status_code == 200
+
+
+def test_unknown_model_is_a_404(server):
+    for path, body in ((COMPLETIONS, completion(model="gpt-4")), (CHAT, chat(model="gpt-4"))):
+        message = assert_error(post(server, path, body), 404, "not_found_error", "model")
+        assert "gpt-4" in message and "tiny" in message
+
+
+def test_a_request_the_engine_fails_is_a_500_and_others_are_unharmed(server):
+    failed = post(server, COMPLETIONS, completion(prompt=[FAULTY_TOKEN, 5, 6]))
+    assert "injected fault" in assert_error(failed, 500, "server_error", None)
+    assert post(server, COMPLETIONS, completion()).status_code == 200
+
+
+def test_past_the_queue_limit_requests_get_429_with_retry_after(server):
+    executor = server.engine.engine.executor
+    url = f"{base_url(server)}{COMPLETIONS}"
+    with contextlib.ExitStack() as held:
+        executor.running.clear()  # hold the step thread so requests stay in flight
+        held.callback(executor.running.set)
+        # max_num_seqs (4) + max_queued_requests (2) streams fill the server.
+        for _ in range(6):
+            stream = httpx.stream("POST", url, json=completion(stream=True), timeout=10)
+            assert held.enter_context(stream).status_code == 200
+        refused = post(server, COMPLETIONS, completion())
+        message = assert_error(refused, 429, "rate_limit_error", None)
+        assert "retry" in message
+        assert int(refused.headers["retry-after"]) >= 1
+
+
+def test_the_server_keeps_serving_after_every_error(server):
+    for path, body, _, _ in BAD_REQUESTS:
+        post(server, path, body)
+    response = post(server, CHAT, chat(max_tokens=3))
+    assert response.status_code == 200
+    assert response.json()["usage"]["completion_tokens"] <= 3
