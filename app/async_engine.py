@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -22,6 +23,9 @@ from core.step_loop import AddRequest, StepLoop
 # Retry-After is the time the queue ahead takes to drain at the pace of recent completions.
 PACE_WINDOW_S = 30.0
 MAX_RETRY_AFTER_S = 60
+# The step thread waits at most this long for the event loop to take a step's outputs: a
+# stalled loop must not stall the engine for good.
+DISPATCH_WAIT_S = 0.5
 
 
 class EngineDeadError(RuntimeError):
@@ -47,6 +51,9 @@ class AsyncEngine:
         self._started_at = time.monotonic()
         # Event-loop times of recent completions; bounded so a busy server keeps only the last.
         self._finish_times: deque[float] = deque(maxlen=1024)
+        # Set when the event loop has taken the last step's outputs (see the step-thread side).
+        self._dispatched = threading.Event()
+        self._dispatched.set()
 
     @property
     def healthy(self) -> bool:
@@ -133,7 +140,12 @@ class AsyncEngine:
         self._call_on_loop(self._fail_all, EngineDeadError(self._dead))
 
     def _deliver_from_step_thread(self, outputs: list[RequestOutput]) -> None:
-        # One hop per step, whatever the number of requests and tokens in it.
+        # One hop per step, whatever the number of requests and tokens in it. The step thread
+        # may run one step ahead of the event loop, no more: it computes step N+1 while the loop
+        # sends step N, but never piles steps up in the queues, which would burst tokens to
+        # clients and hog the GIL when steps are cheap.
+        self._dispatched.wait(DISPATCH_WAIT_S)
+        self._dispatched.clear()
         self._call_on_loop(self._dispatch, outputs)
 
     def _call_on_loop(self, callback, argument) -> None:
@@ -148,6 +160,7 @@ class AsyncEngine:
                 queue.put_nowait(output)
             if output.finished:
                 self._finish_times.append(time.monotonic())
+        self._dispatched.set()
 
     def _fail_all(self, error: Exception) -> None:
         for queue in self._streams.values():

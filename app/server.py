@@ -199,6 +199,8 @@ def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
         access_log=False,
         # A WebSocket frame carries a request as a POST body does: the same limit applies.
         ws_max_size=settings.max_body_bytes,
+        # Token frames are a few dozen bytes: compressing each costs more CPU than it saves.
+        ws_per_message_deflate=False,
         # Streams are aborted (with a final chunk) at shutdown_timeout_s; the extra seconds let
         # those last chunks reach the clients before uvicorn cuts the connections.
         timeout_graceful_shutdown=int(settings.shutdown_timeout_s) + 5,

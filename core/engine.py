@@ -76,7 +76,10 @@ class Engine:
         num_prompt = len(prompt_token_ids)
         room = self.max_model_len - num_prompt
         if params.max_tokens is None:
-            params = dataclasses.replace(params, max_tokens=room)
+            # Unset means "as long as it can be": up to the context length, or what the whole
+            # KV cache holds if that is less, rather than a refusal for a limit nobody set.
+            cache_room = self.kv_cache.num_blocks * self.kv_cache.block_size - num_prompt
+            params = dataclasses.replace(params, max_tokens=max(1, min(room, cache_room)))
         elif params.max_tokens > room:
             raise InvalidRequestError(
                 f"the prompt has {num_prompt} tokens and max_tokens is {params.max_tokens}, "

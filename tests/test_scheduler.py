@@ -245,3 +245,9 @@ def test_outputs_are_batch_invariant_across_budgets_and_caches():
     tokens, engine = run(256, prefix=True, blocks=40)
     assert engine.scheduler.num_preemptions > 0
     assert tokens == reference
+
+
+def test_unset_max_tokens_is_capped_by_what_the_cache_holds():
+    engine = make_engine(num_kv_blocks=4, block_size=16, max_model_len=4096)
+    engine.add_request("a", prompt(10), SamplingParams(max_tokens=None))
+    assert len(run_to_completion(engine)["a"]) == 4 * 16 - 10
