@@ -48,6 +48,8 @@ class AsyncEngine:
         self._streams: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
         self._step_loop = StepLoop(engine, self._deliver_from_step_thread, self._on_death)
         self._dead: str | None = None
+        # Set at shutdown: in-flight requests finish, new ones are refused with 503.
+        self.draining = False
         self._started_at = time.monotonic()
         # Event-loop times of recent completions; bounded so a busy server keeps only the last.
         self._finish_times: deque[float] = deque(maxlen=1024)
@@ -57,11 +59,13 @@ class AsyncEngine:
 
     @property
     def healthy(self) -> bool:
-        return self._step_loop.is_alive and self._dead is None
+        return self._step_loop.is_alive and self._dead is None and not self.draining
 
     @property
     def failure(self) -> str:
         """Why the engine is not serving, for 503 bodies (health, refused requests)."""
+        if self._dead is None and self.draining:
+            return "the server is shutting down"
         return self._dead or "the engine is not running"
 
     @property

@@ -36,6 +36,8 @@ from core.engine import Engine
 from core.tokenizer import Tokenizer
 
 logger = logging.getLogger("baton.server")
+# After aborting at shutdown, how long the last chunks and done frames get to go out.
+FINAL_FRAMES_GRACE_S = 2.0
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
 
@@ -178,13 +180,28 @@ class BatonServer(uvicorn.Server):
         self.should_exit = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn would close WebSockets at once (1012); streams of both kinds get the grace
+        # period first, so this drains before handing over to uvicorn's own shutdown.
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        engine = self.state.engine
+        engine.draining = True
         delay = self.state.settings.shutdown_timeout_s
         logger.info("shutting down: in-flight requests have %.1f s to finish", delay)
-        abort_timer = asyncio.get_running_loop().call_later(delay, self.state.engine.abort_all)
-        try:
-            await super().shutdown(sockets)
-        finally:
-            abort_timer.cancel()
+        await self._wait_idle(delay)
+        if engine.num_in_flight:
+            # Aborted requests still end with a final chunk or done frame with a reason.
+            engine.abort_all()
+            await self._wait_idle(FINAL_FRAMES_GRACE_S)
+        await super().shutdown(sockets)
+
+    async def _wait_idle(self, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.state.engine.num_in_flight and loop.time() < deadline and not self.force_exit:
+            await asyncio.sleep(0.05)
 
 
 def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
@@ -201,9 +218,8 @@ def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
         ws_max_size=settings.max_body_bytes,
         # Token frames are a few dozen bytes: compressing each costs more CPU than it saves.
         ws_per_message_deflate=False,
-        # Streams are aborted (with a final chunk) at shutdown_timeout_s; the extra seconds let
-        # those last chunks reach the clients before uvicorn cuts the connections.
-        timeout_graceful_shutdown=int(settings.shutdown_timeout_s) + 5,
+        # BatonServer.shutdown has drained the streams already; this only bounds the rest.
+        timeout_graceful_shutdown=5,
     )
 
 

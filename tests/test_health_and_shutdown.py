@@ -5,6 +5,7 @@ finish or, at --shutdown-timeout, end cancelled with a final chunk, and the proc
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import httpx
 import orjson
 import pytest
 from starlette.testclient import TestClient
+from websockets.sync.client import connect
 
 from app.async_engine import AsyncEngine
 from app.server import ServerState, create_app
@@ -152,6 +154,34 @@ class Stream:
         return chunks[-1]["choices"][0]["finish_reason"]
 
 
+class WebSocketStream:
+    """A long generate over /v1/ws, read on its own thread until its done frame."""
+
+    def __init__(self, port: int, max_tokens: int) -> None:
+        self.url = f"ws://127.0.0.1:{port}/v1/ws"
+        self.frame = {
+            "type": "generate",
+            "id": 1,
+            "prompt": "hello",
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        }
+        self.frames: list[dict] = []
+        self.started = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        with connect(self.url) as socket:
+            socket.send(json.dumps(self.frame))
+            while True:
+                frame = json.loads(socket.recv(timeout=30))
+                self.frames.append(frame)
+                self.started.set()
+                if frame["type"] != "token":
+                    return
+
+
 @pytest.mark.slow
 def test_sigterm_finishes_short_streams_cancels_long_ones_and_exits_0(
     long_context_checkpoint, tmp_path
@@ -160,7 +190,8 @@ def test_sigterm_finishes_short_streams_cancels_long_ones_and_exits_0(
     with baton_serve(long_context_checkpoint, port, tmp_path / "serve.log") as process:
         long = Stream(port, max_tokens=8000)
         short = Stream(port, max_tokens=64)
-        assert long.started.wait(30) and short.started.wait(30)
+        socket_stream = WebSocketStream(port, max_tokens=8000)
+        assert long.started.wait(30) and short.started.wait(30) and socket_stream.started.wait(30)
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
 
@@ -177,6 +208,7 @@ def test_sigterm_finishes_short_streams_cancels_long_ones_and_exits_0(
         exited = time.monotonic()
         long.thread.join(5)
         short.thread.join(5)
+        socket_stream.thread.join(5)
         log = (tmp_path / "serve.log").read_text()
         assert exit_code == 0, log
 
@@ -184,6 +216,10 @@ def test_sigterm_finishes_short_streams_cancels_long_ones_and_exits_0(
     assert short.lines[-1] == "data: [DONE]"
     assert long.finish_reason() == "cancelled"
     assert long.lines[-1] == "data: [DONE]"
+    # WebSocket streams get the same grace period and end with a done frame, not a cut socket.
+    assert socket_stream.frames[-1]["type"] == "done"
+    assert socket_stream.frames[-1]["finish_reason"] == "cancelled"
+    assert len(socket_stream.frames) > SHUTDOWN_TIMEOUT_S
     # Refused while the long stream was still being served; cut only at the timeout.
     assert refused_at < long.ended_at
     assert SHUTDOWN_TIMEOUT_S - 0.5 < long.ended_at - signalled < SHUTDOWN_TIMEOUT_S + 2
