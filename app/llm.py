@@ -2,6 +2,7 @@
 
 from app.llm import LLM
 from core.sampling_params import SamplingParams
+from core.simulated_executor import SimulatedExecutor, StepCost
 
 llm = LLM("path/to/checkpoint")
 for result in llm.generate(["The capital of France is"], SamplingParams(max_tokens=16)):
@@ -17,10 +18,12 @@ from pathlib import Path
 from core.batch import TokenLogprobs
 from core.config import EngineConfig
 from core.engine import Engine
+from core.executor import Executor
 from core.model_config import ModelConfig
 from core.outputs import RequestOutput, RequestTiming
 from core.request import FinishReason
 from core.sampling_params import SamplingParams
+from core.simulated_executor import SimulatedExecutor, StepCost
 from core.tokenizer import Tokenizer
 
 Prompt = str | list[int]
@@ -44,6 +47,31 @@ def build_engine(
         max_model_len=executor.max_model_len,
         vocab_size=model_config.vocab_size,
         eos_token_ids=eos_token_ids,
+        tokenizer=tokenizer,
+    )
+
+
+def build_simulated_engine(
+    tokenizer: Tokenizer,
+    config: EngineConfig,
+    executor: Executor | None = None,
+    max_model_len: int = 8192,
+) -> Engine:
+    """An engine on `core.simulated_executor` (instant tokens unless the executor says
+    otherwise) with a real tokenizer: for server tests and benchmarks where only the serving
+    path should cost anything."""
+    executor = executor or SimulatedExecutor(
+        config.num_kv_blocks or 4096,
+        config.block_size,
+        tokenizer.vocab_size,
+        cost=StepCost(0, 0, 0),
+    )
+    return Engine(
+        config,
+        executor,
+        max_model_len=max_model_len,
+        vocab_size=tokenizer.vocab_size,
+        eos_token_ids=[tokenizer.eos_token_id],
         tokenizer=tokenizer,
     )
 

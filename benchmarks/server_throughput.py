@@ -30,25 +30,17 @@ PROMPT = "The for statement is used to iterate over the elements of a sequence"
 
 def serve(args: argparse.Namespace) -> None:
     """Child process: a Baton server over the simulated, zero-cost executor."""
+    from app.llm import build_simulated_engine
     from app.server import serve_engine
     from app.settings import ServerSettings
     from core.config import EngineConfig
-    from core.engine import Engine
-    from core.simulated_executor import SimulatedExecutor, StepCost
     from core.tokenizer import Tokenizer
 
     sys.setswitchinterval(args.switch_interval_ms / 1000)
-    tokenizer = Tokenizer.from_pretrained(args.checkpoint)
-    config = EngineConfig(max_num_seqs=args.streams, max_num_batched_tokens=65536)
-    executor = SimulatedExecutor(65536, 16, tokenizer.vocab_size, cost=StepCost(0, 0, 0))
-    engine = Engine(
-        config,
-        executor,
-        max_model_len=8192,
-        vocab_size=tokenizer.vocab_size,
-        eos_token_ids=[tokenizer.eos_token_id],
-        tokenizer=tokenizer,
+    config = EngineConfig(
+        max_num_seqs=args.streams, max_num_batched_tokens=65536, num_kv_blocks=65536
     )
+    engine = build_simulated_engine(Tokenizer.from_pretrained(args.checkpoint), config)
     serve_engine(engine, "sim", ServerSettings(port=args.port, max_queued_requests=4096))
 
 

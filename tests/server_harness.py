@@ -14,7 +14,7 @@ from pathlib import Path
 import uvloop
 
 from app.async_engine import AsyncEngine
-from app.llm import build_engine
+from app.llm import build_engine, build_simulated_engine
 from app.server import BatonServer, ServerState, create_app, uvicorn_config
 from app.settings import ServerSettings
 from core.config import EngineConfig
@@ -37,18 +37,27 @@ def model_engine(checkpoint: Path, **config) -> Engine:
 def simulated_engine(tokenizer_dir: Path, executor=None, **config) -> Engine:
     """An engine whose executor returns tokens instantly: only server and scheduler cost."""
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
-    config = EngineConfig(**config)
-    executor = executor or SimulatedExecutor(
-        config.num_kv_blocks or 4096, config.block_size, tokenizer.vocab_size
-    )
-    return Engine(
-        config,
-        executor,
-        max_model_len=4096,
-        vocab_size=tokenizer.vocab_size,
-        eos_token_ids=[tokenizer.eos_token_id],
-        tokenizer=tokenizer,
-    )
+    return build_simulated_engine(tokenizer, EngineConfig(**config), executor, max_model_len=4096)
+
+
+# Prompts starting with this token id make a ControlledExecutor raise: an injected fault.
+FAULTY_TOKEN = 99
+
+
+class ControlledExecutor(SimulatedExecutor):
+    """Instant tokens; steps wait while `running` is cleared (so requests stay queued), and a
+    batch holding a prompt that starts with FAULTY_TOKEN raises."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.running = threading.Event()
+        self.running.set()
+
+    def execute(self, batch):
+        self.running.wait(timeout=10)
+        if any(seq.all_token_ids[0] == FAULTY_TOKEN for seq in batch.sequences):
+            raise RuntimeError("injected fault")
+        return super().execute(batch)
 
 
 @contextlib.contextmanager

@@ -4,39 +4,27 @@ what to change, never a 500, and the server keeps serving afterwards."""
 from __future__ import annotations
 
 import contextlib
-import threading
 
 import httpx
 import orjson
 import pytest
 
-from core.simulated_executor import SimulatedExecutor
-from tests.server_harness import base_url, running_server, simulated_engine
+from tests.server_harness import (
+    FAULTY_TOKEN,
+    ControlledExecutor,
+    base_url,
+    running_server,
+    simulated_engine,
+)
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
-FAULTY_TOKEN = 99
-
-
-class FaultyExecutor(SimulatedExecutor):
-    """Raises for prompts that start with FAULTY_TOKEN; can be held to keep requests running."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.running = threading.Event()
-        self.running.set()
-
-    def execute(self, batch):
-        self.running.wait(timeout=10)
-        if any(seq.all_token_ids[0] == FAULTY_TOKEN for seq in batch.sequences):
-            raise RuntimeError("injected fault")
-        return super().execute(batch)
 
 
 @pytest.fixture(scope="module")
 def server(llama_checkpoint):
     engine = simulated_engine(llama_checkpoint, max_num_seqs=4)
-    engine.executor = FaultyExecutor(4096, 16, engine.vocab_size)
+    engine.executor = ControlledExecutor(4096, 16, engine.vocab_size)
     with running_server(engine, model_name="tiny", max_queued_requests=2) as state:
         yield state
 

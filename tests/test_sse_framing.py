@@ -8,25 +8,21 @@ import httpx
 import orjson
 import pytest
 
-from core.simulated_executor import SimulatedExecutor
-from tests.server_harness import base_url, running_server, simulated_engine
+from tests.server_harness import (
+    FAULTY_TOKEN,
+    ControlledExecutor,
+    base_url,
+    running_server,
+    simulated_engine,
+)
 
 DONE = b"data: [DONE]\n\n"
-# Prompts starting with this token id make the executor raise: an injected fault.
-FAULTY_TOKEN = 99
-
-
-class FaultyExecutor(SimulatedExecutor):
-    def execute(self, batch):
-        if any(seq.all_token_ids[0] == FAULTY_TOKEN for seq in batch.sequences):
-            raise RuntimeError("injected fault")
-        return super().execute(batch)
 
 
 @pytest.fixture(scope="module")
 def server(llama_checkpoint):
     engine = simulated_engine(llama_checkpoint)
-    engine.executor = FaultyExecutor(4096, 16, engine.vocab_size)
+    engine.executor = ControlledExecutor(4096, 16, engine.vocab_size)
     with running_server(engine, model_name="tiny") as state:
         yield state
 

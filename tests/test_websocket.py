@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 
 import orjson
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from core.simulated_executor import SimulatedExecutor
-from tests.server_harness import model_engine, running_server, simulated_engine
+from tests.server_harness import ControlledExecutor, model_engine, running_server, simulated_engine
 
 PROMPTS = [f"The for statement, part {i}" for i in range(8)]
 GREEDY = {"temperature": 0.0, "max_tokens": 16, "ignore_eos": True}
@@ -27,23 +25,10 @@ def model_server(llama_checkpoint):
         yield state
 
 
-class HeldExecutor(SimulatedExecutor):
-    """Instant tokens, unless `running` is cleared: then steps wait, so requests stay queued."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.running = threading.Event()
-        self.running.set()
-
-    def execute(self, batch):
-        self.running.wait(timeout=10)
-        return super().execute(batch)
-
-
 @pytest.fixture(scope="module")
 def simulated_server(llama_checkpoint):
     engine = simulated_engine(llama_checkpoint, max_num_seqs=2)
-    engine.executor = HeldExecutor(4096, 16, engine.vocab_size)
+    engine.executor = ControlledExecutor(4096, 16, engine.vocab_size)
     with running_server(engine, model_name="tiny", max_queued_requests=1) as state:
         yield state
 
