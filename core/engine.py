@@ -226,8 +226,10 @@ class Engine:
                 f"{self.max_model_len}, which must also leave room for one generated token",
                 "prompt",
             )
-        bad = next((t for t in prompt_token_ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
+        # min/max run in C: this check runs on the event loop for prompts of any length.
+        low, high = min(prompt_token_ids), max(prompt_token_ids)
+        if low < 0 or high >= self.vocab_size:
+            bad = low if low < 0 else high
             raise InvalidRequestError(
                 f"token id {bad} is outside the vocabulary [0, {self.vocab_size})", "prompt"
             )
