@@ -3,7 +3,9 @@ what to change, never a 500, and the server keeps serving afterwards."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import time
 
 import httpx
 import orjson
@@ -123,6 +125,37 @@ def test_a_request_the_engine_fails_is_a_500_and_others_are_unharmed(server):
     failed = post(server, COMPLETIONS, completion(prompt=[FAULTY_TOKEN, 5, 6]))
     assert "injected fault" in assert_error(failed, 500, "server_error", None)
     assert post(server, COMPLETIONS, completion()).status_code == 200
+
+
+def test_a_fault_in_a_shared_batch_fails_only_its_own_request(server):
+    """A blocker holds the step thread inside a step while the faulty request and two healthy
+    ones queue up, so all three are admitted into the same next step."""
+    executor = server.engine.engine.executor
+    url = f"{base_url(server)}{COMPLETIONS}"
+    healthy = completion(prompt=[7, 8, 9], max_tokens=12, ignore_eos=True)
+    bodies = [healthy, completion(prompt=[FAULTY_TOKEN, 5, 6]), healthy, healthy]
+    executor.running.clear()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+            futures = [pool.submit(httpx.post, url, json=bodies[0], timeout=30)]
+            _wait_for(lambda: server.engine.engine.num_running == 1)
+            futures += [pool.submit(httpx.post, url, json=body, timeout=30) for body in bodies[1:]]
+            _wait_for(lambda: server.engine.num_in_flight == len(bodies))
+            executor.running.set()
+            responses = [future.result() for future in futures]
+    finally:
+        executor.running.set()
+    assert "injected fault" in assert_error(responses[1], 500, "server_error", None)
+    for response in (responses[0], *responses[2:]):
+        assert response.status_code == 200
+        assert response.json()["usage"]["completion_tokens"] == 12
+
+
+def _wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the server did not reach the expected state"
+        time.sleep(0.01)
 
 
 def test_past_the_queue_limit_requests_get_429_with_retry_after(server):
