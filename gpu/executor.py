@@ -68,6 +68,9 @@ class TorchExecutor:
             model_config, self.num_kv_blocks, self.block_size, self.dtype, self.device
         )
         self.sampler = Sampler(model_config.vocab_size, model_config.eos_token_ids)
+        # Requests without a seed draw from the global generator: --seed makes a server run
+        # repeatable as a whole (requests with their own seed are repeatable regardless).
+        torch.manual_seed(engine_config.seed)
 
     @torch.inference_mode()
     def execute(self, batch: Batch) -> ExecutorOutput:

@@ -101,3 +101,15 @@ def test_seeded_sampling_is_the_same_alone_and_batched(checkpoint):
     unseeded = [SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)] * 2
     first, second = llm.generate([prompts[0]] * 2, unseeded)
     assert first.token_ids != second.token_ids, "unseeded requests draw their own noise"
+
+
+def test_engine_seed_makes_unseeded_sampling_repeatable(checkpoint):
+    prompt = workload(512)[0][3]
+    params = SamplingParams(max_tokens=10, temperature=1.0, ignore_eos=True)
+
+    def run(seed: int) -> list[int]:
+        llm = LLM(checkpoint, device="cpu", num_kv_blocks=64, seed=seed)
+        return llm.generate([prompt], params)[0].token_ids
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
