@@ -6,8 +6,10 @@ loadtest/stream_metrics.py); `SelectedShape` drives the user count (see loadtest
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import socket as socket_module
 import sys
 import time
 from collections.abc import Iterator
@@ -218,8 +220,7 @@ class WebSocketUser(BatonUser):
         self.request_ids = itertools.count()
 
     def on_stop(self) -> None:
-        if self.socket is not None:
-            self.socket.close()
+        self._drop_socket()
 
     @task
     def generate_burst(self) -> None:
@@ -249,6 +250,11 @@ class WebSocketUser(BatonUser):
     def _drop_socket(self) -> None:
         # A socket in an unknown state may still deliver frames of abandoned requests.
         if self.socket is not None:
+            # Shut the TCP socket down first: that wakes the connection's reader (a greenlet
+            # under locust) so it leaves the fd before close(); closing an fd it still watches
+            # aborts gevent's event loop at exit.
+            with contextlib.suppress(OSError):
+                self.socket.socket.shutdown(socket_module.SHUT_RDWR)
             self.socket.close()
             self.socket = None
 
