@@ -14,6 +14,8 @@ from core.tokenizer import Tokenizer
 @dataclass(slots=True)
 class _Stream:
     detokenizer: IncrementalDetokenizer | None
+    # Longest stop string: what may still turn into one is held back, where matches can start.
+    max_stop_len: int
     text: str = ""
     num_emitted_chars: int = 0
 
@@ -35,7 +37,8 @@ class OutputProcessor:
                 request.prompt_token_ids,
                 request.sampling_params.skip_special_tokens,
             )
-        self._streams[request.request_id] = _Stream(detokenizer)
+        stops = request.sampling_params.stop
+        self._streams[request.request_id] = _Stream(detokenizer, max(map(len, stops), default=0))
 
     def remove(self, request_id: str) -> str:
         """Forget a request; returns whatever text it still held back."""
@@ -57,14 +60,14 @@ class OutputProcessor:
         if stream.detokenizer is not None:
             stream.text += stream.detokenizer.add(token_id)
         if params.stop and may_stop:
-            cut = _find_stop(stream.text, params.stop, stream.num_emitted_chars)
+            cut = _find_stop(stream, params.stop)
             if cut is not None:
                 return self._release(stream, cut), FinishReason.STOP
         if (params.max_tokens is not None and num_output >= params.max_tokens) or (
             request.num_tokens >= self.max_model_len
         ):
             return self._release(stream, None), FinishReason.LENGTH
-        holdback = max(map(len, params.stop)) - 1 if params.stop else 0
+        holdback = max(stream.max_stop_len - 1, 0)
         end = max(stream.num_emitted_chars, len(stream.text) - holdback)
         delta = stream.text[stream.num_emitted_chars : end]
         stream.num_emitted_chars = end
@@ -81,9 +84,8 @@ class OutputProcessor:
         return delta
 
 
-def _find_stop(text: str, stops: list[str], num_emitted: int) -> int | None:
+def _find_stop(stream: _Stream, stops: list[str]) -> int | None:
     """Where the earliest stop string starts, looking only where a new match can be."""
-    longest = max(map(len, stops))
-    start = max(0, num_emitted - longest)
-    found = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+    start = max(0, stream.num_emitted_chars - stream.max_stop_len)
+    found = [i for i in (stream.text.find(s, start) for s in stops) if i >= 0]
     return min(found) if found else None

@@ -113,6 +113,8 @@ class Scheduler:
         return sampled
 
     def _admit_waiting(self, batch: Batch, prefill_budget: int, now: float) -> None:
+        if not self.waiting or prefill_budget == 0 or len(self.running) >= self.max_num_seqs:
+            return  # ordering a long queue costs a sort per step; skip it when nothing fits
         admitted: set[str] = set()
         for request in self.policy.order_waiting(self.waiting, now):
             if prefill_budget == 0 or len(self.running) >= self.max_num_seqs:

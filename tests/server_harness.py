@@ -52,10 +52,13 @@ class ControlledExecutor(SimulatedExecutor):
         super().__init__(*args, **kwargs)
         self.running = threading.Event()
         self.running.set()
+        # Sizes of the batches that raised, so tests can tell whom a fault shared a step with.
+        self.faulted_batch_sizes: list[int] = []
 
     def execute(self, batch):
         self.running.wait(timeout=10)
         if any(seq.all_token_ids[0] == FAULTY_TOKEN for seq in batch.sequences):
+            self.faulted_batch_sizes.append(len(batch))
             raise RuntimeError("injected fault")
         return super().execute(batch)
 

@@ -134,6 +134,7 @@ def test_a_fault_in_a_shared_batch_fails_only_its_own_request(server):
     url = f"{base_url(server)}{COMPLETIONS}"
     healthy = completion(prompt=[7, 8, 9], max_tokens=12, ignore_eos=True)
     bodies = [healthy, completion(prompt=[FAULTY_TOKEN, 5, 6]), healthy, healthy]
+    executor.faulted_batch_sizes.clear()
     executor.running.clear()
     try:
         with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
@@ -146,6 +147,9 @@ def test_a_fault_in_a_shared_batch_fails_only_its_own_request(server):
     finally:
         executor.running.set()
     assert "injected fault" in assert_error(responses[1], 500, "server_error", None)
+    # The fault struck a step it shared with its batch-mates, then again when re-run alone.
+    assert executor.faulted_batch_sizes[0] == len(bodies)
+    assert executor.faulted_batch_sizes[1:] == [1]
     for response in (responses[0], *responses[2:]):
         assert response.status_code == 200
         assert response.json()["usage"]["completion_tokens"] == 12
