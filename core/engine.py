@@ -19,6 +19,7 @@ from core.policy import make_policy
 from core.request import SLO, FinishReason, Request
 from core.sampling_params import InvalidRequestError, SamplingParams
 from core.scheduler import Scheduler
+from core.stats import StepStats
 from core.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,10 @@ class Engine:
         )
         self.outputs = OutputProcessor(tokenizer, eos_token_ids, max_model_len)
         self.num_steps = 0
+        # Called in the step thread: after every step that ran a batch, and for every request
+        # as it finishes (with its final output). Listeners must be quick and must not raise.
+        self.step_listeners: list[Callable[[StepStats], None]] = []
+        self.finish_listeners: list[Callable[[Request, RequestOutput], None]] = []
 
     @property
     def has_unfinished_requests(self) -> bool:
@@ -123,10 +128,12 @@ class Engine:
         return self._finish_early(request_id, FinishReason.ERROR, error)
 
     def step(self) -> list[RequestOutput]:
-        now = self.clock()
-        batch = self.scheduler.schedule(now)
+        started = self.clock()
+        batch = self.scheduler.schedule(started)
         if not batch.sequences:
             return []
+        num_context_tokens = sum(sequence.seq_len for sequence in batch.sequences)
+        scheduled = batch
         failed: list[RequestOutput] = []
         try:
             result = self.executor.execute(batch)
@@ -142,6 +149,18 @@ class Engine:
             except Exception as error:
                 logger.exception("output processing failed for request %s", request.request_id)
                 outputs.append(self._fail(request, error))
+        if self.step_listeners:
+            stats = StepStats(
+                started=started,
+                executed=now,
+                finished=self.clock(),
+                num_seqs=len(scheduled),
+                num_prefill_tokens=scheduled.num_prefill_tokens,
+                num_decode_tokens=scheduled.num_decode_tokens,
+                num_context_tokens=num_context_tokens,
+            )
+            for listener in self.step_listeners:
+                listener(stats)
         return outputs
 
     def _process(
@@ -204,6 +223,8 @@ class Engine:
         output.finished = True
         output.finish_reason = reason
         output.timing = RequestTiming.of(request)
+        for listener in self.finish_listeners:
+            listener(request, output)
 
     def _finish_early(
         self, request_id: str, reason: FinishReason, error: str | None
