@@ -135,7 +135,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout_s)
     parser.add_argument("--ttft-slo-ms", type=float, default=None)
     parser.add_argument("--tpot-slo-ms", type=float, default=None)
-    parser.add_argument("--otlp-traces-endpoint", default=None)
+    parser.add_argument(
+        "--otlp-traces-endpoint",
+        default=None,
+        help="export request traces over OTLP/HTTP to this URL (e.g. http://localhost:4318)",
+    )
+    parser.add_argument(
+        "--trace-console", action="store_true", help="print request traces to stdout (debugging)"
+    )
 
 
 def server_settings_from(args: argparse.Namespace) -> ServerSettings:
@@ -153,6 +160,7 @@ def server_settings_from(args: argparse.Namespace) -> ServerSettings:
         ttft_slo_ms=args.ttft_slo_ms,
         tpot_slo_ms=args.tpot_slo_ms,
         otlp_traces_endpoint=args.otlp_traces_endpoint,
+        trace_console=args.trace_console,
     )
 
 

@@ -58,10 +58,14 @@ async def _serve(
     request: Request, model: type[GenerationRequest], format_class: type[ResponseFormat]
 ) -> Response:
     state: ServerState = request.app.state.baton
+    # On the engine's clock, so queue time and TTFT count parsing and tokenizing too.
+    arrival_time = state.engine.engine.clock()
     check_capacity(state)
     parsed = validate_request(model, parse_json_object(await request.body()))
     admitted = await admit(state, parsed)
-    generation = Generation(state, parsed, admitted, format_class(state.tokenizer))
+    response_format = format_class(state.tokenizer)
+    generation = Generation(state, parsed, admitted, response_format, arrival_time)
+    generation.traceparent = request.headers.get("traceparent")
     if parsed.stream:
         return EventStreamResponse(generation.events())
     return await _respond_unless_disconnected(request, generation)
@@ -124,8 +128,13 @@ class Generation:
         request: GenerationRequest,
         admitted: AdmittedRequest,
         response_format: ResponseFormat,
+        arrival_time: float | None = None,
     ) -> None:
         self.engine = state.engine
+        self.arrival_time = arrival_time
+        # Spans are built only when tracing is on; the caller's W3C trace to continue.
+        self.tracing = state.tracing
+        self.traceparent: str | None = None
         self.request = request
         self.admitted = admitted
         self.format = response_format
@@ -140,6 +149,12 @@ class Generation:
         ids = [f"{self.envelope.id}-{index}" for index in range(len(prompts))]
         if len(prompts) == 1:
             ids = [self.envelope.id]
+        if self.tracing is not None:
+            operation = (
+                "chat" if isinstance(self.request, ChatCompletionRequest) else "text_completion"
+            )
+            for request_id in ids:
+                self.tracing.expect(request_id, operation, self.traceparent)
         return [
             self.engine.generate(
                 request_id,
@@ -147,6 +162,7 @@ class Generation:
                 prompt.params,
                 priority=self.admitted.priority,
                 slo=self.admitted.slo,
+                arrival_time=self.arrival_time,
             )
             for request_id, prompt in zip(ids, prompts, strict=True)
         ]

@@ -21,7 +21,7 @@ from types import FrameType
 
 import orjson
 import uvicorn
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from opentelemetry.sdk.trace.export import SpanExporter
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -31,7 +31,10 @@ from starlette.staticfiles import StaticFiles
 
 from app.async_engine import AsyncEngine
 from app.errors import APIError
+from app.metrics import ServerMetrics, metrics_endpoint
 from app.settings import ServerSettings
+from app.stats import stats_endpoint
+from app.telemetry import Tracing, exporters_from
 from core.engine import Engine
 from core.tokenizer import Tokenizer
 
@@ -50,6 +53,8 @@ class ServerState:
     model_name: str
     settings: ServerSettings
     created: int = 0
+    # Set when spans are exported (--otlp-traces-endpoint, --trace-console or a test's exporter).
+    tracing: Tracing | None = None
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def next_request_id(self, prefix: str) -> str:
@@ -81,29 +86,10 @@ async def models(request: Request) -> Response:
     return json_response({"object": "list", "data": [card]})
 
 
-class EngineGauges:
-    """The gauges `/metrics` shows until the observability issue adds the rest."""
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.registry = CollectorRegistry()
-        core = engine.engine
-        registry = self.registry
-        running = Gauge("baton:num_requests_running", "Requests running.", registry=registry)
-        waiting = Gauge("baton:num_requests_waiting", "Requests waiting.", registry=registry)
-        usage = Gauge("baton:kv_cache_usage_perc", "KV blocks in use (0-1).", registry=registry)
-        # Read at scrape time; the counts are single attribute reads, safe across threads.
-        running.set_function(lambda: core.num_running)
-        waiting.set_function(lambda: core.num_waiting)
-        usage.set_function(lambda: core.kv_cache.usage)
-
-
-async def metrics(request: Request) -> Response:
-    gauges: EngineGauges = request.app.state.gauges
-    return Response(generate_latest(gauges.registry), media_type=CONTENT_TYPE_LATEST)
-
-
 async def api_error_handler(request: Request, error: Exception) -> Response:
     assert isinstance(error, APIError)
+    if error.status == 429:
+        request.app.state.metrics.count_rejection()
     return error.response()
 
 
@@ -118,7 +104,9 @@ async def server_error_handler(request: Request, error: Exception) -> Response:
     return APIError(500, "internal server error; the request was not completed").response()
 
 
-def create_app(state: ServerState) -> Starlette:
+def create_app(state: ServerState, span_exporter: SpanExporter | None = None) -> Starlette:
+    """The app around `state`. A `span_exporter` (tests) receives each span as it ends,
+    besides any exporter the settings name."""
     from app.openai_api import chat_completions, completions
     from app.security import security_middleware
     from app.websocket_api import websocket_endpoint
@@ -136,11 +124,14 @@ def create_app(state: ServerState) -> Starlette:
             yield
         finally:
             await asyncio.to_thread(state.engine.stop, 10.0)
+            if state.tracing is not None:
+                await asyncio.to_thread(state.tracing.shutdown)
 
     routes = [
         Route("/health", health),
-        Route("/metrics", metrics),
+        Route("/metrics", metrics_endpoint),
         Route("/v1/models", models),
+        Route("/v1/stats", stats_endpoint),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         WebSocketRoute("/v1/ws", websocket_endpoint),
@@ -158,7 +149,12 @@ def create_app(state: ServerState) -> Starlette:
         lifespan=lifespan,
     )
     app.state.baton = state
-    app.state.gauges = EngineGauges(state.engine)
+    app.state.metrics = ServerMetrics(state.engine.engine, state.settings.stats_window_s)
+    exporters = exporters_from(state.settings)
+    if span_exporter is not None or exporters:
+        state.tracing = Tracing(state.engine.engine, state.model_name, exporters)
+        if span_exporter is not None:
+            state.tracing.add_exporter(span_exporter, batch=False)
     return app
 
 

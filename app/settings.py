@@ -19,6 +19,10 @@ class ServerSettings:
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
     otlp_traces_endpoint: str | None = None
+    # Print every span to stdout: for debugging, not production.
+    trace_console: bool = False
+    # The sliding window /v1/stats reports over.
+    stats_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.max_queued_requests < 0:

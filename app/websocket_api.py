@@ -149,15 +149,23 @@ class Session:
             del self._requests[record.client_id]
 
     async def _generate(self, record: InFlight, frame: dict[str, Any]) -> None:
+        arrival_time = self.state.engine.engine.clock()
         check_capacity(self.state)
-        admitted = await admit(self.state, _validate_generate(frame))
+        request = _validate_generate(frame)
+        admitted = await admit(self.state, request)
         prompt = admitted.prompts[0]
+        if self.state.tracing is not None:
+            operation = "chat" if isinstance(request, ChatCompletionRequest) else "text_completion"
+            # A frame's own traceparent wins over the one the socket was opened with.
+            traceparent = frame.get("traceparent") or self.websocket.headers.get("traceparent")
+            self.state.tracing.expect(record.engine_id, operation, traceparent)
         stream = self.state.engine.generate(
             record.engine_id,
             prompt.token_ids,
             prompt.params,
             priority=admitted.priority,
             slo=admitted.slo,
+            arrival_time=arrival_time,
         )
         if record.cancelled:
             # Cancelled while being admitted: the abort must follow the submission, which

@@ -142,6 +142,8 @@ class Engine:
         sampled = self.scheduler.update(batch, result)
         now = self.clock()
         self.num_steps += 1
+        if batch.num_prefill_tokens:
+            _record_prefill_chunks(batch, self.scheduler.requests, started, now)
         outputs = failed
         for request, token_id, logprobs in sampled:
             try:
@@ -168,6 +170,7 @@ class Engine:
     ) -> RequestOutput:
         if request.first_token_time is None:
             request.first_token_time = now
+        request.token_times.append(now)
         text, finish_reason = self.outputs.process(request, token_id)
         output = RequestOutput(
             request.request_id,
@@ -254,3 +257,14 @@ class Engine:
             raise InvalidRequestError(
                 f"token id {bad} is outside the vocabulary [0, {self.vocab_size})", "prompt"
             )
+
+
+def _record_prefill_chunks(
+    batch: Batch, requests: dict[str, Request], started: float, finished: float
+) -> None:
+    # Prefill chunks follow the decodes in a batch, so the walk from the end stops at the first
+    # decode: steady decoding costs nothing here.
+    for seq in reversed(batch.sequences):
+        if len(seq.token_ids) == 1 and seq.start_position >= seq.num_prompt_tokens:
+            break
+        requests[seq.request_id].prefill_chunks.append((started, finished, len(seq.token_ids)))

@@ -49,12 +49,16 @@ class Request:
         "num_computed_tokens",
         "num_preemptions",
         "num_prompt_tokens",
+        "preempted_times",
+        "prefill_chunks",
         "priority",
         "request_id",
+        "resumed_times",
         "sampling_params",
         "slo",
         "status",
         "token_ids",
+        "token_times",
     )
 
     def __init__(
@@ -84,6 +88,13 @@ class Request:
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
         self.finish_reason: FinishReason | None = None
+        # What tracing and metrics read after the request ends, on the engine's clock: when each
+        # output token was ready, each prefill chunk as (start, end, num_tokens), and when the
+        # request was preempted and readmitted. One float append per token is the whole cost.
+        self.token_times: list[float] = []
+        self.prefill_chunks: list[tuple[float, float, int]] = []
+        self.preempted_times: list[float] = []
+        self.resumed_times: list[float] = []
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -130,6 +130,8 @@ class Scheduler:
             if request.num_cached_tokens is None:
                 request.num_cached_tokens = num_hit
                 request.first_scheduled_time = now
+            else:
+                request.resumed_times.append(now)
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += num_hit
             self.running.append(request)
@@ -143,13 +145,14 @@ class Scheduler:
         while not self.kv_cache.allocate_slots(request, num_new):
             candidates = [r for r in self.running if r.request_id not in self._scheduled]
             victim = self.policy.choose_victim(candidates, now)
-            self._preempt(victim)
+            self._preempt(victim, now)
             if victim is request:
                 return False
         return True
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, now: float) -> None:
         self.running.remove(request)
+        request.preempted_times.append(now)
         self.kv_cache.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0

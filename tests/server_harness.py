@@ -64,8 +64,11 @@ class ControlledExecutor(SimulatedExecutor):
 
 
 @contextlib.contextmanager
-def running_server(engine: Engine, model_name: str = "tiny", **settings) -> Iterator[ServerState]:
-    """Serve `engine` on a free loopback port; yields the state (`state.settings.port`)."""
+def running_server(
+    engine: Engine, model_name: str = "tiny", span_exporter=None, **settings
+) -> Iterator[ServerState]:
+    """Serve `engine` on a free loopback port; yields the state (`state.settings.port`).
+    A `span_exporter` receives every request's spans as they end."""
     server_settings = ServerSettings(port=free_port(), **settings)
     state = ServerState(
         engine=AsyncEngine(engine, server_settings.max_queued_requests),
@@ -73,7 +76,8 @@ def running_server(engine: Engine, model_name: str = "tiny", **settings) -> Iter
         model_name=model_name,
         settings=server_settings,
     )
-    server = BatonServer(uvicorn_config(create_app(state), server_settings), state)
+    app = create_app(state, span_exporter=span_exporter)
+    server = BatonServer(uvicorn_config(app, server_settings), state)
     thread = threading.Thread(target=uvloop.run, args=(server.serve(),), daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

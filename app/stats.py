@@ -1,0 +1,91 @@
+"""`GET /v1/stats`: a JSON snapshot for the live dashboard — the engine's state now and what
+happened over a sliding window (default 60 s): latency percentiles, throughput, SLO attainment
+and goodput, step composition. Times in ms, fractions in 0..1, null where the window is empty."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from core.metrics import FinishedRecord, StepRecord, percentile
+
+if TYPE_CHECKING:
+    from app.metrics import ServerMetrics
+    from app.server import ServerState
+
+
+async def stats_endpoint(request: Request) -> Response:
+    from app.server import json_response
+
+    state: ServerState = request.app.state.baton
+    return json_response(snapshot(state, request.app.state.metrics))
+
+
+def snapshot(state: ServerState, server_metrics: ServerMetrics) -> dict[str, Any]:
+    engine = state.engine.engine
+    aggregates = server_metrics.aggregates
+    requests, steps = aggregates.window()
+    uptime_s = time.monotonic() - server_metrics.started_at
+    # Rates divide by the time the window really covers: less than its length just after start.
+    window_s = max(min(aggregates.window_s, uptime_s), 1e-3)
+    with aggregates.lock:
+        totals = aggregates.totals
+        total = {
+            "requests": totals.requests,
+            "prompt_tokens": totals.prompt_tokens,
+            "generation_tokens": totals.generation_tokens,
+        }
+    return {
+        "model": state.model_name,
+        "policy": engine.config.scheduling_policy,
+        "uptime_s": uptime_s,
+        "running": engine.num_running,
+        "waiting": engine.num_waiting,
+        "kv_cache_usage": engine.kv_cache.usage,
+        "window_s": window_s,
+        "requests_finished": len(requests),
+        "throughput": {
+            "requests_per_s": len(requests) / window_s,
+            "prompt_tokens_per_s": sum(r.num_prompt_tokens for r in requests) / window_s,
+            "generation_tokens_per_s": sum(r.num_output_tokens for r in requests) / window_s,
+        },
+        "ttft_ms": _percentiles([r.ttft_ms for r in requests if r.completed]),
+        "tpot_ms": _percentiles([r.tpot_ms for r in requests if r.tpot_ms is not None]),
+        "slo": _slo(requests, window_s),
+        "steps": _steps(steps, engine.num_steps),
+        "totals": total,
+    }
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    values.sort()
+    return {f"p{q}": percentile(values, q) for q in (50, 90, 99)}
+
+
+def _slo(requests: list[FinishedRecord], window_s: float) -> dict[str, float | None]:
+    """Attainment: of the completed requests that had targets, the share that met them all.
+    Goodput: completed requests per second that met their targets (no targets counts as met)."""
+    completed = [r for r in requests if r.completed]
+    judged = [r.slo_met for r in completed if r.slo_met is not None]
+    good = sum(1 for r in completed if r.slo_met is not False)
+    return {
+        "attainment": sum(judged) / len(judged) if judged else None,
+        "goodput_rps": good / window_s,
+    }
+
+
+def _steps(steps: list[StepRecord], total: int) -> dict[str, float | int | None]:
+    count = len(steps)
+    durations = sorted(s.duration_s * 1e3 for s in steps)
+    return {
+        "total": total,
+        "batch_size": sum(s.num_seqs for s in steps) / count if count else 0.0,
+        "prefill_tokens_per_step": sum(s.num_prefill_tokens for s in steps) / count
+        if count
+        else 0.0,
+        "decode_tokens_per_step": sum(s.num_decode_tokens for s in steps) / count if count else 0.0,
+        "step_ms_p50": percentile(durations, 50),
+    }
