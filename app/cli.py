@@ -37,6 +37,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=defaults.enable_prefix_caching,
     )
     parser.add_argument("--scheduling-policy", choices=POLICIES, default=defaults.scheduling_policy)
+    parser.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=defaults.max_wait_ms,
+        help="starvation bound of the slo policy: no request waits longer for its first token",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
 
 
@@ -49,6 +55,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         num_kv_blocks=args.num_kv_blocks,
         enable_prefix_caching=args.enable_prefix_caching,
         scheduling_policy=args.scheduling_policy,
+        max_wait_ms=args.max_wait_ms,
         gpu_memory_utilization=args.gpu_memory_utilization,
         seed=args.seed,
     )
@@ -169,7 +176,9 @@ def serve(args: argparse.Namespace) -> int:
     from app.server import serve_engine
 
     settings = server_settings_from(args)
-    engine = build_engine(args.model, engine_config_from(args), args.device, args.dtype)
+    engine = build_engine(
+        args.model, engine_config_from(args), args.device, args.dtype, profile_step_cost=True
+    )
     name = settings.served_model_name or Path(args.model).resolve().name
     serve_engine(engine, name, settings)
     return 0

@@ -24,15 +24,25 @@ from core.outputs import RequestOutput, RequestTiming
 from core.request import FinishReason
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedExecutor, StepCost
+from core.step_cost import profile_executor
 from core.tokenizer import Tokenizer
 
 Prompt = str | list[int]
 
 
 def build_engine(
-    model: str | Path, config: EngineConfig, device: str = "auto", dtype: str = "auto"
+    model: str | Path,
+    config: EngineConfig,
+    device: str = "auto",
+    dtype: str = "auto",
+    *,
+    profile_step_cost: bool = False,
 ) -> Engine:
-    """Load a Hugging Face checkpoint folder into a ready engine on `device`."""
+    """Load a Hugging Face checkpoint folder into a ready engine on `device`.
+
+    `profile_step_cost` runs a few synthetic steps first to seed the step-cost model (a server
+    wants its first scheduling decisions informed; offline runs learn as they go).
+    """
     from gpu.executor import TorchExecutor  # torch loads only when a model is actually built
 
     model_config = ModelConfig.from_pretrained(model)
@@ -41,7 +51,7 @@ def build_engine(
     eos_token_ids = model_config.eos_token_ids or (
         [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     )
-    return Engine(
+    engine = Engine(
         config,
         executor,
         max_model_len=executor.max_model_len,
@@ -49,6 +59,16 @@ def build_engine(
         eos_token_ids=eos_token_ids,
         tokenizer=tokenizer,
     )
+    if profile_step_cost:
+        profile_executor(
+            engine.step_cost_model,
+            executor,
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            executor.max_model_len,
+            model_config.vocab_size,
+        )
+    return engine
 
 
 def build_simulated_engine(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-POLICIES = ("fcfs", "static")
+POLICIES = ("slo", "fcfs", "priority", "sjf", "hrrn", "ltr", "static")
 
 
 @dataclass(slots=True)
@@ -21,7 +21,9 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
-    scheduling_policy: str = "fcfs"
+    scheduling_policy: str = "slo"
+    # The starvation bound of the `slo` policy: no request waits longer for its first token.
+    max_wait_ms: float = 20_000.0
     gpu_memory_utilization: float = 0.9
     seed: int = 0
 
@@ -41,6 +43,8 @@ class EngineConfig:
                 f"--scheduling-policy must be one of {', '.join(POLICIES)}, "
                 f"got {self.scheduling_policy!r}"
             )
+        if not self.max_wait_ms > 0:
+            raise ValueError(f"--max-wait-ms must be > 0, got {self.max_wait_ms}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"

@@ -13,13 +13,15 @@ from core.batch import Batch, ExecutorOutput, TokenLogprobs
 from core.config import EngineConfig
 from core.executor import Executor
 from core.kv_cache_manager import KVCacheManager
+from core.length_predictor import LengthPredictor
 from core.output_processor import OutputProcessor
 from core.outputs import RequestOutput, RequestTiming
-from core.policy import make_policy
+from core.policy import PolicyContext, make_policy
 from core.request import SLO, FinishReason, Request
 from core.sampling_params import InvalidRequestError, SamplingParams
 from core.scheduler import Scheduler
 from core.stats import StepStats
+from core.step_cost import StepCostModel
 from core.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -48,9 +50,19 @@ class Engine:
         self.kv_cache = KVCacheManager(
             executor.num_kv_blocks, executor.block_size, config.enable_prefix_caching
         )
+        # Both learn online, in the step thread: step durations from every step, output lengths
+        # from every request that finishes. Policies read them; metrics report their error.
+        self.step_cost_model = StepCostModel()
+        self.length_predictor = LengthPredictor()
+        self.policy_context = PolicyContext(
+            self.step_cost_model,
+            self.length_predictor,
+            config.max_wait_ms / 1000,
+            config.max_num_batched_tokens,
+        )
         self.scheduler = Scheduler(
             self.kv_cache,
-            make_policy(config.scheduling_policy),
+            make_policy(config.scheduling_policy, self.policy_context),
             config.max_num_seqs,
             config.max_num_batched_tokens,
         )
@@ -58,8 +70,10 @@ class Engine:
         self.num_steps = 0
         # Called in the step thread: after every step that ran a batch, and for every request
         # as it finishes (with its final output). Listeners must be quick and must not raise.
-        self.step_listeners: list[Callable[[StepStats], None]] = []
-        self.finish_listeners: list[Callable[[Request, RequestOutput], None]] = []
+        self.step_listeners: list[Callable[[StepStats], None]] = [self.step_cost_model.observe]
+        self.finish_listeners: list[Callable[[Request, RequestOutput], None]] = [
+            lambda request, _output: self.length_predictor.observe(request)
+        ]
 
     @property
     def has_unfinished_requests(self) -> bool:

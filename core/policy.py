@@ -1,31 +1,61 @@
 """Scheduling policies: the scheduler asks them only "in what order?", "how much prefill this
-step?" and "whom to preempt?"; budgets, blocks and preemption mechanics stay in the scheduler."""
+step?" and "whom to preempt?"; budgets, blocks and preemption mechanics stay in the scheduler.
+
+The baselines live here: `fcfs`, `priority`, `static`, and the length-aware orderings the
+literature compares against, `sjf`, `hrrn` (Magnus) and `ltr` (learning to rank). The `slo`
+policy is in core/slo_policy.py.
+"""
 
 from __future__ import annotations
 
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+from core.length_predictor import LengthPredictor
 from core.request import Request
+from core.step_cost import StepCostModel
 
 UNLIMITED = sys.maxsize
+
+
+@dataclass(slots=True)
+class PolicyContext:
+    """What a policy may consult besides the queues: the step-cost model and the output-length
+    predictor (both learning online in the engine), the starvation bound and the scheduler's
+    budgets."""
+
+    cost_model: StepCostModel = field(default_factory=StepCostModel)
+    length_predictor: LengthPredictor = field(default_factory=LengthPredictor)
+    max_wait_s: float = 20.0
+    max_num_batched_tokens: int = 2048
 
 
 class SchedulingPolicy(ABC):
     name: str
 
+    def __init__(self, context: PolicyContext | None = None) -> None:
+        self.context = context or PolicyContext()
+
     @abstractmethod
     def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
-        """Waiting (and preempted) requests in the order they should be admitted."""
+        """Requests still owed prefill (waiting, preempted, partly prefilled) in the order the
+        step should serve them."""
 
-    @abstractmethod
     def prefill_budget(self, running: Sequence[Request], token_budget: int, now: float) -> int:
         """Prefill tokens this step may carry, given the token budget left after decodes."""
+        return token_budget
 
-    @abstractmethod
+    def chunk_overhead(self, request: Request, start_position: int) -> int:
+        """Extra budget a prefill chunk of `request` starting at `start_position` uses beyond
+        its tokens (its attention over the KV before it, its per-sequence cost), in
+        prefill-token equivalents."""
+        return 0
+
     def choose_victim(self, candidates: Sequence[Request], now: float) -> Request:
-        """The running request to preempt when KV blocks run out."""
+        """The running request to preempt when KV blocks run out: the latest arrival."""
+        return max(candidates, key=_arrival)
 
 
 class FCFSPolicy(SchedulingPolicy):
@@ -35,12 +65,6 @@ class FCFSPolicy(SchedulingPolicy):
 
     def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
         return sorted(waiting, key=_arrival)
-
-    def prefill_budget(self, running: Sequence[Request], token_budget: int, now: float) -> int:
-        return token_budget
-
-    def choose_victim(self, candidates: Sequence[Request], now: float) -> Request:
-        return max(candidates, key=_arrival)
 
 
 class StaticPolicy(FCFSPolicy):
@@ -53,12 +77,86 @@ class StaticPolicy(FCFSPolicy):
         return 0 if running else UNLIMITED
 
 
+class PriorityPolicy(SchedulingPolicy):
+    """Static priority classes (a lower `priority` value goes first), FCFS within a class;
+    the victim is the latest arrival of the lowest class."""
+
+    name = "priority"
+
+    def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
+        return sorted(waiting, key=lambda r: (r.priority, r.arrival_time, r.request_id))
+
+    def choose_victim(self, candidates: Sequence[Request], now: float) -> Request:
+        return max(candidates, key=lambda r: (r.priority, r.arrival_time, r.request_id))
+
+
+class SJFPolicy(SchedulingPolicy):
+    """Shortest job first on what is known for sure: the prompt still to prefill."""
+
+    name = "sjf"
+
+    def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
+        return sorted(waiting, key=lambda r: (_prefill_left(r), *_arrival(r)))
+
+
+class HRRNPolicy(SchedulingPolicy):
+    """Highest response ratio next, as in Magnus: (wait + predicted service) / predicted
+    service, where service is the prefill plus the predicted output length at the current
+    decode pace. Short jobs go first, and a long one's ratio grows as it waits, so none starves.
+    """
+
+    name = "hrrn"
+
+    def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
+        def ratio(request: Request) -> tuple[float, float, str]:
+            service = predicted_service_s(self.context, request)
+            response = (now - request.arrival_time + service) / service
+            return -response, *_arrival(request)
+
+        return sorted(waiting, key=ratio)
+
+
+class LTRPolicy(SchedulingPolicy):
+    """Learning to rank: shortest predicted output first, by the online length predictor;
+    only the relative order of the predictions matters."""
+
+    name = "ltr"
+
+    def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
+        predict = self.context.length_predictor.predict
+        return sorted(waiting, key=lambda r: (predict(r), *_arrival(r)))
+
+
+def predicted_service_s(context: PolicyContext, request: Request) -> float:
+    """Seconds of engine time `request` still needs: its prefill at the marginal token cost
+    plus its predicted remaining output at the pace of a one-sequence decode step."""
+    cost = context.cost_model
+    prefill_s = _prefill_left(request) * cost.prefill_token_s()
+    remaining = max(1.0, context.length_predictor.predict(request) - request.num_output_tokens)
+    decode_s = cost.predict_step(0, 1, request.num_tokens)
+    return max(1e-6, prefill_s + remaining * decode_s)
+
+
+def _prefill_left(request: Request) -> int:
+    return max(0, request.num_tokens - request.num_computed_tokens)
+
+
 def _arrival(request: Request) -> tuple[float, str]:
     return request.arrival_time, request.request_id
 
 
-def make_policy(name: str) -> SchedulingPolicy:
-    policies: dict[str, type[SchedulingPolicy]] = {"fcfs": FCFSPolicy, "static": StaticPolicy}
+def make_policy(name: str, context: PolicyContext | None = None) -> SchedulingPolicy:
+    from core.slo_policy import SLOPolicy
+
+    policies: dict[str, type[SchedulingPolicy]] = {
+        "slo": SLOPolicy,
+        "fcfs": FCFSPolicy,
+        "priority": PriorityPolicy,
+        "sjf": SJFPolicy,
+        "hrrn": HRRNPolicy,
+        "ltr": LTRPolicy,
+        "static": StaticPolicy,
+    }
     if name not in policies:
         raise ValueError(f"unknown scheduling policy {name!r}; choose one of {sorted(policies)}")
-    return policies[name]()
+    return policies[name](context)

@@ -77,21 +77,42 @@ class Scheduler:
                 preempted = True
 
         prefill_budget = self.policy.prefill_budget(self.running, token_budget, now)
-        for request in prefills:
-            if request.status is not RequestStatus.RUNNING:
-                continue
-            num_new = min(request.num_tokens - request.num_computed_tokens, prefill_budget)
-            if num_new == 0:
+        # Partly-prefilled and waiting requests compete for the prefill budget in one order, the
+        # policy's; after a preemption the pool is known to be short, and admitting more would
+        # only thrash. Ordering a long queue costs a sort per step: skip it when nothing fits.
+        admitting = (
+            not preempted
+            and bool(self.waiting)
+            and prefill_budget > 0
+            and len(self.running) < self.max_num_seqs
+        )
+        candidates = prefills + self.waiting if admitting else prefills
+        admitted: set[str] = set()
+        for request in self.policy.order_waiting(candidates, now):
+            if prefill_budget <= 0:
                 break
-            if self._reserve(request, num_new, now):
-                self._add(batch, request, num_new)
-                prefill_budget -= num_new
-            else:
-                preempted = True
-
-        # After a preemption the pool is known to be short; admitting more would only thrash.
-        if not preempted:
-            self._admit_waiting(batch, prefill_budget, now)
+            if request.request_id in admitted:
+                continue
+            if request.status is RequestStatus.RUNNING:
+                start = request.num_computed_tokens
+                overhead = self.policy.chunk_overhead(request, start)
+                num_new = min(request.num_tokens - start, prefill_budget - overhead)
+                if num_new <= 0:
+                    continue
+                if self._reserve(request, num_new, now):
+                    self._add(batch, request, num_new)
+                    prefill_budget -= num_new + overhead
+                else:
+                    preempted, admitting = True, False
+            elif admitting and not preempted and len(self.running) < self.max_num_seqs:
+                used = self._admit(batch, request, prefill_budget, now)
+                if used is None:
+                    admitting = False
+                elif used:
+                    admitted.add(request.request_id)
+                    prefill_budget -= used
+        if admitted:
+            self.waiting = [r for r in self.waiting if r.request_id not in admitted]
         return batch
 
     def update(
@@ -112,33 +133,29 @@ class Scheduler:
                 sampled.append((request, token_id, logprobs))
         return sampled
 
-    def _admit_waiting(self, batch: Batch, prefill_budget: int, now: float) -> None:
-        if not self.waiting or prefill_budget == 0 or len(self.running) >= self.max_num_seqs:
-            return  # ordering a long queue costs a sort per step; skip it when nothing fits
-        admitted: set[str] = set()
-        for request in self.policy.order_waiting(self.waiting, now):
-            if prefill_budget == 0 or len(self.running) >= self.max_num_seqs:
-                break
-            prefix = self.kv_cache.cached_prefix(request)
-            num_hit = len(prefix) * self.kv_cache.block_size
-            num_new = min(request.num_tokens - num_hit, prefill_budget)
-            if not self.kv_cache.allocate_slots(request, num_new, prefix):
-                break
-            admitted.add(request.request_id)
-            request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_hit
-            if request.num_cached_tokens is None:
-                request.num_cached_tokens = num_hit
-                request.first_scheduled_time = now
-            else:
-                request.resumed_times.append(now)
-            self.prefix_cache_queries += request.num_tokens
-            self.prefix_cache_hits += num_hit
-            self.running.append(request)
-            self._add(batch, request, num_new)
-            prefill_budget -= num_new
-        if admitted:
-            self.waiting = [r for r in self.waiting if r.request_id not in admitted]
+    def _admit(self, batch: Batch, request: Request, prefill_budget: int, now: float) -> int | None:
+        """Start prefilling a waiting request; the budget it used (0: no room for a chunk of
+        it), or None if blocks ran out."""
+        prefix = self.kv_cache.cached_prefix(request)
+        num_hit = len(prefix) * self.kv_cache.block_size
+        overhead = self.policy.chunk_overhead(request, num_hit)
+        num_new = min(request.num_tokens - num_hit, prefill_budget - overhead)
+        if num_new <= 0:
+            return 0
+        if not self.kv_cache.allocate_slots(request, num_new, prefix):
+            return None
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_hit
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_hit
+            request.first_scheduled_time = now
+        else:
+            request.resumed_times.append(now)
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += num_hit
+        self.running.append(request)
+        self._add(batch, request, num_new)
+        return num_new + overhead
 
     def _reserve(self, request: Request, num_new: int, now: float) -> bool:
         """Get blocks for a running request, preempting others (or itself) until they fit."""

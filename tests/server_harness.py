@@ -69,7 +69,8 @@ def running_server(
 ) -> Iterator[ServerState]:
     """Serve `engine` on a free loopback port; yields the state (`state.settings.port`).
     A `span_exporter` receives every request's spans as they end."""
-    server_settings = ServerSettings(port=free_port(), **settings)
+    # A free port unless the test names one (to start a server again where one was).
+    server_settings = ServerSettings(**{"port": free_port(), **settings})
     state = ServerState(
         engine=AsyncEngine(engine, server_settings.max_queued_requests),
         tokenizer=engine.tokenizer,

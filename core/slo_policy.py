@@ -1,0 +1,183 @@
+"""The `slo` policy: deadline-driven ordering with a feasibility test and a starvation bound,
+and prefill chunks sized so running decodes keep their time-per-output-token target.
+
+Ordering. Every request still owed prefill has a TTFT deadline (arrival + its target). Those
+resuming after a preemption, and those about to break the starvation bound (`--max-wait-ms`:
+no request waits longer than that for its first token, as long as the older work and its own
+prefill fit in it), go first, oldest first. The rest are taken earliest deadline first, and
+each one's time to first token is predicted with the step-cost model from the prefill work
+queued ahead of it plus its own; one that would miss its deadline even so is set aside (it
+would only make others miss too) and served after every request that can still make it, and
+after those with no TTFT target at all. Slack = deadline − now − predicted time to first token.
+
+Prefill budget. A step's duration grows with the prefill it carries, and every running decode
+waits for the whole step: the budget is the largest prefill whose predicted step time stays
+within the tightest TPOT target among the running decodes (Sarathi-Serve's stall-free batching,
+with the chunk sized from the target instead of fixed). An overdue request lifts the cap for a
+step, so TPOT never starves admission past the bound.
+
+Victims: lowest priority first (the highest `priority` value), then the most slack, then the
+latest arrival.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from core.policy import SchedulingPolicy
+from core.request import Request
+
+# A request is promoted ahead of every deadline when what is left of the starvation bound only
+# just covers the prefill ahead of it and its own at full budget, plus this many steps; never
+# before this share of the bound has passed (a prompt too long for the bound must not jump
+# every queue from the start).
+AGING_MARGIN_STEPS = 2
+AGING_EARLIEST_SHARE = 0.5
+# When even a decode-only step misses the tightest TPOT target, prefill keeps this much per
+# step: the target cannot be met either way, and the queue must not freeze.
+MIN_PREFILL_TOKENS = 16
+
+# Where requests without a deadline and those that will miss theirs sort, after the rest.
+_NO_DEADLINE, _LATE = 0, 1
+
+
+class SLOPolicy(SchedulingPolicy):
+    name = "slo"
+
+    def __init__(self, context=None) -> None:
+        super().__init__(context)
+        full = self.context.max_num_batched_tokens
+        # The pace prefill moves at, from the last budget: tokens per step, the step's fixed
+        # part (its decodes) and the marginal cost of a prefill token.
+        self._pace_tokens = full
+        self._decode_s = self.context.cost_model.predict_step(0, 0, 0)
+        self._per_token_s = self.context.cost_model.prefill_token_s()
+        self._capped = False
+        self._overdue_waiting = False
+        self.last_prefill_budget = full
+
+    def prefill_time_s(self, num_tokens: int) -> float:
+        """Predicted seconds until `num_tokens` of prefill are done at the current pace: full
+        steps, then one step carrying the remainder."""
+        full_steps, remainder = divmod(num_tokens, self._pace_tokens)
+        full_step_s = self._decode_s + self._per_token_s * self._pace_tokens
+        seconds = full_steps * full_step_s
+        if remainder or not full_steps:
+            seconds += self._decode_s + self._per_token_s * remainder
+        return seconds
+
+    def overdue(self, waiting: Sequence[Request], now: float) -> set[str]:
+        """Requests that must start now to keep the starvation bound: what is left of their
+        bound only just covers, at full budget, the prefill of every older request still
+        waiting for its first token plus their own (they are served oldest first)."""
+        bound = self.context.max_wait_s
+        full = self.context.max_num_batched_tokens
+        full_step_s = self.context.cost_model.predict_step(full, 0, full)
+        earliest = now - AGING_EARLIEST_SHARE * bound
+        overdue: set[str] = set()
+        tokens = 0
+        for request in sorted(waiting, key=_arrival):
+            if request.first_token_time is not None:
+                continue
+            tokens += _prefill_left(request)
+            if request.arrival_time > earliest:
+                break
+            steps = -(-tokens // full) + AGING_MARGIN_STEPS
+            if now - request.arrival_time >= bound - steps * full_step_s:
+                overdue.add(request.request_id)
+        return overdue
+
+    def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
+        first, with_deadline, rest = [], [], []
+        overdue = self.overdue(waiting, now)
+        for request in waiting:
+            if request.first_token_time is not None or request.request_id in overdue:
+                first.append(request)
+            elif request.slo.ttft_ms is None:
+                rest.append(((_NO_DEADLINE, request.priority, *_arrival(request)), request))
+            else:
+                deadline = request.arrival_time + request.slo.ttft_ms / 1000
+                with_deadline.append(((deadline, *_arrival(request)), request))
+        self._overdue_waiting = any(r.first_token_time is None for r in first)
+        first.sort(key=_arrival)
+        tokens_ahead = sum(_prefill_left(r) for r in first)
+        on_time = []
+        # Earliest deadline first, dropping each request that would miss given the work ahead:
+        # serving it would spend the time of those behind it, which can still make theirs.
+        for (deadline, *_), request in sorted(with_deadline, key=lambda item: item[0]):
+            own = _prefill_left(request)
+            if now + self.prefill_time_s(tokens_ahead + own) <= deadline:
+                on_time.append(request)
+                tokens_ahead += own
+            else:
+                rest.append(((_LATE, request.priority, *_arrival(request)), request))
+        rest.sort(key=lambda item: item[0])
+        return first + on_time + [request for _, request in rest]
+
+    def slack_s(self, request: Request, now: float) -> float:
+        """Seconds to spare before the request's next deadline; infinite without a target.
+
+        Before the first token: TTFT deadline − now − predicted prefill of its own prompt.
+        After it: how far the request is ahead of its TPOT pace.
+        """
+        if request.first_token_time is None:
+            if request.slo.ttft_ms is None:
+                return math.inf
+            deadline = request.arrival_time + request.slo.ttft_ms / 1000
+            return deadline - now - self.prefill_time_s(_prefill_left(request))
+        if request.slo.tpot_ms is None:
+            return math.inf
+        due = request.first_token_time + request.slo.tpot_ms / 1000 * request.num_output_tokens
+        return due - now
+
+    def prefill_budget(self, running: Sequence[Request], token_budget: int, now: float) -> int:
+        cost = self.context.cost_model
+        num_decodes = num_context = 0
+        tightest_s = math.inf
+        for request in running:
+            if request.num_tokens - request.num_computed_tokens == 1:
+                num_decodes += 1
+                num_context += request.num_tokens
+                if request.slo.tpot_ms is not None:
+                    tightest_s = min(tightest_s, request.slo.tpot_ms / 1000)
+        decode_s = cost.predict_step(0, num_decodes, num_context)
+        per_token_s = cost.prefill_token_s()
+        budget = token_budget
+        self._capped = tightest_s < math.inf and not self._overdue_waiting
+        if self._capped:
+            room_s = tightest_s - decode_s
+            if room_s <= 0:
+                budget = min(token_budget, MIN_PREFILL_TOKENS)
+            elif per_token_s > 0:
+                budget = min(token_budget, int(room_s / per_token_s))
+        self.last_prefill_budget = budget
+        self._pace_tokens = max(1, min(budget, self.context.max_num_batched_tokens))
+        self._decode_s = decode_s
+        self._per_token_s = per_token_s
+        return budget
+
+    def chunk_overhead(self, request: Request, start_position: int) -> int:
+        if not self._capped:
+            return 0
+        c = self.context.cost_model.coefficients
+        per_token_s = c[1] + c[3]
+        if per_token_s <= 0:
+            return 0
+        # The chunk's attention also reads the KV computed before it: that lengthens the step
+        # as extra prefill tokens would.
+        return math.ceil(c[3] * start_position / per_token_s)
+
+    def choose_victim(self, candidates: Sequence[Request], now: float) -> Request:
+        return max(
+            candidates,
+            key=lambda r: (r.priority, self.slack_s(r, now), r.arrival_time, r.request_id),
+        )
+
+
+def _prefill_left(request: Request) -> int:
+    return max(0, request.num_tokens - request.num_computed_tokens)
+
+
+def _arrival(request: Request) -> tuple[float, str]:
+    return request.arrival_time, request.request_id

@@ -1,0 +1,286 @@
+"""The step-cost model: how long a step takes, predicted from what it carries.
+
+A step's duration is modelled as linear in its composition, with non-negative coefficients:
+
+    seconds = base + prefill_tokens·a_p + decode_tokens·a_d + context_tokens·a_c
+
+(the shape Sarathi-Serve and DistServe use for iteration latency: a fixed launch overhead, a
+compute term per token, an attention term per KV entry read). A per-sequence term is left out
+on purpose: a step's sequences are its decodes plus a chunk or two, so it is all but collinear
+with the decode count and would leave the fit unidentifiable.
+The coefficients are fitted online by recursive least squares with a forgetting factor, so the
+model follows a machine whose speed drifts; a short warm-up profile seeds it before traffic.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from core.batch import Batch, ScheduledSequence
+from core.executor import Executor
+from core.sampling_params import SamplingParams
+from core.stats import StepStats
+
+NUM_FEATURES = 4
+# How quickly old steps are forgotten: an effective memory of about 1 / (1 - λ) = 200 steps.
+FORGETTING_FACTOR = 0.995
+# Initial covariance: a weak prior, so the first measurements dominate the default guess.
+PRIOR_VARIANCE = 1e3
+# Typical size of each feature (1, prefill tokens, decode tokens, context tokens).
+FEATURE_SCALE = (1.0, 256.0, 64.0, 16384.0)
+# Weight of the newest error in the running mean of |error| / actual.
+ERROR_EMA_WEIGHT = 0.05
+
+
+@dataclass(slots=True, frozen=True)
+class StepShape:
+    """The composition of one step, as the cost model reads it."""
+
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_context_tokens: int = 0
+
+    def features(self) -> tuple[float, ...]:
+        return (
+            1.0,
+            float(self.num_prefill_tokens),
+            float(self.num_decode_tokens),
+            float(self.num_context_tokens),
+        )
+
+    @classmethod
+    def of(cls, stats: StepStats) -> StepShape:
+        return cls(
+            stats.num_prefill_tokens,
+            stats.num_decode_tokens,
+            stats.num_context_tokens,
+        )
+
+
+@dataclass(slots=True)
+class CostCoefficients:
+    """Seconds per unit of each feature; the default is a rough guess for a small model."""
+
+    base_s: float = 0.005
+    per_prefill_token_s: float = 1e-4
+    per_decode_token_s: float = 2e-4
+    per_context_token_s: float = 1e-7
+
+    def as_tuple(self) -> tuple[float, ...]:
+        return (
+            self.base_s,
+            self.per_prefill_token_s,
+            self.per_decode_token_s,
+            self.per_context_token_s,
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> CostCoefficients:
+        """`base=0.01,prefill=1e-4,decode=5e-4,context=2e-7` (any subset)."""
+        names = {
+            "base": "base_s",
+            "prefill": "per_prefill_token_s",
+            "decode": "per_decode_token_s",
+            "context": "per_context_token_s",
+        }
+        values = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, _, value = item.partition("=")
+            if key not in names or not value:
+                raise ValueError(
+                    f"bad cost coefficient {item!r}; write NAME=SECONDS with NAME one of "
+                    f"{', '.join(names)}"
+                )
+            number = float(value)
+            if number < 0 or not math.isfinite(number):
+                raise ValueError(f"cost coefficient {key} must be a finite number >= 0")
+            values[names[key]] = number
+        return cls(**values)
+
+    def predict(self, shape: StepShape) -> float:
+        return sum(c * x for c, x in zip(self.as_tuple(), shape.features(), strict=True))
+
+
+class StepCostModel:
+    """Predicts step durations and refits itself to every measured step (a step listener).
+
+    `last_error_ratio` is |predicted − measured| / measured for the newest step and
+    `mean_abs_error_ratio` a running mean of it: the metrics report them so the model's
+    accuracy is visible. Observing runs in the step thread; reading these floats from another
+    thread is safe (each is replaced whole).
+    """
+
+    def __init__(self, initial: CostCoefficients | None = None) -> None:
+        self.coefficients = list((initial or CostCoefficients()).as_tuple())
+        # The fit runs on features scaled to about unit size: raw ones span six orders of
+        # magnitude (one step vs a hundred thousand context tokens), which would leave the
+        # covariance ill-conditioned.
+        self._theta = [c * s for c, s in zip(self.coefficients, FEATURE_SCALE, strict=True)]
+        self._covariance = [
+            [PRIOR_VARIANCE if i == j else 0.0 for j in range(NUM_FEATURES)]
+            for i in range(NUM_FEATURES)
+        ]
+        self.num_observations = 0
+        self.last_error_ratio: float | None = None
+        self.mean_abs_error_ratio: float | None = None
+
+    @property
+    def current(self) -> CostCoefficients:
+        return CostCoefficients(*self.coefficients)
+
+    def predict(self, shape: StepShape) -> float:
+        return sum(c * x for c, x in zip(self.coefficients, shape.features(), strict=True))
+
+    def predict_step(self, num_prefill: int, num_decode: int, num_context: int) -> float:
+        c = self.coefficients
+        return c[0] + c[1] * num_prefill + c[2] * num_decode + c[3] * num_context
+
+    def prefill_token_s(self) -> float:
+        """Marginal seconds of one more prefill token (it is also read as context)."""
+        return self.coefficients[1] + self.coefficients[3]
+
+    def observe(self, stats: StepStats) -> None:
+        """Step listener: learn from one measured step."""
+        self.update(StepShape.of(stats), stats.duration_s)
+
+    def update(self, shape: StepShape, seconds: float) -> None:
+        predicted = self.predict(shape)
+        if seconds > 0:
+            ratio = abs(predicted - seconds) / seconds
+            self.last_error_ratio = ratio
+            mean = self.mean_abs_error_ratio
+            self.mean_abs_error_ratio = (
+                ratio if mean is None else mean + ERROR_EMA_WEIGHT * (ratio - mean)
+            )
+        self._fit(shape.features(), seconds)
+        self.num_observations += 1
+
+    def _fit(self, features: Sequence[float], seconds: float) -> None:
+        # Recursive least squares: gain k = P·x / (λ + xᵀ·P·x); θ += k·error; P = (P − k·xᵀP)/λ.
+        x = [f / s for f, s in zip(features, FEATURE_SCALE, strict=True)]
+        n = NUM_FEATURES
+        theta = self._theta
+        error = seconds - sum(theta[i] * x[i] for i in range(n))
+        p = self._covariance
+        px = [sum(p[i][j] * x[j] for j in range(n)) for i in range(n)]
+        gain = [value / (FORGETTING_FACTOR + sum(x[i] * px[i] for i in range(n))) for value in px]
+        for i in range(n):
+            theta[i] += gain[i] * error
+            # The estimate itself stays unconstrained (clipping it would break the recursion);
+            # predictions use it clipped at zero, as a negative cost has no meaning.
+            self.coefficients[i] = max(0.0, theta[i] / FEATURE_SCALE[i])
+        # Steps of one unchanging shape carry no news about the other directions; dividing by λ
+        # would inflate their variance without bound (wind-up), so forgetting stops at the prior.
+        trace = sum(p[i][i] for i in range(n))
+        forget = FORGETTING_FACTOR if trace < PRIOR_VARIANCE * n else 1.0
+        for i in range(n):
+            for j in range(n):
+                p[i][j] = (p[i][j] - gain[i] * px[j]) / forget
+
+
+def warm_up(
+    model: StepCostModel,
+    measure: Callable[[StepShape], float],
+    shapes: Sequence[StepShape],
+    rounds: int = 2,
+) -> None:
+    """Seed `model` before traffic: time each synthetic step shape `rounds` times."""
+    for _ in range(rounds):
+        for shape in shapes:
+            model.update(shape, measure(shape))
+
+
+def profile_shapes(
+    max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int
+) -> list[StepShape]:
+    """A handful of step shapes spanning the features, so every coefficient is identified:
+    prefill-only chunks of a few sizes, decode-only batches of a few sizes and context lengths,
+    and one mixed step."""
+    longest = max(2, max_model_len - 1)
+    chunk = max(4, min(256, max_num_batched_tokens, longest))
+    few, many = max(1, min(4, max_num_seqs - 1)), max(1, min(16, max_num_seqs - 1))
+    short, long = min(64, longest), min(512, longest)
+    return [
+        StepShape(chunk // 4, 0, chunk // 4),
+        StepShape(chunk, 0, chunk),
+        StepShape(0, 1, short),
+        StepShape(0, few, few * long),
+        StepShape(0, many, many * short),
+        StepShape(0, many, many * long),
+        StepShape(chunk // 2, few, few * short + chunk // 2),
+    ]
+
+
+def profile_executor(
+    model: StepCostModel,
+    executor: Executor,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    vocab_size: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> None:
+    """The warm-up profile for a real executor: run a few synthetic steps through it at start-up
+    (before any request holds a KV block, so the blocks they write are free) and fit to them."""
+    shapes = profile_shapes(max_num_batched_tokens, max_num_seqs, max_model_len)
+
+    def measure(shape: StepShape) -> float:
+        batch = synthetic_batch(shape, executor.num_kv_blocks, executor.block_size, vocab_size)
+        started = clock()
+        executor.execute(batch)
+        return clock() - started
+
+    measure(shapes[0])  # the first forward pays one-off costs (allocation, lazy init)
+    warm_up(model, measure, shapes, rounds=1)
+
+
+def synthetic_batch(shape: StepShape, num_blocks: int, block_size: int, vocab_size: int) -> Batch:
+    """A batch of `shape`: decodes of equal context, then one prefill chunk from position 0."""
+    batch = Batch()
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    num_prefill_seqs = 1 if shape.num_prefill_tokens else 0
+    decode_context = shape.num_context_tokens - shape.num_prefill_tokens
+    context = max(1, decode_context // max(1, shape.num_decode_tokens))
+    next_block = 0
+
+    def blocks(num_tokens: int) -> list[int]:
+        nonlocal next_block
+        count = -(-num_tokens // block_size)
+        table = [(next_block + i) % num_blocks for i in range(count)]
+        next_block += count
+        return table
+
+    for i in range(shape.num_decode_tokens):
+        tokens = [(i * 31 + j) % vocab_size for j in range(context)]
+        batch.sequences.append(
+            ScheduledSequence(
+                f"profile-decode-{i}",
+                tokens[-1:],
+                context - 1,
+                blocks(context),
+                True,
+                params,
+                tokens,
+                context - 1,
+            )
+        )
+        batch.num_decode_tokens += 1
+    for i in range(num_prefill_seqs):
+        tokens = [(j * 7 + 3) % vocab_size for j in range(shape.num_prefill_tokens)]
+        batch.sequences.append(
+            ScheduledSequence(
+                f"profile-prefill-{i}",
+                tokens,
+                0,
+                blocks(len(tokens)),
+                True,
+                params,
+                tokens,
+                len(tokens),
+            )
+        )
+        batch.num_prefill_tokens += len(tokens)
+    return batch

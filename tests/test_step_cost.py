@@ -1,0 +1,137 @@
+"""The step-cost model: recursive least squares recovers known coefficients, follows a drift,
+keeps every coefficient non-negative and reports its error; the warm-up profile seeds it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from core.batch import Batch
+from core.config import EngineConfig
+from core.engine import Engine
+from core.sampling_params import SamplingParams
+from core.simulated_executor import SimulatedClock, SimulatedExecutor
+from core.step_cost import (
+    CostCoefficients,
+    StepCostModel,
+    StepShape,
+    profile_executor,
+    profile_shapes,
+    warm_up,
+)
+
+TRUE = CostCoefficients(0.008, 6e-5, 3e-4, 2e-7)
+
+
+def random_shapes(count: int, seed: int = 0) -> list[StepShape]:
+    rng = random.Random(seed)
+    shapes = []
+    for _ in range(count):
+        decodes = rng.randint(0, 64)
+        prefill = rng.choice([0, 0, rng.randint(1, 2048)])
+        context = decodes * rng.randint(10, 2000) + prefill
+        shapes.append(StepShape(prefill, decodes, context))
+    return [shape for shape in shapes if shape.num_prefill_tokens or shape.num_decode_tokens]
+
+
+def test_rls_recovers_known_coefficients():
+    model = StepCostModel()
+    for shape in random_shapes(300):
+        model.update(shape, TRUE.predict(shape))
+    for fitted, true in zip(model.coefficients, TRUE.as_tuple(), strict=True):
+        assert fitted == pytest.approx(true, rel=1e-3)
+    assert model.last_error_ratio < 1e-3
+    assert model.mean_abs_error_ratio < 0.05
+
+
+def test_rls_follows_a_machine_that_slows_down():
+    model = StepCostModel()
+    for shape in random_shapes(200, seed=1):
+        model.update(shape, TRUE.predict(shape))
+    slower = CostCoefficients(*(2 * c for c in TRUE.as_tuple()))
+    for shape in random_shapes(600, seed=2):
+        model.update(shape, slower.predict(shape))
+    probe = StepShape(512, 32, 32 * 500 + 512)
+    assert model.predict(probe) == pytest.approx(slower.predict(probe), rel=0.02)
+
+
+def test_coefficients_never_go_negative_under_noise():
+    model = StepCostModel()
+    rng = random.Random(3)
+    for shape in random_shapes(300, seed=4):
+        model.update(shape, TRUE.predict(shape) * rng.uniform(0.5, 1.5))
+        assert min(model.coefficients) >= 0.0
+
+
+def test_warm_up_profile_alone_predicts_within_ten_percent():
+    model = StepCostModel(CostCoefficients(0.05, 1e-5, 1e-3, 0.0))
+    warm_up(model, TRUE.predict, profile_shapes(2048, 64, 4096))
+    for shape in random_shapes(50, seed=5):
+        assert model.predict(shape) == pytest.approx(TRUE.predict(shape), rel=0.1)
+
+
+def test_engine_fits_its_model_to_every_step():
+    clock = SimulatedClock()
+
+    def cost(batch: Batch) -> float:
+        return TRUE.predict(
+            StepShape(
+                batch.num_prefill_tokens,
+                batch.num_decode_tokens,
+                sum(seq.seq_len for seq in batch.sequences),
+            )
+        )
+
+    executor = SimulatedExecutor(512, 16, 1000, clock, cost)
+    engine = Engine(
+        EngineConfig(), executor, max_model_len=4096, vocab_size=1000, eos_token_ids=[], clock=clock
+    )
+    rng = random.Random(6)
+    for i in range(40):
+        tokens = [rng.randrange(1000) for _ in range(rng.randint(1, 600))]
+        engine.add_request(f"r{i}", tokens, SamplingParams(max_tokens=rng.randint(1, 60)))
+    while engine.has_unfinished_requests:
+        engine.step()
+    model = engine.step_cost_model
+    assert model.num_observations == engine.num_steps
+    assert model.last_error_ratio < 0.01
+    probe = StepShape(256, 16, 16 * 300 + 256)
+    assert model.predict(probe) == pytest.approx(TRUE.predict(probe), rel=0.05)
+
+
+def test_executor_profile_runs_synthetic_steps_within_the_cache():
+    clock = SimulatedClock()
+    seen: list[Batch] = []
+
+    def cost(batch: Batch) -> float:
+        seen.append(batch)
+        return TRUE.predict(
+            StepShape(
+                batch.num_prefill_tokens,
+                batch.num_decode_tokens,
+                sum(seq.seq_len for seq in batch.sequences),
+            )
+        )
+
+    executor = SimulatedExecutor(32, 16, 1000, clock, cost)
+    model = StepCostModel()
+    profile_executor(model, executor, 2048, 64, 512, 1000, clock=clock)
+    assert model.num_observations > 0
+    assert model.last_error_ratio < 0.05
+    for batch in seen:
+        for seq in batch.sequences:
+            assert all(0 <= block < 32 for block in seq.block_table)
+            assert seq.seq_len <= 511
+            assert len(seq.block_table) * 16 >= seq.seq_len
+
+
+def test_coefficients_parse_from_the_command_line_form():
+    parsed = CostCoefficients.parse("base=0.01, prefill=1e-4,context=2e-7")
+    assert parsed.base_s == 0.01
+    assert parsed.per_prefill_token_s == 1e-4
+    assert parsed.per_context_token_s == 2e-7
+    with pytest.raises(ValueError, match="NAME=SECONDS"):
+        CostCoefficients.parse("speed=3")
+    with pytest.raises(ValueError, match=">= 0"):
+        CostCoefficients.parse("base=-1")

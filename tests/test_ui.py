@@ -1,0 +1,442 @@
+"""The chat UI and the dashboard in Debian's chromium, headless, driven by Playwright: replies
+stream in steps with their stats, Stop and Esc cancel, the dashboard follows requests from
+several tabs, a wrong API key and an overloaded server are explained, the page reconnects after
+a restart, and model output can never become markup. Screenshots go to test-artifacts/ui/."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from core.simulated_executor import SimulatedExecutor
+from tests.server_harness import base_url, running_server, simulated_engine
+
+CHROMIUM = "/usr/bin/chromium"
+# Chromium's background connections fail on a closed network and slow every launch down.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "ui"
+# Seconds per engine step: slow enough that a reply arrives in many token frames.
+STEP_S = 0.01
+WAIT_MS = 15_000
+LONG_REPLY = 2000  # tokens; at STEP_S a reply this long outlives any test
+
+
+class PacedExecutor(SimulatedExecutor):
+    """Simulated tokens at a steady pace: each step takes STEP_S of wall time."""
+
+    def execute(self, batch):
+        time.sleep(STEP_S)
+        return super().execute(batch)
+
+
+def paced_engine(checkpoint: Path, **config):
+    engine = simulated_engine(checkpoint, **config)
+    engine.executor = PacedExecutor(4096, 16, engine.vocab_size)
+    return engine
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def server(llama_checkpoint):
+    with running_server(paced_engine(llama_checkpoint), model_name="tiny-ui") as state:
+        yield state
+
+
+@pytest.fixture
+def open_page(browser: Browser):
+    """`open_page(url, **context_options)`: a page in a fresh context (its own localStorage);
+    uncaught script errors fail the test."""
+    contexts = []
+    errors: list[str] = []
+
+    def open_(url: str, **options) -> Page:
+        context = options.pop("context", None)
+        if context is None:
+            context = browser.new_context(**options)
+            contexts.append(context)
+        page = context.new_page()
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(url)
+        return page
+
+    yield open_
+    for context in contexts:
+        context.close()
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+def screenshot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    print(f"screenshot: {path}")
+
+
+def connected(page: Page) -> Page:
+    expect(page.locator("#connection-status")).to_have_attribute("data-state", "open")
+    return page
+
+
+def set_params(page: Page, max_tokens: int, ignore_eos: bool = True) -> None:
+    page.click("#toggle-settings")
+    page.fill("#max-tokens", str(max_tokens))
+    page.locator("#ignore-eos").set_checked(ignore_eos)
+    page.keyboard.press("Escape")
+    expect(page.locator("#settings")).to_be_hidden()
+
+
+def send(page: Page, text: str) -> None:
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+
+
+def last_reply(page: Page):
+    return page.locator(".message.assistant").last
+
+
+def test_page_and_its_modules_are_served_with_their_types(server):
+    url = base_url(server)
+    page = httpx.get(url + "/")
+    assert page.status_code == 200
+    assert '<script type="module" src="js/chat.js">' in page.text
+    for path in ("/js/chat.js", "/js/markdown.js", "/js/dashboard.js"):
+        script = httpx.get(url + path)
+        assert script.status_code == 200
+        # Browsers refuse module scripts served with any other type.
+        assert script.headers["content-type"].split(";")[0] in (
+            "text/javascript",
+            "application/javascript",
+        )
+    assert httpx.get(url + "/dashboard.html").status_code == 200
+
+
+def test_reply_streams_in_steps_and_shows_its_stats(server, open_page):
+    page = connected(open_page(base_url(server)))
+    expect(page.locator("#model-name")).to_have_text("tiny-ui")
+    set_params(page, max_tokens=64)
+    # Every render of the reply, recorded in the page: the text must grow while streaming.
+    page.evaluate(
+        """() => {
+            window.replyLengths = [];
+            new MutationObserver(() => {
+                const reply = document.querySelector('.message.assistant');
+                if (reply && reply.dataset.state === 'streaming') {
+                    const length = reply.querySelector('.message-content').textContent.length;
+                    if (length && window.replyLengths.at(-1) !== length) {
+                        window.replyLengths.push(length);
+                    }
+                }
+            }).observe(document.getElementById('messages'), {subtree: true, childList: true});
+        }"""
+    )
+    send(page, "Tell me about the for statement.")
+    expect(page.locator(".message.user .message-content")).to_have_text(
+        "Tell me about the for statement."
+    )
+    reply = last_reply(page)
+    expect(reply).to_have_attribute("data-state", "done", timeout=WAIT_MS)
+    lengths = page.evaluate("window.replyLengths")
+    assert len(lengths) >= 2, f"the reply appeared in one piece: {lengths}"
+    assert lengths == sorted(lengths)
+    assert reply.locator(".message-content").text_content()
+    expect(reply).to_have_attribute("data-finish", "length")
+    expect(reply.locator("[data-stat=tokens] .stat-value")).to_have_text("64")
+    expect(reply.locator("[data-stat=ttft] .stat-value")).to_have_text(
+        re.compile(r"^\d+(\.\d)? (ms|s)$")
+    )
+    expect(reply.locator("[data-stat=rate] .stat-value")).to_have_text(
+        re.compile(r"^\d+\.\d tok\/s$")
+    )
+    expect(reply.locator("[data-stat=queue] .stat-value")).to_have_text(re.compile(r"ms|s$"))
+    expect(reply.locator("[data-stat=cached] .stat-value")).to_have_text(re.compile(r"^\d+\/\d+$"))
+    expect(reply.get_by_role("button", name="Regenerate")).to_be_visible()
+    # The conversation is kept: a reload shows it again, listed under its first message.
+    page.reload()
+    expect(page.locator(".message.assistant")).to_have_count(1)
+    expect(page.locator("#conversation-list [aria-current=true]")).to_have_text(
+        "Tell me about the for statement."
+    )
+    screenshot(page, "chat-light-desktop")
+    page.click("#toggle-settings")
+    expect(page.locator("#system-prompt")).to_be_focused()
+    expect(page.locator("#max-tokens")).to_have_value("64")
+    screenshot(page, "chat-settings-light-desktop")
+
+
+def test_stop_button_and_escape_cancel_a_long_reply(server, open_page):
+    page = connected(open_page(base_url(server)))
+    set_params(page, max_tokens=LONG_REPLY)
+    send(page, "Count to a million.")
+    reply = last_reply(page)
+    expect(reply.locator(".message-content")).not_to_be_empty(timeout=WAIT_MS)
+    page.click("#stop")
+    expect(reply).to_have_attribute("data-finish", "cancelled", timeout=WAIT_MS)
+    expect(reply.locator(".finish-badge")).to_have_text("Stopped")
+    expect(page.locator("#send")).to_be_visible()
+    tokens = int(reply.locator("[data-stat=tokens] .stat-value").inner_text())
+    assert 0 < tokens < LONG_REPLY
+
+    page.get_by_role("button", name="Regenerate").click()
+    reply = last_reply(page)
+    expect(reply.locator(".message-content")).not_to_be_empty(timeout=WAIT_MS)
+    page.keyboard.press("Escape")
+    expect(reply).to_have_attribute("data-finish", "cancelled", timeout=WAIT_MS)
+    expect(page.locator(".message.assistant")).to_have_count(1)
+    deadline = time.monotonic() + 5
+    while server.engine.engine.num_running and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.engine.engine.num_running == 0
+
+
+def test_dashboard_follows_requests_from_several_tabs(server, open_page):
+    url = base_url(server)
+    dashboard = open_page(url + "/dashboard.html", viewport={"width": 1200, "height": 900})
+    expect(dashboard.locator("#dash-status")).to_have_text("Live", timeout=WAIT_MS)
+    expect(dashboard.locator("[data-field=model]")).to_have_text("tiny-ui")
+    expect(dashboard.locator("[data-field=running]")).to_have_text("0", timeout=WAIT_MS)
+    finished_before = int(dashboard.locator("[data-field=total-requests]").inner_text())
+
+    chats = [connected(open_page(url)) for _ in range(2)]
+    for index, chat in enumerate(chats):
+        set_params(chat, max_tokens=LONG_REPLY)
+        send(chat, f"Tab {index}: write a long story.")
+    for chat in chats:
+        expect(last_reply(chat).locator(".message-content")).not_to_be_empty(timeout=WAIT_MS)
+    expect(dashboard.locator("[data-field=running]")).to_have_text("2", timeout=WAIT_MS)
+    expect(dashboard.locator("[data-field=decode-per-step]")).not_to_have_text("–")
+    screenshot(dashboard, "dashboard-light-desktop")
+
+    for chat in chats:
+        chat.click("#stop")
+        expect(last_reply(chat)).to_have_attribute("data-finish", "cancelled", timeout=WAIT_MS)
+    expect(dashboard.locator("[data-field=running]")).to_have_text("0", timeout=WAIT_MS)
+    expect(dashboard.locator("[data-field=total-requests]")).to_have_text(str(finished_before + 2))
+    expect(dashboard.locator("[data-field=ttft-p50]")).to_have_text(re.compile(r"\d"))
+
+
+def test_dashboard_on_a_phone_in_the_dark(server, open_page):
+    dashboard = open_page(
+        base_url(server) + "/dashboard.html",
+        viewport={"width": 390, "height": 844},
+        color_scheme="dark",
+    )
+    expect(dashboard.locator("#dash-status")).to_have_text("Live", timeout=WAIT_MS)
+    grid = dashboard.locator(".dash-grid").bounding_box()
+    assert grid is not None and grid["width"] <= 390
+    screenshot(dashboard, "dashboard-dark-phone")
+
+
+def test_wrong_api_key_is_explained_and_the_right_one_connects(llama_checkpoint, open_page):
+    with running_server(paced_engine(llama_checkpoint), api_keys=["sesame"]) as state:
+        page = open_page(base_url(state))
+        page.evaluate("localStorage.setItem('baton.apiKey', 'not-the-key')")
+        page.reload()
+        expect(page.locator("#connection-status")).to_have_attribute(
+            "data-state", "unauthorized", timeout=WAIT_MS
+        )
+        expect(page.locator("#banner")).to_contain_text("did not accept the API key")
+        send(page, "Hello?")
+        reply = last_reply(page)
+        expect(reply).to_have_attribute("data-state", "error", timeout=WAIT_MS)
+        expect(reply.locator(".message-error")).to_contain_text("API key")
+        screenshot(page, "chat-wrong-api-key")
+
+        page.click("#banner-action")
+        expect(page.locator("#api-key")).to_be_focused()
+        page.fill("#api-key", "sesame")
+        page.press("#api-key", "Enter")
+        connected(page)
+        expect(page.locator("#model-name")).to_have_text("tiny")
+        page.get_by_role("button", name="Regenerate").click()
+        expect(last_reply(page)).to_have_attribute("data-state", "done", timeout=WAIT_MS)
+
+
+def test_overloaded_server_is_explained(llama_checkpoint, open_page):
+    engine = paced_engine(llama_checkpoint, max_num_seqs=1)
+    with running_server(engine, max_queued_requests=0) as state:
+        busy = connected(open_page(base_url(state)))
+        set_params(busy, max_tokens=LONG_REPLY)
+        send(busy, "Take the only slot.")
+        expect(last_reply(busy).locator(".message-content")).not_to_be_empty(timeout=WAIT_MS)
+
+        page = connected(open_page(base_url(state), viewport={"width": 390, "height": 844}))
+        send(page, "And me?")
+        reply = last_reply(page)
+        expect(reply).to_have_attribute("data-state", "error", timeout=WAIT_MS)
+        expect(reply.locator(".message-error")).to_contain_text("overloaded")
+        screenshot(page, "chat-overloaded-phone")
+        busy.click("#stop")
+        expect(last_reply(busy)).to_have_attribute("data-finish", "cancelled", timeout=WAIT_MS)
+
+
+def test_page_reconnects_after_a_server_restart(llama_checkpoint, open_page):
+    with running_server(paced_engine(llama_checkpoint)) as state:
+        port = state.settings.port
+        page = connected(open_page(base_url(state)))
+    expect(page.locator("#connection-status")).to_have_attribute(
+        "data-state", "retrying", timeout=WAIT_MS
+    )
+    expect(page.locator("#banner")).to_contain_text("unreachable")
+    with running_server(paced_engine(llama_checkpoint), port=port):
+        connected(page)
+        expect(page.locator("#banner")).to_be_hidden()
+        set_params(page, max_tokens=8)
+        send(page, "Are you back?")
+        expect(last_reply(page)).to_have_attribute("data-state", "done", timeout=WAIT_MS)
+
+
+INJECTION = (
+    '<img src=x onerror="window.pwned=1"> <script>window.pwned=2</script>\n'
+    "**bold <b>tag</b>** and `<i>code</i>` [click](javascript:window.pwned=3)\n\n"
+    "```html\n<iframe src=javascript:window.pwned=4></iframe>\n```\n"
+    "- item <svg onload=window.pwned=5>\n"
+)
+
+
+def test_markdown_renders_markup_in_model_output_as_text(server, open_page):
+    page = open_page(base_url(server))
+    rendered = page.evaluate(
+        """async (source) => {
+            const { renderMarkdown } = await import('/js/markdown.js');
+            const host = document.createElement('div');
+            host.append(renderMarkdown(source));
+            document.body.append(host);
+            await new Promise((resolve) => setTimeout(resolve, 100));
+            return {
+                text: host.textContent,
+                tags: [...host.querySelectorAll('*')].map((node) => node.tagName.toLowerCase()),
+                links: [...host.querySelectorAll('a')].map((a) => a.href),
+                code: host.querySelector('pre code').textContent,
+                pwned: window.pwned ?? null,
+            };
+        }""",
+        INJECTION,
+    )
+    assert rendered["pwned"] is None
+    assert not {"img", "script", "b", "i", "iframe", "svg"} & set(rendered["tags"])
+    assert {"p", "strong", "code", "pre", "ul", "li"} <= set(rendered["tags"])
+    assert rendered["links"] == []
+    assert '<img src=x onerror="window.pwned=1">' in rendered["text"]
+    assert "<script>window.pwned=2</script>" in rendered["text"]
+    assert rendered["code"] == "<iframe src=javascript:window.pwned=4></iframe>"
+
+
+def test_markdown_formats_what_chat_models_write(server, open_page):
+    page = open_page(base_url(server))
+    html = page.evaluate(
+        """async (source) => {
+            const { renderMarkdown } = await import('/js/markdown.js');
+            const host = document.createElement('div');
+            host.append(renderMarkdown(source));
+            return host.innerHTML;
+        }""",
+        "# Title\nUse *care* with snake_case_names and __init__.\n\n"
+        "1. one\n2. two\n   - nested\n\n[docs](https://example.org/a?b=1)\n\n"
+        "```py\nprint('hi')",
+    )
+    assert "<h3>Title</h3>" in html
+    assert "<em>care</em> with snake_case_names and <strong>init</strong>." in html
+    assert "<ol><li>one</li><li>two<ul><li>nested</li></ul></li></ol>" in html
+    assert (
+        'href="https://example.org/a?b=1"' in html and 'rel="noopener noreferrer nofollow"' in html
+    )
+    # A code block still open mid-stream renders as code already.
+    assert "<code data-language=\"py\">print('hi')</code>" in html
+
+
+STORED_CONVERSATION = {
+    "id": "evil",
+    "title": "<img src=x onerror=window.pwned=1>",
+    "created": 1,
+    "updated": 1,
+    "messages": [
+        {"id": "u", "role": "user", "content": "<script>window.pwned=2</script>"},
+        {
+            "id": "a",
+            "role": "assistant",
+            "content": INJECTION,
+            "finish": "stop",
+            "usage": {"prompt_tokens": 12, "completion_tokens": 40},
+            "timing": {
+                "queue_ms": 0.4,
+                "ttft_ms": 21.5,
+                "tpot_ms": 9.8,
+                "e2e_ms": 400,
+                "cached_prompt_tokens": 0,
+                "preemptions": 0,
+            },
+        },
+    ],
+}
+
+
+def test_stored_conversation_with_markup_is_shown_as_text(server, open_page, browser):
+    context = browser.new_context(viewport={"width": 1200, "height": 800}, color_scheme="dark")
+    try:
+        # Written before the page's scripts run, as if an earlier session had stored it.
+        stored = json.dumps(json.dumps(STORED_CONVERSATION))
+        context.add_init_script(f"localStorage.setItem('baton.conversation.evil', {stored});")
+        page = open_page(base_url(server), context=context)
+        connected(page)
+        messages = page.locator("#messages")
+        expect(messages).to_contain_text("<script>window.pwned=2</script>")
+        expect(messages).to_contain_text('<img src=x onerror="window.pwned=1">')
+        assert page.locator("#messages img, #messages script, #sidebar img").count() == 0
+        assert page.evaluate("window.pwned ?? null") is None
+        screenshot(page, "chat-dark-desktop")
+    finally:
+        context.close()
+
+
+def test_chat_fits_a_phone_screen(server, open_page):
+    page = connected(
+        open_page(base_url(server), viewport={"width": 390, "height": 844}, color_scheme="dark")
+    )
+    set_params(page, max_tokens=24)
+    send(page, "Hi from a phone")
+    expect(last_reply(page)).to_have_attribute("data-state", "done", timeout=WAIT_MS)
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, f"the page scrolls sideways: {width}px wide"
+    expect(page.locator("#sidebar")).not_to_be_in_viewport()
+    page.click("#toggle-sidebar")
+    expect(page.locator("#toggle-sidebar")).to_have_attribute("aria-expanded", "true")
+    expect(page.locator("#new-chat")).to_be_in_viewport()
+    page.keyboard.press("Escape")
+    screenshot(page, "chat-dark-phone")
+    page.click("#toggle-settings")
+    screenshot(page, "chat-settings-dark-phone")
+
+
+def test_theme_toggle_switches_and_is_remembered(server, open_page):
+    page = open_page(base_url(server), color_scheme="light")
+    toggle = page.locator("#theme-toggle")
+    expect(toggle).to_have_attribute("aria-pressed", "false")
+    background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    toggle.click()
+    expect(toggle).to_have_attribute("aria-pressed", "true")
+    page.reload()
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")
+    assert page.evaluate("getComputedStyle(document.body).backgroundColor") != background
