@@ -431,8 +431,10 @@ function toggleSettings() {
 }
 
 function closeSettings() {
+  const hadFocus = ui.settings.contains(document.activeElement);
   ui.settings.hidden = true;
   $("#toggle-settings").setAttribute("aria-expanded", "false");
+  if (hadFocus) $("#toggle-settings").focus();
 }
 
 function toggleSidebar() {
