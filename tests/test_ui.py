@@ -237,6 +237,53 @@ def test_dashboard_follows_requests_from_several_tabs(server, open_page):
     expect(dashboard.locator("[data-field=ttft-p50]")).to_have_text(re.compile(r"\d"))
 
 
+EMPTY_WINDOW = {
+    "model": "tiny-ui",
+    "policy": "slo",
+    "uptime_s": 3.0,
+    "running": 0,
+    "waiting": 0,
+    "kv_cache_usage": 0.0,
+    "window_s": 3.0,
+    "requests_finished": 0,
+    "throughput": {
+        "requests_per_s": 0.0,
+        "prompt_tokens_per_s": 0.0,
+        "generation_tokens_per_s": 0.0,
+    },
+    "ttft_ms": {"p50": None, "p90": None, "p99": None},
+    "tpot_ms": {"p50": None, "p90": None, "p99": None},
+    "slo": {"attainment": None, "goodput_rps": 0.0},
+    "steps": {
+        "total": 0,
+        "batch_size": 0.0,
+        "prefill_tokens_per_step": 0.0,
+        "decode_tokens_per_step": 0.0,
+        "step_ms_p50": None,
+    },
+    "totals": {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0},
+}
+
+
+def test_dashboard_shows_an_empty_window_and_a_server_without_stats(server, open_page):
+    answers = [(200, json.dumps(EMPTY_WINDOW))]
+
+    def stats(route):
+        status, body = answers[-1]
+        route.fulfill(status=status, content_type="application/json", body=body)
+
+    dashboard = open_page("about:blank")
+    dashboard.route("**/v1/stats", stats)
+    dashboard.goto(base_url(server) + "/dashboard.html")
+    expect(dashboard.locator("#dash-status")).to_have_text("Live", timeout=WAIT_MS)
+    expect(dashboard.locator("[data-field=running]")).to_have_text("0")
+    for field in ("ttft-p50", "tpot-p99", "slo-attainment", "step-ms"):
+        expect(dashboard.locator(f"[data-field={field}]")).to_have_text("–")
+
+    answers.append((404, json.dumps({"error": {"message": "no route /v1/stats"}})))
+    expect(dashboard.locator("#banner")).to_contain_text("no /v1/stats endpoint", timeout=WAIT_MS)
+
+
 def test_dashboard_on_a_phone_in_the_dark(server, open_page):
     dashboard = open_page(
         base_url(server) + "/dashboard.html",

@@ -408,6 +408,9 @@ async function loadModel() {
       ui.modelName.textContent = card.id;
       document.title = `${card.id} · Baton`;
     }
+    if (Number.isInteger(card?.max_model_len)) {
+      document.getElementById("max-tokens").max = String(card.max_model_len);
+    }
   } catch {
     // The socket's own status already says the server is unreachable.
   }
