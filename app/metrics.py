@@ -29,11 +29,12 @@ PREFIX = "baton:"
 class ServerMetrics:
     """The app's registry, the engine aggregates it reads, and what only the app sees."""
 
-    def __init__(self, engine: Engine, window_s: float = 60.0) -> None:
+    def __init__(self, engine: Engine, window_s: float = 60.0, *, record: bool = True) -> None:
         self.engine = engine
         self.started_at = time.monotonic()
-        self.aggregates = EngineMetrics(window_s)
-        self.aggregates.attach(engine)
+        self.aggregates = EngineMetrics(window_s, engine.clock)
+        if record:
+            self.aggregates.attach(engine)
         # Requests refused with 429 before reaching the engine; counted on the event loop.
         self.admission_rejections = 0
         self.registry = CollectorRegistry()

@@ -149,7 +149,9 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
         lifespan=lifespan,
     )
     app.state.baton = state
-    app.state.metrics = ServerMetrics(state.engine.engine, state.settings.stats_window_s)
+    app.state.metrics = ServerMetrics(
+        state.engine.engine, state.settings.stats_window_s, record=state.settings.record_metrics
+    )
     exporters = exporters_from(state.settings)
     if span_exporter is not None or exporters:
         state.tracing = Tracing(state.engine.engine, state.model_name, exporters)
@@ -221,6 +223,10 @@ def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
 
 def serve_engine(engine: Engine, model_name: str, settings: ServerSettings) -> None:
     """Run the server until SIGTERM/SIGINT; blocks."""
+    # Info level for Baton's own lines: one per finished request (baton.requests), no more.
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     state = ServerState(
         engine=AsyncEngine(engine, settings.max_queued_requests),
         tokenizer=engine.tokenizer,

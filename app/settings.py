@@ -23,6 +23,9 @@ class ServerSettings:
     trace_console: bool = False
     # The sliding window /v1/stats reports over.
     stats_window_s: float = 60.0
+    # Off only to measure what metrics cost (benchmarks/server_throughput.py): the engine's
+    # step and finish listeners are then not attached and the aggregates stay at zero.
+    record_metrics: bool = True
 
     def __post_init__(self) -> None:
         if self.max_queued_requests < 0:

@@ -3,6 +3,11 @@ executor returns tokens instantly, so only the HTTP layer, the bridge and the sc
 
     python benchmarks/server_throughput.py --transport sse --streams 256 --seconds 15
     python benchmarks/server_throughput.py --transport ws --streams 256 --seconds 15
+    python benchmarks/server_throughput.py --observability off   # no metrics, no tracing
+
+`--observability on` (the default) keeps the metrics the server always records and also traces
+every request, exporting the spans over OTLP/HTTP to a sink this process runs; `off` records
+neither, which is what the overhead figure in docs/benchmarks.md compares against.
 
 The server runs in a child process (its own GIL and event loop, as in production); this process
 is the client: raw asyncio HTTP for SSE (so the client is not the bottleneck) and `websockets`.
@@ -13,12 +18,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -41,7 +49,28 @@ def serve(args: argparse.Namespace) -> None:
         max_num_seqs=args.streams, max_num_batched_tokens=65536, num_kv_blocks=65536
     )
     engine = build_simulated_engine(Tokenizer.from_pretrained(args.checkpoint), config)
-    serve_engine(engine, "sim", ServerSettings(port=args.port, max_queued_requests=4096))
+    observed = args.observability == "on"
+    settings = ServerSettings(
+        port=args.port,
+        max_queued_requests=4096,
+        record_metrics=observed,
+        otlp_traces_endpoint=args.otlp_sink if observed else None,
+    )
+    logging.getLogger("baton.requests").setLevel(logging.WARNING)  # measure, not print
+    serve_engine(engine, "sim", settings)
+
+
+class Sink(BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver that accepts every export and keeps nothing."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
 
 
 async def sse_client(port: int, body: bytes, deadline: float, gaps: list[float]) -> int:
@@ -135,11 +164,15 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--switch-interval-ms", type=float, default=5.0)
     parser.add_argument("--checkpoint", help="tokenizer source (default: a random tiny one)")
+    parser.add_argument("--observability", choices=["on", "off"], default="on")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--otlp-sink", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args)
         return
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
     with tempfile.TemporaryDirectory() as scratch:
         if args.checkpoint is None:
             from gpu.random_checkpoint import write_checkpoint
@@ -158,6 +191,10 @@ def main() -> None:
                 args.checkpoint,
                 "--switch-interval-ms",
                 str(args.switch_interval_ms),
+                "--observability",
+                args.observability,
+                "--otlp-sink",
+                f"http://127.0.0.1:{sink.server_address[1]}",
             ]
         )
         try:
@@ -177,6 +214,7 @@ def main() -> None:
     result.update(
         transport=args.transport,
         streams=args.streams,
+        observability=args.observability,
         switch_interval_ms=args.switch_interval_ms,
         server_cpu_us_per_token=round(server_cpu / max(result["tokens"], 1) * 1e6, 1),
     )

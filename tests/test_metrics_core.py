@@ -1,0 +1,103 @@
+"""The engine's own timestamps (token times, prefill chunks, preemption and resumption) and the
+plain-Python aggregates built from them, on a simulated clock."""
+
+from __future__ import annotations
+
+from core.config import EngineConfig
+from core.engine import Engine
+from core.metrics import EngineMetrics, Histogram, percentile, token_gaps
+from core.request import SLO
+from core.sampling_params import SamplingParams
+from core.simulated_executor import SimulatedClock, SimulatedExecutor, StepCost
+
+
+def make_engine(clock: SimulatedClock, num_blocks: int = 64, **config) -> Engine:
+    cost = StepCost(base_s=0.01, per_token_s=0.001, per_seq_s=0.0)
+    executor = SimulatedExecutor(num_blocks, 4, 100, clock=clock, cost=cost)
+    return Engine(
+        EngineConfig(**config),
+        executor,
+        max_model_len=256,
+        vocab_size=100,
+        eos_token_ids=[],
+        clock=clock,
+    )
+
+
+def run(engine: Engine) -> None:
+    while engine.has_unfinished_requests:
+        engine.step()
+
+
+def test_each_output_token_and_prefill_chunk_is_timed_when_its_step_finished():
+    clock = SimulatedClock()
+    engine = make_engine(clock, max_num_batched_tokens=8)
+    finished = []
+    engine.finish_listeners.append(lambda request, output: finished.append(request))
+    engine.add_request("r", list(range(1, 21)), SamplingParams(max_tokens=4, ignore_eos=True))
+    run(engine)
+    [request] = finished
+    # 20 prompt tokens in chunks of 8, 8 and 4; the last chunk also samples the first token.
+    assert [chunk[2] for chunk in request.prefill_chunks] == [8, 8, 4]
+    starts = [chunk[0] for chunk in request.prefill_chunks]
+    ends = [chunk[1] for chunk in request.prefill_chunks]
+    assert starts == sorted(starts) and all(s < e for s, e in zip(starts, ends, strict=True))
+    assert len(request.token_times) == 4
+    assert request.token_times[0] == request.first_token_time == ends[-1]
+    assert request.token_times[-1] == request.finish_time
+    # Each decode step costs 0.01 + 0.001 s on the simulated executor.
+    assert [round(gap, 6) for gap in token_gaps(request.token_times)] == [0.011] * 3
+
+
+def test_preemption_and_resumption_times_are_recorded():
+    clock = SimulatedClock()
+    # Without prefix caching the whole sequence is computed again after resuming.
+    engine = make_engine(
+        clock, num_blocks=6, max_num_batched_tokens=64, enable_prefix_caching=False
+    )
+    finished = {}
+    engine.finish_listeners.append(
+        lambda request, output: finished.update({request.request_id: request})
+    )
+    for name in "ab":
+        engine.add_request(name, [7] * 8, SamplingParams(max_tokens=12, ignore_eos=True))
+    run(engine)
+    preempted = [r for r in finished.values() if r.num_preemptions]
+    assert preempted
+    request = preempted[0]
+    assert len(request.preempted_times) == len(request.resumed_times) == request.num_preemptions
+    assert request.preempted_times[0] <= request.resumed_times[0] <= request.finish_time
+    # The recompute after resuming is a prefill chunk of prompt and output so far.
+    assert any(start >= request.resumed_times[0] for start, _, _ in request.prefill_chunks)
+    assert len(request.token_times) == 12
+
+
+def test_aggregates_count_tokens_slo_outcomes_and_keep_a_sliding_window():
+    clock = SimulatedClock()
+    engine = make_engine(clock, max_num_batched_tokens=64)
+    metrics = EngineMetrics(window_s=1.0)
+    metrics.attach(engine)
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    engine.add_request("met", [1, 2, 3], params, slo=SLO(ttft_ms=1000.0, tpot_ms=1000.0))
+    engine.add_request("missed", [4, 5, 6], params, slo=SLO(ttft_ms=0.001))
+    run(engine)
+    assert (metrics.totals.requests, metrics.totals.generation_tokens) == (2, 10)
+    assert metrics.slo_attained == {"ttft": 1, "tpot": 1}
+    assert metrics.slo_missed == {"ttft": 1, "tpot": 0}
+    assert metrics.itl.count == 8 and metrics.ttft.count == 2
+    requests, steps = metrics.window()
+    assert [r.slo_met for r in requests] == [True, False]
+    assert len(steps) == engine.num_steps == metrics.step_duration.count
+    clock.now += 5.0  # past the window: the snapshot is empty, the totals stay
+    assert metrics.window() == ([], [])
+    assert metrics.totals.requests == 2
+
+
+def test_histogram_buckets_are_upper_bounds_and_percentiles_are_nearest_rank():
+    histogram = Histogram([0.1, 1.0])
+    histogram.observe_many([0.05, 0.1, 0.5, 3.0])
+    assert histogram.cumulative() == [2, 3, 4]
+    assert histogram.count == 4 and histogram.sum == 3.65
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 99) == 4.0
+    assert percentile([], 50) is None
