@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from app.settings import ServerSettings
+from app.simulate import add_simulate_parser
 from core.config import POLICIES, EngineConfig
 from core.sampling_params import InvalidRequestError, SamplingParams
 
@@ -197,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(srv)
     add_server_args(srv)
     srv.set_defaults(handler=serve)
+    add_simulate_parser(commands)
     return parser
 
 

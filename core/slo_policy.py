@@ -37,6 +37,8 @@ AGING_EARLIEST_SHARE = 0.5
 # When even a decode-only step misses the tightest TPOT target, prefill keeps this much per
 # step: the target cannot be met either way, and the queue must not freeze.
 MIN_PREFILL_TOKENS = 16
+# The TPOT cap shrinks by the step-cost model's mean relative error, up to this much.
+MAX_ERROR_HEADROOM = 0.25
 
 # Where requests without a deadline and those that will miss theirs sort, after the rest.
 _NO_DEADLINE, _LATE = 0, 1
@@ -146,7 +148,9 @@ class SLOPolicy(SchedulingPolicy):
         budget = token_budget
         self._capped = tightest_s < math.inf and not self._overdue_waiting
         if self._capped:
-            room_s = tightest_s - decode_s
+            # Leave room for the model's usual error, so a typical step lands within target.
+            error = min(MAX_ERROR_HEADROOM, cost.mean_abs_error_ratio or 0.0)
+            room_s = tightest_s / (1 + error) - decode_s
             if room_s <= 0:
                 budget = min(token_budget, MIN_PREFILL_TOKENS)
             elif per_token_s > 0:

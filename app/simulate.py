@@ -1,0 +1,174 @@
+"""`baton simulate`: run scheduling policies on the same simulated arrivals and compare their
+goodput, SLO attainment and latency (core/simulator.py does the simulating)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+from core.config import POLICIES, EngineConfig
+from core.simulator import DEFAULT_COST, SimulationConfig, simulate, summarize
+from core.step_cost import CostCoefficients
+from core.workloads import WORKLOADS, sample_requests
+
+
+def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "simulate",
+        help="compare scheduling policies in a discrete-event simulation (no model runs)",
+        description="Simulate the real scheduler and KV block pool on a step-cost model.",
+    )
+    defaults = EngineConfig()
+    parser.add_argument("--policy", default="slo,fcfs,static", help="comma-separated policies")
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="mixed")
+    rate = parser.add_mutually_exclusive_group()
+    rate.add_argument("--rate", type=float, default=None, help="requests per second")
+    rate.add_argument(
+        "--load",
+        type=float,
+        default=None,
+        help="request rate as a fraction of the measured saturation rate (default 0.9)",
+    )
+    parser.add_argument(
+        "--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1: Poisson)"
+    )
+    parser.add_argument("--num-requests", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cost",
+        default=None,
+        help="true step-cost coefficients in seconds, e.g. base=0.01,prefill=6e-5,decode=2e-4,"
+        "context=1e-7 (default: an 8B model on an H100-class GPU)",
+    )
+    parser.add_argument(
+        "--calibrate", metavar="MODEL_DIR", default=None, help="fit the coefficients to a model"
+    )
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--noise", type=float, default=0.05, help="± share of step-time noise")
+    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens
+    )
+    parser.add_argument("--num-kv-blocks", type=int, default=8192)
+    parser.add_argument("--block-size", type=int, default=defaults.block_size)
+    parser.add_argument("--max-wait-ms", type=float, default=defaults.max_wait_ms)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        raise ValueError(f"--policy takes a comma-separated list of {', '.join(POLICIES)}")
+    if args.num_requests < 1:
+        raise ValueError("--num-requests must be >= 1")
+    config = SimulationConfig(
+        engine=EngineConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            block_size=args.block_size,
+            enable_prefix_caching=False,
+            max_wait_ms=args.max_wait_ms,
+        ),
+        num_kv_blocks=args.num_kv_blocks,
+        cost=_coefficients(args),
+        noise=args.noise,
+        seed=args.seed,
+    )
+    saturation = None
+    rate = args.rate
+    if rate is None:
+        saturation = saturation_rps(args.workload, args.num_requests, args.seed, config)
+        rate = (0.9 if args.load is None else args.load) * saturation
+    workload = sample_requests(
+        args.workload, args.num_requests, rate, args.seed, burstiness=args.burstiness
+    )
+    report = {}
+    for policy in policies:
+        started = time.perf_counter()
+        result = simulate(policy, workload, config)
+        summary = summarize(result.records)
+        classes = sorted({r.class_name for r in result.records})
+        report[policy] = {
+            **summary,
+            "rate_rps": rate,
+            "saturation_rps": saturation,
+            "num_preemptions": result.num_preemptions,
+            "num_steps": result.num_steps,
+            "step_cost_model_error_ratio": result.step_cost_error,
+            "length_predictor_error_ratio": result.length_error,
+            "classes": {
+                name: summarize([r for r in result.records if r.class_name == name])
+                for name in classes
+            },
+            "wall_s": time.perf_counter() - started,
+        }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_table(report, args, rate, saturation, config.cost)
+    return 0
+
+
+def saturation_rps(workload: str, num_requests: int, seed: int, config: SimulationConfig) -> float:
+    """The throughput FCFS reaches with every request queued at once: the most this machine
+    can serve, whatever the order."""
+    backlog = sample_requests(workload, num_requests, math.inf, seed)
+    return summarize(simulate("fcfs", backlog, config).records)["throughput_rps"]
+
+
+def _coefficients(args: argparse.Namespace) -> CostCoefficients:
+    if args.calibrate:
+        from app.llm import build_engine  # torch loads only when calibrating on a real model
+
+        engine = build_engine(
+            args.calibrate,
+            EngineConfig(
+                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+            ),
+            args.device,
+            profile_step_cost=True,
+        )
+        fitted = engine.step_cost_model.current
+        print(f"calibrated: {_format_cost(fitted)}", file=sys.stderr)
+        return fitted
+    return CostCoefficients.parse(args.cost) if args.cost else DEFAULT_COST
+
+
+def _format_cost(cost: CostCoefficients) -> str:
+    return (
+        f"base={cost.base_s:.3g},prefill={cost.per_prefill_token_s:.3g},"
+        f"decode={cost.per_decode_token_s:.3g},context={cost.per_context_token_s:.3g}"
+    )
+
+
+def print_table(
+    report: dict, args: argparse.Namespace, rate: float, saturation: float | None, cost
+) -> None:
+    load = f" ({rate / saturation:.0%} of saturation {saturation:.2f}/s)" if saturation else ""
+    print(
+        f"workload {args.workload}, {args.num_requests} requests at {rate:.2f}/s{load}, "
+        f"burstiness {args.burstiness}, seed {args.seed}; cost {_format_cost(cost)}"
+    )
+    header = (
+        f"{'policy':<18}{'goodput/s':>10}{'SLO met':>9}{'TTFT p50':>10}{'TTFT p99':>10}"
+        f"{'TPOT p99':>10}{'max wait':>10}{'preempt':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    for policy, row in report.items():
+        print(
+            f"{policy:<18}{row['goodput_rps']:>10.2f}{row['slo_attainment']:>9.1%}"
+            f"{row['ttft_p50_ms']:>8.0f}ms{row['ttft_p99_ms']:>8.0f}ms"
+            f"{row['tpot_p99_ms']:>8.0f}ms{row['max_wait_ms']:>8.0f}ms{row['num_preemptions']:>9}"
+        )
+        for name, cls in row["classes"].items():
+            print(
+                f"  {name:<16}{cls['goodput_rps']:>10.2f}{cls['slo_attainment']:>9.1%}"
+                f"{cls['ttft_p50_ms']:>8.0f}ms{cls['ttft_p99_ms']:>8.0f}ms"
+                f"{cls['tpot_p99_ms']:>8.0f}ms{cls['max_wait_ms']:>8.0f}ms"
+            )

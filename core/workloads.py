@@ -1,0 +1,132 @@
+"""Request workloads shared by the simulator (`baton simulate`) and the benchmark client
+(`baton bench`): request classes with log-normal prompt and output lengths and their own SLO
+targets and priority, mixed by weight, and Poisson or bursty (gamma) arrivals."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class LengthDistribution:
+    """Log-normal around `median` (sigma of the log), clipped to [1, `ceiling`]."""
+
+    median: int
+    sigma: float
+    ceiling: int
+
+    def draw(self, rng: random.Random) -> int:
+        value = rng.lognormvariate(math.log(self.median), self.sigma)
+        return max(1, min(self.ceiling, round(value)))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestClass:
+    """One kind of request: its lengths, its `max_tokens` cap, its SLO targets and priority
+    (a lower value is more urgent)."""
+
+    name: str
+    prompt: LengthDistribution
+    output: LengthDistribution
+    max_tokens: int
+    ttft_ms: float | None
+    tpot_ms: float | None
+    priority: int
+
+
+# Interactive chat wants its first token fast and a steady reading pace; batch work (RAG over
+# long documents, long generations) tolerates seconds before its first token.
+CHAT = RequestClass(
+    "interactive",
+    LengthDistribution(64, 0.6, 512),
+    LengthDistribution(128, 0.6, 512),
+    512,
+    ttft_ms=500,
+    tpot_ms=50,
+    priority=0,
+)
+RAG = RequestClass(
+    "rag",
+    LengthDistribution(1536, 0.3, 4096),
+    LengthDistribution(128, 0.5, 512),
+    512,
+    ttft_ms=5000,
+    tpot_ms=150,
+    priority=1,
+)
+LONG_GENERATION = RequestClass(
+    "long-generation",
+    LengthDistribution(64, 0.5, 512),
+    LengthDistribution(1024, 0.3, 2048),
+    2048,
+    ttft_ms=5000,
+    tpot_ms=150,
+    priority=1,
+)
+
+WORKLOADS: dict[str, list[tuple[RequestClass, float]]] = {
+    "chat": [(CHAT, 1.0)],
+    "rag": [(RAG, 1.0)],
+    "mixed": [(CHAT, 0.7), (RAG, 0.3)],
+    "long-generation": [(LONG_GENERATION, 1.0)],
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRequest:
+    """One request to issue: when, how long its prompt is, how many tokens it will generate
+    (`output_len`, its "true" length) and may generate (`max_tokens`), and its class."""
+
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    max_tokens: int
+    request_class: RequestClass
+
+
+def arrival_times(
+    num_requests: int, rate: float, rng: random.Random, burstiness: float = 1.0
+) -> list[float]:
+    """Arrival times at `rate` per second; gaps are gamma-distributed with shape `burstiness`
+    (1 is Poisson, below 1 burstier, above 1 more regular). An infinite rate sends all at 0."""
+    if burstiness <= 0:
+        raise ValueError(f"burstiness must be > 0, got {burstiness}")
+    if math.isinf(rate):
+        return [0.0] * num_requests
+    if rate <= 0:
+        raise ValueError(f"the request rate must be > 0, got {rate}")
+    times, now = [], 0.0
+    for _ in range(num_requests):
+        now += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+        times.append(now)
+    return times
+
+
+def sample_requests(
+    workload: str,
+    num_requests: int,
+    rate: float,
+    seed: int = 0,
+    burstiness: float = 1.0,
+) -> list[WorkloadRequest]:
+    """The same seed gives the same requests at the same times, whatever the policy."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
+    rng = random.Random(seed)
+    classes, weights = zip(*WORKLOADS[workload], strict=True)
+    requests = []
+    for arrival in arrival_times(num_requests, rate, rng, burstiness):
+        request_class = rng.choices(classes, weights)[0]
+        output_len = min(request_class.output.draw(rng), request_class.max_tokens)
+        requests.append(
+            WorkloadRequest(
+                arrival,
+                request_class.prompt.draw(rng),
+                output_len,
+                request_class.max_tokens,
+                request_class,
+            )
+        )
+    return requests

@@ -1,0 +1,97 @@
+"""`baton simulate`: the JSON report's schema, repeatable runs, arrival processes, and the
+ordering of policies on a loaded mixed workload."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+
+import pytest
+
+from app.cli import main
+from core.simulator import SimulationConfig, simulate, summarize
+from core.workloads import arrival_times, sample_requests
+
+FIELDS = (
+    "goodput_rps",
+    "slo_attainment",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_p99_ms",
+    "max_wait_ms",
+)
+
+
+def test_simulate_json_has_one_entry_per_policy_with_the_contract_fields(capsys):
+    code = main(
+        [
+            "simulate",
+            "--json",
+            "--policy",
+            "slo,fcfs,static",
+            "--workload",
+            "mixed",
+            "--rate",
+            "6",
+            "--num-requests",
+            "150",
+            "--seed",
+            "3",
+        ]
+    )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert list(report) == ["slo", "fcfs", "static"]
+    for row in report.values():
+        for name in FIELDS:
+            assert isinstance(row[name], float) and math.isfinite(row[name])
+        assert 0 <= row["slo_attainment"] <= 1
+        assert row["num_requests"] == 150
+        assert row["ttft_p50_ms"] <= row["ttft_p99_ms"]
+        assert set(row["classes"]) == {"interactive", "rag"}
+    assert report["static"]["goodput_rps"] < report["slo"]["goodput_rps"]
+
+
+def test_simulate_table_and_bad_policy(capsys):
+    assert main(["simulate", "--policy", "slo,sjf", "--rate", "4", "--num-requests", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "goodput/s" in out and "sjf" in out
+    assert main(["simulate", "--policy", "slo,nope", "--num-requests", "5"]) == 2
+    assert "--policy" in capsys.readouterr().err
+
+
+def test_same_seed_same_result_whatever_else_runs():
+    workload = sample_requests("mixed", 200, 8.0, seed=1)
+    first = summarize(simulate("slo", workload, SimulationConfig(noise=0.05)).records)
+    simulate("fcfs", workload, SimulationConfig(noise=0.05))
+    again = summarize(simulate("slo", workload, SimulationConfig(noise=0.05)).records)
+    assert first == again
+
+
+def test_poisson_and_bursty_arrivals_keep_the_rate_but_not_the_spread():
+    poisson = arrival_times(20_000, 10.0, random.Random(0))
+    bursty = arrival_times(20_000, 10.0, random.Random(0), burstiness=0.25)
+    for times in (poisson, bursty):
+        assert len(times) / times[-1] == pytest.approx(10.0, rel=0.05)
+
+    def gap_cv(times):
+        gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
+        return statistics.pstdev(gaps) / statistics.fmean(gaps)
+
+    assert gap_cv(poisson) == pytest.approx(1.0, rel=0.05)
+    assert gap_cv(bursty) == pytest.approx(2.0, rel=0.1)  # CV of a gamma gap is 1/sqrt(shape)
+
+
+def test_slo_beats_fcfs_and_keeps_interactive_ttft_at_full_load():
+    workload = sample_requests("mixed", 600, 10.5, seed=0, burstiness=0.5)
+    config = SimulationConfig()
+    slo = simulate("slo", workload, config)
+    fcfs = simulate("fcfs", workload, config)
+    slo_summary, fcfs_summary = summarize(slo.records), summarize(fcfs.records)
+    assert slo_summary["slo_attainment"] > fcfs_summary["slo_attainment"]
+    interactive = summarize([r for r in slo.records if r.class_name == "interactive"])
+    assert interactive["ttft_p99_ms"] <= 500
+    assert slo_summary["max_wait_ms"] <= config.engine.max_wait_ms
+    assert slo.step_cost_error < 0.1
