@@ -458,6 +458,20 @@ def test_stored_conversation_with_markup_is_shown_as_text(server, open_page, bro
         context.close()
 
 
+def test_reply_cut_off_by_a_closed_tab_shows_as_interrupted(server, open_page):
+    page = connected(open_page(base_url(server)))
+    set_params(page, max_tokens=LONG_REPLY)
+    send(page, "A reply that never ends")
+    expect(last_reply(page).locator(".message-content")).not_to_be_empty(timeout=WAIT_MS)
+    page.reload()
+    reply = last_reply(page)
+    expect(reply).to_have_attribute("data-state", "error")
+    expect(reply.locator(".message-error")).to_have_text(
+        "The reply was interrupted before it finished."
+    )
+    expect(reply.get_by_role("button", name="Regenerate")).to_be_visible()
+
+
 def test_chat_fits_a_phone_screen(server, open_page):
     page = connected(
         open_page(base_url(server), viewport={"width": 390, "height": 844}, color_scheme="dark")

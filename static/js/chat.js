@@ -35,7 +35,7 @@ const ui = {
 const settings = bindSettings(onApiKeyChange);
 const connection = new Connection(store.loadApiKey);
 let conversation = store.listConversations()[0] ?? store.newConversation();
-let active = null; // the reply being generated: {id, owner, message, cancelled}
+let active = null; // the reply being generated: {id, owner, message}
 const bubbles = new Map(); // message id -> its <article>, for the conversation on screen
 
 function messageId() {
@@ -154,7 +154,11 @@ function messageElement(message, isLast) {
 /** (Re)draw a message's content, stats and buttons from its record. */
 function fillMessage(article, message, isLast) {
   const [, content, meta, actions] = article.children;
-  article.dataset.state = message.state ?? "done";
+  // A reply saved mid-stream by a tab that was then closed will never finish.
+  const interrupted = message.state === "streaming" && active?.message !== message;
+  const state = interrupted ? "error" : (message.state ?? "done");
+  const errorText = interrupted ? "The reply was interrupted before it finished." : message.error;
+  article.dataset.state = state;
   if (message.finish) article.dataset.finish = message.finish;
   if (message.role === "assistant") {
     content.replaceChildren(renderMarkdown(message.content));
@@ -162,7 +166,7 @@ function fillMessage(article, message, isLast) {
     content.textContent = message.content;
   }
   meta.replaceChildren();
-  if (message.state === "streaming" && !message.content) {
+  if (state === "streaming" && !message.content) {
     const waiting = document.createElement("span");
     waiting.className = "typing";
     waiting.textContent = "Waiting for the first token…";
@@ -175,15 +179,15 @@ function fillMessage(article, message, isLast) {
     badge.textContent = message.finish === "cancelled" ? "Stopped" : "Hit the token limit";
     meta.append(badge);
   }
-  if (message.error) {
+  if (errorText) {
+    // Not an alert itself: the announcer reads out errors as they happen, not on every redraw.
     const error = document.createElement("p");
     error.className = "message-error";
-    error.setAttribute("role", "alert");
-    error.textContent = message.error;
+    error.textContent = errorText;
     meta.append(error);
   }
   actions.replaceChildren();
-  if (message.state === "streaming") return;
+  if (state === "streaming") return;
   if (message.content) actions.append(actionButton("Copy", (b) => copyText(message.content, b)));
   if (isLast && message.role === "assistant") {
     actions.append(actionButton("Regenerate", () => regenerate()));
@@ -254,10 +258,10 @@ function chatHistory() {
 async function generateReply() {
   const messages = chatHistory();
   const reply = { id: messageId(), role: "assistant", content: "", state: "streaming" };
+  const owner = conversation;
+  active = { id: null, owner, message: reply };
   appendMessage(reply);
   save();
-  const owner = conversation;
-  active = { id: null, owner, message: reply, cancelled: false };
   updateComposer();
   try {
     await connection.whenOpen();
@@ -296,7 +300,6 @@ async function generateReply() {
       },
     },
   );
-  if (active.cancelled) connection.cancel(active.id);
 }
 
 function finishReply(owner, reply, outcome) {
@@ -325,7 +328,6 @@ function finishAnnouncement(finish) {
 
 function stop() {
   if (!active) return;
-  active.cancelled = true;
   if (active.id !== null) {
     connection.cancel(active.id);
   } else {

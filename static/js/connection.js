@@ -60,6 +60,7 @@ export class Connection extends EventTarget {
     socket.onclose = () => {
       if (this.socket !== socket) return;
       this.socket = null;
+      this.setState("connecting");
       this.failAll(
         opened
           ? "The connection to the server was lost before the reply finished."
@@ -128,6 +129,11 @@ export class Connection extends EventTarget {
    * onError({message, type, code}). */
   generate(params, handlers) {
     const id = `${this.idPrefix}-${this.nextId++}`;
+    if (this.socket?.readyState !== WebSocket.OPEN) {
+      const message = "The connection to the server was lost; try again in a moment.";
+      queueMicrotask(() => handlers.onError({ message, type: "connection_error" }));
+      return id;
+    }
     this.requests.set(id, handlers);
     this.socket.send(JSON.stringify({ type: "generate", id, ...params }));
     return id;
