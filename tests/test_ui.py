@@ -96,7 +96,9 @@ def screenshot(page: Page, name: str) -> None:
 
 
 def connected(page: Page) -> Page:
-    expect(page.locator("#connection-status")).to_have_attribute("data-state", "open")
+    expect(page.locator("#connection-status")).to_have_attribute(
+        "data-state", "open", timeout=WAIT_MS
+    )
     return page
 
 
@@ -186,6 +188,47 @@ def test_reply_streams_in_steps_and_shows_its_stats(server, open_page):
     screenshot(page, "chat-settings-light-desktop")
 
 
+def test_conversations_keep_their_own_history_and_settings_shape_the_request(server, open_page):
+    page = connected(open_page(base_url(server)))
+    frames: list[dict] = []
+    page.on(
+        "websocket",
+        lambda ws: ws.on("framesent", lambda payload: frames.append(json.loads(payload))),
+    )
+    page.reload()
+    connected(page)
+    page.click("#toggle-settings")
+    page.fill("#system-prompt", "Answer briefly.")
+    page.fill("#temperature", "0")
+    page.select_option("#slo-class", "batch")
+    page.fill("#max-tokens", "8")
+    page.keyboard.press("Escape")
+    send(page, "First conversation")
+    expect(last_reply(page)).to_have_attribute("data-state", "done", timeout=WAIT_MS)
+    generate = frames[-1]
+    assert generate["type"] == "generate"
+    assert generate["messages"] == [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "First conversation"},
+    ]
+    assert generate["temperature"] == 0
+    assert generate["max_tokens"] == 8
+    assert generate["priority"] == 10
+    assert generate["slo"] == {"ttft_ms": 60000, "tpot_ms": 2000}
+
+    page.click("#new-chat")
+    expect(page.locator(".message")).to_have_count(0)
+    send(page, "Second conversation")
+    expect(last_reply(page)).to_have_attribute("data-state", "done", timeout=WAIT_MS)
+    conversations = page.locator("#conversation-list .conversation-open")
+    expect(conversations).to_have_text(["Second conversation", "First conversation"])
+
+    conversations.filter(has_text="First conversation").click()
+    expect(page.locator(".message.user .message-content")).to_have_text(["First conversation"])
+    page.get_by_role("button", name="Delete “Second conversation”").click()
+    expect(conversations).to_have_text(["First conversation"])
+
+
 def test_stop_button_and_escape_cancel_a_long_reply(server, open_page):
     page = connected(open_page(base_url(server)))
     set_params(page, max_tokens=LONG_REPLY)
@@ -211,6 +254,7 @@ def test_stop_button_and_escape_cancel_a_long_reply(server, open_page):
     assert server.engine.engine.num_running == 0
 
 
+@pytest.mark.slow
 def test_dashboard_follows_requests_from_several_tabs(server, open_page):
     url = base_url(server)
     dashboard = open_page(url + "/dashboard.html", viewport={"width": 1200, "height": 900})
