@@ -498,6 +498,11 @@ def test_stored_conversation_with_markup_is_shown_as_text(server, open_page, bro
         assert page.locator("#messages img, #messages script, #sidebar img").count() == 0
         assert page.evaluate("window.pwned ?? null") is None
         screenshot(page, "chat-dark-desktop")
+        # Copy puts the reply's markdown source on the clipboard, as text.
+        context.grant_permissions(["clipboard-read", "clipboard-write"])
+        last_reply(page).get_by_role("button", name="Copy", exact=True).click()
+        expect(last_reply(page).get_by_role("button", name="Copied")).to_be_visible()
+        assert page.evaluate("navigator.clipboard.readText()") == INJECTION
     finally:
         context.close()
 
