@@ -20,7 +20,10 @@ export class Connection extends EventTarget {
     this.requests = new Map(); // id -> {onToken, onDone, onError}
     this.nextId = 1;
     this.idPrefix = Math.random().toString(36).slice(2, 8);
-    window.addEventListener("online", () => this.reconnectNow());
+    // Back on the network: skip the rest of the backoff wait.
+    window.addEventListener("online", () => {
+      if (this.state === "retrying") this.reconnectNow();
+    });
   }
 
   /** Open the socket (again), dropping any wait for a retry. */
