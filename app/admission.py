@@ -5,6 +5,7 @@ engine's own checks. Every refusal is an `APIError`."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -81,7 +82,33 @@ async def admit(state: ServerState, request: GenerationRequest) -> AdmittedReque
             raise request.invalid(error) from None
         admitted.append(EnginePrompt(token_ids, checked))
     default_slo = SLO(state.settings.ttft_slo_ms, state.settings.tpot_slo_ms)
-    return AdmittedRequest(admitted, request.priority, request.slo_targets(default_slo))
+    result = AdmittedRequest(admitted, request.priority, request.slo_targets(default_slo))
+    check_slo(state, result)
+    return result
+
+
+def check_slo(state: ServerState, request: AdmittedRequest) -> None:
+    """With the `slo` policy, 429 for a request whose first token is predicted to come later
+    than `--slo-admission-factor` times its TTFT target because of the queue ahead of it
+    (it would fit its target on an idle engine): better refused now, with a Retry-After of the
+    predicted drain time, than accepted and failed late."""
+    factor = state.settings.slo_admission_factor
+    ttft_ms = request.slo.ttft_ms
+    if factor <= 0 or ttft_ms is None or state.engine.engine.config.scheduling_policy != "slo":
+        return
+    forecast = state.engine.forecast_ttft(request.num_prompt_tokens, ttft_ms)
+    target_s = ttft_ms / 1000
+    if forecast.ttft_s <= factor * target_s or forecast.alone_s > target_s:
+        return
+    retry_after = max(1, math.ceil(forecast.drain_s))
+    raise APIError(
+        429,
+        f"the server cannot meet this request's TTFT target of {ttft_ms:g} ms: its first "
+        f"token is predicted in {forecast.ttft_s * 1000:.0f} ms behind the queue; retry after "
+        f"{retry_after} s or send a looser slo.ttft_ms",
+        code="rate_limit_error",
+        headers={"Retry-After": str(retry_after)},
+    )
 
 
 async def _tokenize(tokenizer: Tokenizer, request: GenerationRequest) -> list[list[int]]:

@@ -19,6 +19,7 @@ from core.outputs import RequestOutput
 from core.request import SLO
 from core.sampling_params import SamplingParams
 from core.step_loop import AddRequest, StepLoop
+from core.ttft_forecast import Forecast, TTFTForecast
 
 # Retry-After is the time the queue ahead takes to drain at the pace of recent completions.
 PACE_WINDOW_S = 30.0
@@ -56,6 +57,8 @@ class AsyncEngine:
         # Set when the event loop has taken the last step's outputs (see the step-thread side).
         self._dispatched = threading.Event()
         self._dispatched.set()
+        # Prefill owed by the requests in flight, kept on the event loop for admission control.
+        self.forecast = TTFTForecast(engine.step_cost_model, engine.config.max_num_batched_tokens)
 
     @property
     def healthy(self) -> bool:
@@ -93,6 +96,10 @@ class AsyncEngine:
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
         return self.engine.check_request(prompt_token_ids, params)
 
+    def forecast_ttft(self, num_prompt_tokens: int, ttft_ms: float | None) -> Forecast:
+        """When a request arriving now would get its first token, behind those in flight."""
+        return self.forecast.predict(num_prompt_tokens, ttft_ms, time.monotonic())
+
     async def generate(
         self,
         request_id: str,
@@ -113,6 +120,7 @@ class AsyncEngine:
             raise ValueError(f"request id {request_id!r} is already in flight")
         queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self._streams[request_id] = queue
+        self.forecast.add(request_id, len(prompt_token_ids), slo, time.monotonic())
         self._step_loop.submit(
             AddRequest(request_id, prompt_token_ids, params, priority, slo, arrival_time)
         )
@@ -126,6 +134,7 @@ class AsyncEngine:
                 yield item
         finally:
             self._streams.pop(request_id, None)
+            self.forecast.remove(request_id)
             if not finished:
                 self._step_loop.abort(request_id)
 
@@ -162,6 +171,8 @@ class AsyncEngine:
             queue = self._streams.get(output.request_id)
             if queue is not None:
                 queue.put_nowait(output)
+                if output.new_token_ids:
+                    self.forecast.first_token(output.request_id)
             if output.finished:
                 self._finish_times.append(time.monotonic())
         self._dispatched.set()

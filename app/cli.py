@@ -144,6 +144,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttft-slo-ms", type=float, default=None)
     parser.add_argument("--tpot-slo-ms", type=float, default=None)
     parser.add_argument(
+        "--slo-admission-factor",
+        type=float,
+        default=defaults.slo_admission_factor,
+        help="with --scheduling-policy slo, answer 429 when a request's predicted TTFT exceeds "
+        "its target by this factor because of the queue (0: off)",
+    )
+    parser.add_argument(
         "--otlp-traces-endpoint",
         default=None,
         help="export request traces over OTLP/HTTP to this URL (e.g. http://localhost:4318)",
@@ -167,6 +174,7 @@ def server_settings_from(args: argparse.Namespace) -> ServerSettings:
         shutdown_timeout_s=args.shutdown_timeout,
         ttft_slo_ms=args.ttft_slo_ms,
         tpot_slo_ms=args.tpot_slo_ms,
+        slo_admission_factor=args.slo_admission_factor,
         otlp_traces_endpoint=args.otlp_traces_endpoint,
         trace_console=args.trace_console,
     )

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from core.policy import SchedulingPolicy
 from core.request import Request
+from core.step_cost import prefill_seconds
 
 # A request is promoted ahead of every deadline when what is left of the starvation bound only
 # just covers the prefill ahead of it and its own at full budget, plus this many steps; never
@@ -60,14 +61,8 @@ class SLOPolicy(SchedulingPolicy):
         self.last_prefill_budget = full
 
     def prefill_time_s(self, num_tokens: int) -> float:
-        """Predicted seconds until `num_tokens` of prefill are done at the current pace: full
-        steps, then one step carrying the remainder."""
-        full_steps, remainder = divmod(num_tokens, self._pace_tokens)
-        full_step_s = self._decode_s + self._per_token_s * self._pace_tokens
-        seconds = full_steps * full_step_s
-        if remainder or not full_steps:
-            seconds += self._decode_s + self._per_token_s * remainder
-        return seconds
+        """Predicted seconds until `num_tokens` of prefill are done at the current pace."""
+        return prefill_seconds(num_tokens, self._pace_tokens, self._decode_s, self._per_token_s)
 
     def overdue(self, waiting: Sequence[Request], now: float) -> set[str]:
         """Requests that must start now to keep the starvation bound: what is left of their

@@ -1,0 +1,133 @@
+"""SLO admission control: a request is refused only when the queue ahead makes its TTFT target
+hopeless (predicted past the factor, while it would fit on an idle engine), and the server
+answers that with 429, `rate_limit_error` and a Retry-After of the predicted drain time."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+
+from core.request import SLO
+from core.step_cost import CostCoefficients, StepCostModel
+from core.tokenizer import Tokenizer
+from core.ttft_forecast import TTFTForecast
+from tests.server_harness import base_url, running_server, simulated_engine
+from tests.test_backpressure import GatedExecutor, wait_for
+
+COST = CostCoefficients(
+    base_s=0.01, per_prefill_token_s=1e-4, per_decode_token_s=2e-4, per_context_token_s=0.0
+)
+
+
+def forecast_with_queue(num_queued: int, ttft_ms: float | None) -> TTFTForecast:
+    forecast = TTFTForecast(StepCostModel(COST), max_num_batched_tokens=2048)
+    for i in range(num_queued):
+        forecast.add(f"q{i}", 2000, SLO(ttft_ms, None), now=0.0)
+    return forecast
+
+
+def test_empty_engine_predicts_only_the_request_itself():
+    prediction = forecast_with_queue(0, None).predict(1000, 500, now=0.0)
+    assert prediction.ttft_s == prediction.alone_s == 0.01 + 1000 * 1e-4
+    assert prediction.drain_s == 0.01
+
+
+def test_queue_with_earlier_deadlines_counts_ahead_and_later_ones_do_not():
+    tight_queue = forecast_with_queue(20, 1000)
+    behind = tight_queue.predict(1000, 2000, now=0.0)
+    assert behind.ttft_s > 4.0  # 41,000 tokens at 2,048 per 0.21 s step
+    loose_queue = forecast_with_queue(20, 60_000)
+    ahead = loose_queue.predict(1000, 2000, now=0.0)
+    assert ahead.ttft_s == ahead.alone_s
+    assert ahead.drain_s == behind.drain_s - 0.0  # same owed work either way
+    assert ahead.drain_s > 4.0
+
+
+def test_first_tokens_settle_owed_prefill_and_turn_into_decodes():
+    forecast = forecast_with_queue(3, 1000)
+    before = forecast.predict(100, 1000, now=0.0)
+    for i in range(3):
+        forecast.first_token(f"q{i}")
+    after = forecast.predict(100, 1000, now=0.0)
+    assert forecast.num_owed == 0
+    assert after.ttft_s < before.ttft_s
+    assert after.alone_s > before.alone_s  # three decodes now ride in every step
+    forecast.remove("q0")
+    forecast.remove("missing")
+    assert forecast.num_owed == 0
+
+
+def completion(ttft_ms: float | None, prompt_len: int = 1500) -> dict:
+    body = {"prompt": [5] * prompt_len, "max_tokens": 2, "stream": True, "ignore_eos": True}
+    if ttft_ms is not None:
+        body["slo"] = {"ttft_ms": ttft_ms}
+    return body
+
+
+def test_server_refuses_hopeless_ttft_with_429_and_serves_the_rest(llama_checkpoint):
+    vocab_size = Tokenizer.from_pretrained(llama_checkpoint).vocab_size
+    executor = GatedExecutor(vocab_size)
+    engine = simulated_engine(llama_checkpoint, executor, scheduling_policy="slo", max_num_seqs=64)
+    engine.step_cost_model.coefficients[:] = COST.as_tuple()
+    with running_server(engine, slo_admission_factor=2.0) as state:
+        url = base_url(state)
+        statuses: list[int] = []
+        refusals: list[tuple[dict, httpx.Headers]] = []
+        threads: list[threading.Thread] = []
+
+        def stream(body: dict) -> None:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as response:
+                if response.status_code == 429:
+                    response.read()
+                    refusals.append((response.json(), response.headers))
+                    return
+                statuses.append(response.status_code)
+                for _ in response.iter_lines():
+                    pass
+
+        def send(body: dict) -> None:
+            """Start a streaming request; return once it is in flight or refused."""
+            in_flight = state.engine.num_in_flight
+            thread = threading.Thread(target=stream, args=(body,), daemon=True)
+            thread.start()
+            threads.append(thread)
+            wait_for(lambda: state.engine.num_in_flight > in_flight or refusals)
+
+        # Tight-deadline requests queue up (no step runs) until the predicted TTFT of the next
+        # one passes twice its target: 2 s is about 9 full steps, some 19,000 prompt tokens.
+        while not refusals and len(threads) < 30:
+            send(completion(1000))
+        assert refusals and 10 <= state.engine.num_in_flight <= 14
+        error, headers = refusals[0]
+        assert error["error"]["type"] == "rate_limit_error" and "TTFT" in error["error"]["message"]
+        assert int(headers["retry-after"]) >= 2  # the queue's predicted drain time
+
+        # Not hopeless, so served even now: no target, a target looser than the queue, a prompt
+        # too long for its target even on an idle engine (refusing it would not help).
+        for body in (completion(None), completion(60_000), completion(100, prompt_len=3000)):
+            send(body)
+        assert len(refusals) == 1
+        executor.gate.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert statuses == [200] * (len(threads) - 1)
+
+
+def test_other_policies_and_factor_zero_never_refuse(llama_checkpoint):
+    vocab_size = Tokenizer.from_pretrained(llama_checkpoint).vocab_size
+    for policy, factor in (("fcfs", 2.0), ("slo", 0.0)):
+        executor = GatedExecutor(vocab_size)
+        engine = simulated_engine(llama_checkpoint, executor, scheduling_policy=policy)
+        engine.step_cost_model.coefficients[:] = COST.as_tuple()
+        with running_server(engine, slo_admission_factor=factor) as state:
+            url = base_url(state)
+            for i in range(20):
+                state.engine.forecast.add(f"fake-{i}", 2000, SLO(1000, None), now=0.0)
+            executor.gate.set()
+            response = httpx.post(
+                f"{url}/v1/completions",
+                json={**completion(1000), "stream": False},
+                timeout=30,
+            )
+            assert response.status_code == 200, (policy, factor)
