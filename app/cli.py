@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from app.bench import add_bench_parser
 from app.settings import ServerSettings
 from app.simulate import add_simulate_parser
 from core.config import POLICIES, EngineConfig
@@ -207,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_args(srv)
     srv.set_defaults(handler=serve)
     add_simulate_parser(commands)
+    add_bench_parser(commands)
     return parser
 
 

@@ -1,0 +1,393 @@
+"""`baton bench`: an asyncio benchmark client for any OpenAI-compatible server (Baton,
+`transformers serve`, vLLM, ...), after the shape of vLLM's benchmark_serving.
+
+It streams completions or chat completions over SSE at a Poisson (or gamma-bursty) request
+rate, optionally capped in concurrency, and reports TTFT, TPOT, ITL and end-to-end latency
+(mean, p50, p90, p99), request and token throughput and goodput, as a table, a JSON file and a
+PNG of latency CDFs (and goodput against rate when several rates run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+from core.simulator import percentile
+from core.workloads import WORKLOADS, RequestClass, arrival_times, sample_requests
+
+# Common English words, about one token each in most vocabularies: prompts of N words are
+# prompts of about N tokens; the server's usage.prompt_tokens gives the exact count.
+_WORD_TEXT = (
+    "the of and to in is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there one all we their can has more when will "
+    "would who so if out no time about up them some could what into only other then its two"
+)
+WORDS = tuple(_WORD_TEXT.split(" "))
+
+
+@dataclass(slots=True)
+class BenchRequest:
+    prompt: str
+    max_tokens: int
+    ttft_ms: float | None = None  # per-class targets, sent with --slo-classes
+    tpot_ms: float | None = None
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class RequestResult:
+    ok: bool
+    ttft_s: float = 0.0
+    e2el_s: float = 0.0
+    itl_s: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    error: str = ""
+    ttft_target_ms: float | None = None
+    tpot_target_ms: float | None = None
+
+    @property
+    def tpot_s(self) -> float:
+        if self.output_tokens < 2:
+            return 0.0
+        return (self.e2el_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+def add_bench_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "bench",
+        help="benchmark an OpenAI-compatible server (TTFT, TPOT, ITL, goodput)",
+        description="Stream requests at a set rate and report latency, throughput and goodput.",
+    )
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default=None, help="model name (default: the server's first)")
+    parser.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--dataset", choices=["random", "synthetic-chat"], default="random")
+    parser.add_argument("--input-len", type=int, default=128, help="random: prompt words")
+    parser.add_argument("--output-len", type=int, default=64, help="random: max_tokens")
+    parser.add_argument(
+        "--range-ratio", type=float, default=0.0, help="random: lengths vary by ± this share"
+    )
+    parser.add_argument(
+        "--workload", choices=list(WORKLOADS), default="mixed", help="synthetic-chat lengths"
+    )
+    parser.add_argument(
+        "--length-scale",
+        type=float,
+        default=1.0,
+        help="synthetic-chat: multiply every prompt and output length (small models, CPUs)",
+    )
+    parser.add_argument(
+        "--slo-classes",
+        action="store_true",
+        help="synthetic-chat: send each class's slo and priority (Baton's extension) and count "
+        "goodput against them",
+    )
+    parser.add_argument("--num-prompts", type=int, default=100)
+    parser.add_argument(
+        "--request-rate",
+        default="inf",
+        help="requests per second, or a comma-separated list to sweep (inf: all at once)",
+    )
+    parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1: Poisson)")
+    parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument(
+        "--goodput",
+        nargs="+",
+        default=[],
+        metavar="METRIC:MS",
+        help="SLO for goodput, e.g. ttft:500 tpot:50 e2el:10000",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--label", default=None, help="a name for this run in the JSON")
+    parser.add_argument("--result-json", default=None, help="write the results here")
+    parser.add_argument("--plot", default=None, help="write a PNG of the latency CDFs here")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    rates = parse_rates(args.request_rate)
+    goodput = parse_goodput(args.goodput)
+    if args.num_prompts < 1:
+        raise ValueError("--num-prompts must be >= 1")
+    requests = make_requests(args)
+    runs = []
+    for rate in rates:
+        results, duration = asyncio.run(benchmark(args, requests, rate))
+        summary = summarize(results, duration, goodput)
+        summary = {"label": args.label, "request_rate": rate, **summary}
+        print_summary(summary)
+        runs.append((summary, results))
+    report = runs[0][0] if len(runs) == 1 else {"runs": [summary for summary, _ in runs]}
+    if args.result_json:
+        with open(args.result_json, "w") as file:
+            json.dump(report, file, indent=2)
+    if args.plot:
+        plot(runs, args.plot)
+    return 0 if all(summary["completed"] for summary, _ in runs) else 1
+
+
+def parse_rates(text: str) -> list[float]:
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--request-rate takes numbers or inf, got {text!r}") from None
+    if not rates or any(rate <= 0 or math.isnan(rate) for rate in rates):
+        raise ValueError("--request-rate must be > 0 (inf sends everything at once)")
+    return rates
+
+
+def parse_goodput(items: list[str]) -> dict[str, float]:
+    targets = {}
+    for item in items:
+        metric, _, value = item.partition(":")
+        if metric not in ("ttft", "tpot", "e2el") or not value:
+            raise ValueError(f"--goodput takes ttft:MS, tpot:MS or e2el:MS, got {item!r}")
+        targets[metric] = float(value)
+    return targets
+
+
+def make_requests(args: argparse.Namespace) -> list[BenchRequest]:
+    rng = random.Random(args.seed)
+    if args.dataset == "random":
+        low = max(1, round(args.input_len * (1 - args.range_ratio)))
+        high = max(low, round(args.input_len * (1 + args.range_ratio)))
+        out_low = max(1, round(args.output_len * (1 - args.range_ratio)))
+        out_high = max(out_low, round(args.output_len * (1 + args.range_ratio)))
+        return [
+            BenchRequest(words(rng, rng.randint(low, high)), rng.randint(out_low, out_high))
+            for _ in range(args.num_prompts)
+        ]
+    specs = sample_requests(args.workload, args.num_prompts, math.inf, args.seed)
+    requests = []
+    for spec in specs:
+        request_class: RequestClass = spec.request_class
+        slo = args.slo_classes
+        requests.append(
+            BenchRequest(
+                words(rng, max(1, round(spec.prompt_len * args.length_scale))),
+                max(1, round(spec.output_len * args.length_scale)),
+                request_class.ttft_ms if slo else None,
+                request_class.tpot_ms if slo else None,
+                request_class.priority if slo else 0,
+            )
+        )
+    return requests
+
+
+def words(rng: random.Random, count: int) -> str:
+    return " ".join(rng.choices(WORDS, k=count))
+
+
+async def benchmark(
+    args: argparse.Namespace, requests: list[BenchRequest], rate: float
+) -> tuple[list[RequestResult], float]:
+    import httpx  # the client's only dependency beyond the standard library
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(args.timeout, connect=30.0)
+    async with httpx.AsyncClient(
+        base_url=args.base_url, headers=headers, limits=limits, timeout=timeout
+    ) as client:
+        model = args.model or await first_model(client)
+        limit = asyncio.Semaphore(args.max_concurrency or len(requests))
+        offsets = arrival_times(len(requests), rate, random.Random(args.seed), args.burstiness)
+        started = time.perf_counter()
+
+        async def issue(request: BenchRequest, offset: float) -> RequestResult:
+            await asyncio.sleep(max(0.0, started + offset - time.perf_counter()))
+            async with limit:
+                return await send(client, args, model, request)
+
+        results = await asyncio.gather(
+            *(issue(r, o) for r, o in zip(requests, offsets, strict=True))
+        )
+        return list(results), time.perf_counter() - started
+
+
+async def first_model(client) -> str:
+    response = await client.get("/v1/models")
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
+async def send(
+    client, args: argparse.Namespace, model: str, request: BenchRequest
+) -> RequestResult:
+    body: dict = {
+        "model": model,
+        "max_tokens": request.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+    }
+    if args.endpoint == "chat":
+        path = "/v1/chat/completions"
+        body["messages"] = [{"role": "user", "content": request.prompt}]
+    else:
+        path = "/v1/completions"
+        body["prompt"] = request.prompt
+    if args.ignore_eos:
+        body["ignore_eos"] = True
+    if request.ttft_ms is not None or request.tpot_ms is not None:
+        body["slo"] = {"ttft_ms": request.ttft_ms, "tpot_ms": request.tpot_ms}
+        body["priority"] = request.priority
+    result = RequestResult(False, ttft_target_ms=request.ttft_ms, tpot_target_ms=request.tpot_ms)
+    start = time.perf_counter()
+    last = start
+    chunks = 0
+    try:
+        async with client.stream("POST", path, json=body) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if chunk.get("usage"):
+                    result.prompt_tokens = chunk["usage"].get("prompt_tokens", 0)
+                    result.output_tokens = chunk["usage"].get("completion_tokens", 0)
+                if not _has_text(chunk):
+                    continue
+                now = time.perf_counter()
+                if chunks == 0:
+                    result.ttft_s = now - start
+                else:
+                    result.itl_s.append(now - last)
+                last = now
+                chunks += 1
+    except Exception as error:  # a benchmark counts failures, it does not stop at the first
+        result.error = f"{type(error).__name__}: {error}"
+        return result
+    result.e2el_s = time.perf_counter() - start
+    result.output_tokens = result.output_tokens or chunks
+    result.ok = chunks > 0
+    if not result.ok:
+        result.error = "the stream carried no text"
+    return result
+
+
+def _has_text(chunk: dict) -> bool:
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if choice.get("text") or delta.get("content"):
+            return True
+    return False
+
+
+def summarize(
+    results: list[RequestResult], duration_s: float, goodput: dict[str, float]
+) -> dict[str, float | int | str | None]:
+    done = [r for r in results if r.ok]
+    summary: dict = {
+        "completed": len(done),
+        "failed": len(results) - len(done),
+        "duration_s": duration_s,
+        "total_input_tokens": sum(r.prompt_tokens for r in done),
+        "total_output_tokens": sum(r.output_tokens for r in done),
+        "request_throughput": len(done) / duration_s,
+        "output_throughput": sum(r.output_tokens for r in done) / duration_s,
+        "total_token_throughput": sum(r.prompt_tokens + r.output_tokens for r in done) / duration_s,
+        "goodput_rps": sum(meets(r, goodput) for r in done) / duration_s,
+        "slo_attainment": sum(meets(r, goodput) for r in done) / len(results),
+        "goodput_targets_ms": goodput or None,
+    }
+    series = {
+        "ttft": [r.ttft_s for r in done],
+        "tpot": [r.tpot_s for r in done if r.output_tokens > 1],
+        "itl": [gap for r in done for gap in r.itl_s],
+        "e2el": [r.e2el_s for r in done],
+    }
+    for name, values in series.items():
+        ordered = sorted(v * 1000 for v in values)
+        summary[f"mean_{name}_ms"] = statistics.fmean(ordered) if ordered else None
+        for label, q in (("median", 50), ("p90", 90), ("p99", 99)):
+            summary[f"{label}_{name}_ms"] = percentile(ordered, q) if ordered else None
+    errors = sorted({r.error for r in results if r.error})
+    summary["errors"] = errors[:5]
+    return summary
+
+
+def meets(result: RequestResult, goodput: dict[str, float]) -> bool:
+    """Within every --goodput target and the request's own class targets (--slo-classes)."""
+    measured = {"ttft": result.ttft_s, "tpot": result.tpot_s, "e2el": result.e2el_s}
+    targets = dict(goodput)
+    if result.ttft_target_ms is not None:
+        targets["ttft"] = result.ttft_target_ms
+    if result.tpot_target_ms is not None:
+        targets["tpot"] = result.tpot_target_ms
+    return all(measured[name] * 1000 <= limit for name, limit in targets.items())
+
+
+def print_summary(summary: dict) -> None:
+    rate = summary["request_rate"]
+    print(f"==== rate {rate:g}/s: {summary['completed']} completed, {summary['failed']} failed")
+    print(
+        f"duration {summary['duration_s']:.1f} s; {summary['request_throughput']:.2f} req/s, "
+        f"{summary['output_throughput']:.1f} output tok/s, "
+        f"{summary['total_token_throughput']:.1f} total tok/s; "
+        f"goodput {summary['goodput_rps']:.2f} req/s ({summary['slo_attainment']:.1%} met)"
+    )
+    print(f"{'ms':<6}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        cells = [summary[f"{k}_{name}_ms"] for k in ("mean", "median", "p90", "p99")]
+        print(
+            f"{name:<6}" + "".join(f"{v:>10.1f}" if v is not None else f"{'-':>10}" for v in cells)
+        )
+    for error in summary["errors"]:
+        print(f"error: {error}", file=sys.stderr)
+
+
+def plot(runs: list[tuple[dict, list[RequestResult]]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = len(runs) > 1
+    fig, axes = plt.subplots(1, 5 if sweep else 4, figsize=(22 if sweep else 18, 4))
+    metrics = (
+        ("TTFT", lambda r: [r.ttft_s]),
+        ("TPOT", lambda r: [r.tpot_s] if r.output_tokens > 1 else []),
+        ("ITL", lambda r: r.itl_s),
+        ("E2E latency", lambda r: [r.e2el_s]),
+    )
+    for axis, (title, values_of) in zip(axes, metrics, strict=False):
+        for summary, results in runs:
+            values = sorted(v * 1000 for r in results if r.ok for v in values_of(r))
+            if values:
+                fractions = [(i + 1) / len(values) for i in range(len(values))]
+                axis.step(values, fractions, where="post", label=f"{summary['request_rate']:g}/s")
+        axis.set_title(f"{title} CDF")
+        axis.set_xlabel("ms")
+        axis.set_ylabel("fraction of requests")
+        axis.grid(alpha=0.3)
+        axis.legend()
+    if sweep:
+        axis = axes[-1]
+        rates = [summary["request_rate"] for summary, _ in runs]
+        axis.plot(rates, [s["goodput_rps"] for s, _ in runs], marker="o", label="goodput")
+        axis.plot(rates, [s["request_throughput"] for s, _ in runs], marker="s", label="throughput")
+        axis.set_title("goodput vs request rate")
+        axis.set_xlabel("request rate (req/s)")
+        axis.set_ylabel("req/s")
+        axis.grid(alpha=0.3)
+        axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

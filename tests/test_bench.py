@@ -1,0 +1,127 @@
+"""`baton bench` against a running test server: JSON metrics, goodput, a PNG of the CDFs, a
+rate sweep, the chat endpoint with per-class SLOs, and failures counted rather than fatal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.cli import main
+from tests.server_harness import base_url, running_server, simulated_engine
+
+LATENCY_FIELDS = [
+    f"{stat}_{metric}_ms"
+    for metric in ("ttft", "tpot", "itl", "e2el")
+    for stat in ("mean", "median", "p90", "p99")
+]
+
+
+@pytest.fixture(scope="module")
+def server(llama_checkpoint):
+    with running_server(simulated_engine(llama_checkpoint)) as state:
+        yield base_url(state)
+
+
+def test_bench_reports_latency_throughput_and_goodput(server, tmp_path):
+    result_json, png = tmp_path / "result.json", tmp_path / "cdf.png"
+    code = main(
+        [
+            "bench",
+            "--base-url",
+            server,
+            "--num-prompts",
+            "20",
+            "--request-rate",
+            "100",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--ignore-eos",
+            "--goodput",
+            "ttft:60000",
+            "tpot:60000",
+            "--result-json",
+            str(result_json),
+            "--plot",
+            str(png),
+            "--label",
+            "smoke",
+        ]
+    )
+    assert code == 0
+    report = json.loads(result_json.read_text())
+    assert report["label"] == "smoke" and report["request_rate"] == 100
+    assert report["completed"] == 20 and report["failed"] == 0
+    assert report["total_output_tokens"] == 20 * 8
+    assert report["total_input_tokens"] >= 20 * 16
+    for name in LATENCY_FIELDS:
+        assert report[name] >= 0
+    assert report["median_ttft_ms"] <= report["p99_ttft_ms"]
+    assert report["goodput_rps"] == pytest.approx(report["request_throughput"])
+    assert report["slo_attainment"] == 1.0
+    assert report["output_throughput"] == pytest.approx(160 / report["duration_s"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_sweeps_rates_on_the_chat_endpoint_with_class_slos(server, tmp_path):
+    result_json, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    code = main(
+        [
+            "bench",
+            "--base-url",
+            server,
+            "--endpoint",
+            "chat",
+            "--dataset",
+            "synthetic-chat",
+            "--workload",
+            "mixed",
+            "--length-scale",
+            "0.02",
+            "--slo-classes",
+            "--ignore-eos",
+            "--num-prompts",
+            "12",
+            "--request-rate",
+            "50,inf",
+            "--max-concurrency",
+            "4",
+            "--result-json",
+            str(result_json),
+            "--plot",
+            str(png),
+        ]
+    )
+    assert code == 0
+    runs = json.loads(result_json.read_text())["runs"]
+    assert [run["request_rate"] for run in runs] == [50, float("inf")]
+    assert all(run["completed"] == 12 for run in runs)
+    assert png.stat().st_size > 0
+
+
+def test_bench_counts_refused_requests_as_failures(server, tmp_path, capsys):
+    result_json = tmp_path / "bad.json"
+    code = main(
+        [
+            "bench",
+            "--base-url",
+            server,
+            "--model",
+            "no-such-model",
+            "--num-prompts",
+            "3",
+            "--result-json",
+            str(result_json),
+        ]
+    )
+    assert code == 1
+    report = json.loads(result_json.read_text())
+    assert report["completed"] == 0 and report["failed"] == 3
+    assert "HTTP 404" in report["errors"][0]
+
+
+def test_bench_rejects_bad_flags(capsys):
+    assert main(["bench", "--request-rate", "fast"]) == 2
+    assert main(["bench", "--goodput", "latency:5"]) == 2
