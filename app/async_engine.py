@@ -109,6 +109,7 @@ class AsyncEngine:
         priority: int = 0,
         slo: SLO | None = None,
         arrival_time: float | None = None,
+        trace_context: object | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Deltas of one request, one per step that produced something; the last is finished.
 
@@ -122,7 +123,9 @@ class AsyncEngine:
         self._streams[request_id] = queue
         self.forecast.add(request_id, len(prompt_token_ids), slo, time.monotonic())
         self._step_loop.submit(
-            AddRequest(request_id, prompt_token_ids, params, priority, slo, arrival_time)
+            AddRequest(
+                request_id, prompt_token_ids, params, priority, slo, arrival_time, trace_context
+            )
         )
         finished = False
         try:

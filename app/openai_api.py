@@ -149,12 +149,12 @@ class Generation:
         ids = [f"{self.envelope.id}-{index}" for index in range(len(prompts))]
         if len(prompts) == 1:
             ids = [self.envelope.id]
+        trace_context = None
         if self.tracing is not None:
             operation = (
                 "chat" if isinstance(self.request, ChatCompletionRequest) else "text_completion"
             )
-            for request_id in ids:
-                self.tracing.expect(request_id, operation, self.traceparent)
+            trace_context = self.tracing.start(operation, self.traceparent)
         return [
             self.engine.generate(
                 request_id,
@@ -163,6 +163,7 @@ class Generation:
                 priority=self.admitted.priority,
                 slo=self.admitted.slo,
                 arrival_time=self.arrival_time,
+                trace_context=trace_context,
             )
             for request_id, prompt in zip(ids, prompts, strict=True)
         ]

@@ -154,11 +154,12 @@ class Session:
         request = _validate_generate(frame)
         admitted = await admit(self.state, request)
         prompt = admitted.prompts[0]
+        trace_context = None
         if self.state.tracing is not None:
             operation = "chat" if isinstance(request, ChatCompletionRequest) else "text_completion"
             # A frame's own traceparent wins over the one the socket was opened with.
             traceparent = frame.get("traceparent") or self.websocket.headers.get("traceparent")
-            self.state.tracing.expect(record.engine_id, operation, traceparent)
+            trace_context = self.state.tracing.start(operation, traceparent)
         stream = self.state.engine.generate(
             record.engine_id,
             prompt.token_ids,
@@ -166,6 +167,7 @@ class Session:
             priority=admitted.priority,
             slo=admitted.slo,
             arrival_time=arrival_time,
+            trace_context=trace_context,
         )
         if record.cancelled:
             # Cancelled while being admitted: the abort must follow the submission, which

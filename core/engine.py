@@ -125,11 +125,13 @@ class Engine:
         priority: int = 0,
         slo: SLO | None = None,
         arrival_time: float | None = None,
+        trace_context: object | None = None,
     ) -> Request:
         """Queue a request, or raise InvalidRequestError if it can never be served."""
         params = self.check_request(prompt_token_ids, params)
         arrival = self.clock() if arrival_time is None else arrival_time
         request = Request(request_id, prompt_token_ids, params, arrival, priority, slo)
+        request.trace_context = trace_context
         self.scheduler.add_request(request)
         self.outputs.add(request)
         return request

@@ -59,6 +59,7 @@ class Request:
         "status",
         "token_ids",
         "token_times",
+        "trace_context",
     )
 
     def __init__(
@@ -95,6 +96,8 @@ class Request:
         self.prefill_chunks: list[tuple[float, float, int]] = []
         self.preempted_times: list[float] = []
         self.resumed_times: list[float] = []
+        # Opaque to core: what the app's tracing needs to build this request's spans, if any.
+        self.trace_context: object | None = None
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -26,6 +26,7 @@ class AddRequest:
     priority: int = 0
     slo: SLO | None = None
     arrival_time: float | None = None
+    trace_context: object | None = None
 
 
 @dataclass(slots=True)
@@ -118,6 +119,7 @@ class StepLoop:
                     priority=message.priority,
                     slo=message.slo,
                     arrival_time=message.arrival_time,
+                    trace_context=message.trace_context,
                 )
             except InvalidRequestError as error:
                 outputs.append(_rejected(message, str(error)))
