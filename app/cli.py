@@ -14,11 +14,20 @@ from app.simulate import add_simulate_parser
 from core.config import POLICIES, EngineConfig
 from core.sampling_params import InvalidRequestError, SamplingParams
 
+# The checkpoint gpu/train_demo.py trained, shipped inside the package (docs/demo_model.md), so
+# `baton serve` answers with no arguments.
+DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
+DEMO_MODEL_NAME = "baton-demo"
+
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Flags shared by every subcommand that builds an engine (names fixed by DESIGN.md)."""
     defaults = EngineConfig()
-    parser.add_argument("--model", required=True, help="Hugging Face checkpoint folder")
+    parser.add_argument(
+        "--model",
+        default=str(DEMO_MODEL),
+        help="Hugging Face checkpoint folder (default: the built-in demo model)",
+    )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument(
         "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto"
@@ -181,6 +190,12 @@ def server_settings_from(args: argparse.Namespace) -> ServerSettings:
     )
 
 
+def served_model_name(model: str) -> str:
+    """The name /v1/models reports when --served-model-name is not given."""
+    path = Path(model).resolve()
+    return DEMO_MODEL_NAME if path == DEMO_MODEL else path.name
+
+
 def serve(args: argparse.Namespace) -> int:
     from app.llm import build_engine
     from app.server import serve_engine
@@ -189,7 +204,7 @@ def serve(args: argparse.Namespace) -> int:
     engine = build_engine(
         args.model, engine_config_from(args), args.device, args.dtype, profile_step_cost=True
     )
-    name = settings.served_model_name or Path(args.model).resolve().name
+    name = settings.served_model_name or served_model_name(args.model)
     serve_engine(engine, name, settings)
     return 0
 
