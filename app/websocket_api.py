@@ -136,6 +136,8 @@ class Session:
         try:
             await self._generate(record, frame)
         except APIError as error:
+            if error.status == 429:
+                self.websocket.app.state.metrics.count_rejection()
             await self._send_error(record.client_id, error)
         except EngineDeadError as error:
             await self._send_error(record.client_id, APIError(503, str(error)))

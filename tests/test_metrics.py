@@ -104,6 +104,12 @@ def test_counters_and_histograms_add_up_after_a_known_workload(llama_checkpoint)
     assert samples["baton:num_preemptions_total"] == 0
 
 
+async def refused_over_socket(url: str, body: dict) -> dict:
+    async with websockets.connect(url) as ws:
+        await ws.send(orjson.dumps({"type": "generate", "id": 1, **body}).decode())
+        return orjson.loads(await asyncio.wait_for(ws.recv(), 10))
+
+
 def test_queue_depth_by_priority_and_admission_rejections(llama_checkpoint):
     engine = simulated_engine(llama_checkpoint, max_num_seqs=1)
     executor = ControlledExecutor(4096, 16, engine.vocab_size)
@@ -125,6 +131,8 @@ def test_queue_depth_by_priority_and_admission_rejections(llama_checkpoint):
         while state.engine.num_in_flight < 3:
             pass
         refused = httpx.post(f"{url}/v1/completions", json=body)
+        ws_url = f"ws://127.0.0.1:{state.settings.port}/v1/ws"
+        refused_frame = asyncio.run(refused_over_socket(ws_url, body))
         while engine.num_waiting < 2:
             pass
         samples = scrape(url)
@@ -132,7 +140,8 @@ def test_queue_depth_by_priority_and_admission_rejections(llama_checkpoint):
         for thread in threads:
             thread.join()
     assert refused.status_code == 429
-    assert samples["baton:admission_rejections_total"] == 1
+    assert refused_frame["error"]["type"] == "rate_limit_error"
+    assert samples["baton:admission_rejections_total"] == 2
     assert samples["baton:num_requests_running"] == 1
     waiting = {k: v for k, v in samples.items() if k.startswith("baton:num_requests_waiting_by")}
     assert sum(waiting.values()) == 2
