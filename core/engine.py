@@ -278,9 +278,14 @@ class Engine:
 def _record_prefill_chunks(
     batch: Batch, requests: dict[str, Request], started: float, finished: float
 ) -> None:
-    # Prefill chunks follow the decodes in a batch, so the walk from the end stops at the first
-    # decode: steady decoding costs nothing here.
+    # Prefill chunks follow the decodes in a batch, so the walk from the end stops once it has
+    # seen all of the step's prefill tokens: steady decoding costs nothing here. A one-token
+    # chunk past the prompt (a resumed request with all else cached) counts as a decode.
+    remaining = batch.num_prefill_tokens
     for seq in reversed(batch.sequences):
-        if len(seq.token_ids) == 1 and seq.start_position >= seq.num_prompt_tokens:
+        if remaining <= 0:
             break
+        if len(seq.token_ids) == 1 and seq.start_position >= seq.num_prompt_tokens:
+            continue
         requests[seq.request_id].prefill_chunks.append((started, finished, len(seq.token_ids)))
+        remaining -= len(seq.token_ids)
