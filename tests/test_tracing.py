@@ -194,8 +194,8 @@ def test_span_ttft_equals_the_ttft_the_client_observed(llama_checkpoint, exporte
         with httpx.Client(base_url=base_url(state)) as client:
             client.get("/health")  # the connection is open before the clock starts
             executor.running.clear()
-            threading.Timer(0.3, executor.running.set).start()
             sent = time.perf_counter()
+            threading.Timer(0.3, executor.running.set).start()
             with client.stream("POST", "/v1/completions", json=body) as response:
                 for line in response.iter_lines():
                     if first is None and line.startswith("data: {"):
