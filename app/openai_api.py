@@ -204,7 +204,7 @@ class Generation:
         chunk = self.envelope.wrap(self.format.chunk_object_name, choices=[choice])
         if output.finished:
             self._finished.append(output)
-            chunk["timing"] = timing(output.timing)
+            chunk["timing"] = self._timing(output)
         return chunk
 
     def _usage_chunk(self) -> dict[str, Any]:
@@ -212,8 +212,12 @@ class Generation:
             self.format.chunk_object_name,
             choices=[],
             usage=self._usage(),
-            timing=timing(self._finished[-1].timing),
+            timing=self._timing(self._finished[-1]),
         )
+
+    def _timing(self, output: RequestOutput) -> dict[str, Any] | None:
+        token_times = output.token_times if self.request.return_token_timestamps else None
+        return timing(output.timing, token_times)
 
     def _usage(self) -> dict[str, int]:
         completion_tokens = sum(output.num_output_tokens for output in self._finished)
@@ -236,7 +240,7 @@ class Generation:
             self.format.object_name,
             choices=[self._final_choice(index, choice) for index, choice in enumerate(choices)],
             usage=self._usage(),
-            timing=timing(self._finished[-1].timing),
+            timing=self._timing(self._finished[-1]),
         )
 
     def _final_choice(self, index: int, choice: ChoiceText) -> dict[str, Any]:

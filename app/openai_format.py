@@ -29,10 +29,14 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def timing(value: RequestTiming | None) -> dict[str, float | int] | None:
+def timing(
+    value: RequestTiming | None, token_times: list[float] | None = None
+) -> dict[str, Any] | None:
+    """The `timing` object; with `token_times` (engine seconds, one per output token) also
+    `token_ms`: when each token was ready, in ms since the request arrived."""
     if value is None:
         return None
-    return {
+    body: dict[str, Any] = {
         "queue_ms": value.queue_ms,
         "ttft_ms": value.ttft_ms,
         "tpot_ms": value.tpot_ms,
@@ -40,6 +44,11 @@ def timing(value: RequestTiming | None) -> dict[str, float | int] | None:
         "cached_prompt_tokens": value.cached_prompt_tokens,
         "preemptions": value.preemptions,
     }
+    if token_times is not None:
+        # The first token is ready at TTFT; the rest follow on the same clock.
+        first = token_times[0] if token_times else 0.0
+        body["token_ms"] = [value.ttft_ms + (t - first) * 1e3 for t in token_times]
+    return body
 
 
 @dataclass(slots=True)

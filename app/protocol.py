@@ -123,6 +123,8 @@ class GenerationRequest(BaseModel):
     stop_token_ids: list[StrictInt] | None = None
     priority: StrictInt = 0
     slo: SLOTargets | None = None
+    # Baton's extension: `timing.token_ms` lists when each output token was ready.
+    return_token_timestamps: StrictBool = False
 
     @field_validator("n")
     @classmethod

@@ -63,6 +63,7 @@ class InFlight:
     task: asyncio.Task | None = None
     cancelled: bool = False
     num_token_frames: int = 0
+    token_timestamps: bool = False
 
 
 class Session:
@@ -154,6 +155,7 @@ class Session:
         arrival_time = self.state.engine.engine.clock()
         check_capacity(self.state)
         request = _validate_generate(frame)
+        record.token_timestamps = request.return_token_timestamps
         admitted = await admit(self.state, request)
         prompt = admitted.prompts[0]
         trace_context = None
@@ -201,7 +203,9 @@ class Session:
                 "id": client_id,
                 "finish_reason": reason,
                 "usage": usage(admitted.num_prompt_tokens, output.num_output_tokens),
-                "timing": timing(output.timing),
+                "timing": timing(
+                    output.timing, output.token_times if record.token_timestamps else None
+                ),
             }
             await self._send(done)
 

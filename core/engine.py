@@ -242,6 +242,7 @@ class Engine:
         output.finished = True
         output.finish_reason = reason
         output.timing = RequestTiming.of(request)
+        output.token_times = request.token_times
         for listener in self.finish_listeners:
             listener(request, output)
 

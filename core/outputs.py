@@ -50,3 +50,5 @@ class RequestOutput:
     logprobs: list[TokenLogprobs] | None = None
     timing: RequestTiming | None = None
     error: str | None = None
+    # On the final output: when each output token was ready, on the engine's clock (seconds).
+    token_times: list[float] | None = None
