@@ -1,0 +1,143 @@
+"""Kernel dispatch: Triton on CUDA tensors, the plain-torch references everywhere else.
+
+The model can call these in place of the references; on the CPU they are the references
+themselves, and triton is imported only once a CUDA tensor arrives.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Protocol
+
+import torch
+
+from kernels.activation import silu_and_mul_ref
+from kernels.kv_cache import write_kv_cache_ref
+from kernels.paged_attention import paged_attention_ref
+from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from kernels.rotary import apply_rotary_ref
+
+# Flash-decoding pays for its second kernel only when the plain grid (one program per sequence
+# and KV head) leaves SMs idle and each sequence has several partitions to spread.
+SPLIT_KV_PARTITION_SIZE = 512
+
+
+class PackedAttentionBatch(Protocol):
+    """What attention needs of a packed batch (gpu.input_batch.AttentionMetadata has it)."""
+
+    block_tables: torch.Tensor
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    query_start_loc_tensor: torch.Tensor
+    seq_lens_tensor: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+
+
+@cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def uses_triton(x: torch.Tensor) -> bool:
+    return x.is_cuda and triton_available()
+
+
+@cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def use_split_kv(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> bool:
+    """Whether a decode-only batch goes to the split-KV kernel."""
+    return max_seq_len > 2 * SPLIT_KV_PARTITION_SIZE and num_seqs * num_kv_heads < num_sms
+
+
+def paged_attention(
+    q: torch.Tensor, kv_cache: torch.Tensor, batch: PackedAttentionBatch, scale: float
+) -> torch.Tensor:
+    """Causal attention of packed queries [T, Hq, D] over one layer's paged cache."""
+    if not uses_triton(q):
+        return paged_attention_ref(
+            q, kv_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens, scale
+        )
+    from kernels.paged_attention_triton import (
+        paged_attention_triton,
+        paged_decode_split_kv_triton,
+    )
+
+    num_seqs = len(batch.seq_lens)
+    decode_only = batch.max_query_len == 1 and q.shape[0] == num_seqs
+    if decode_only and use_split_kv(
+        num_seqs, kv_cache.shape[3], batch.max_seq_len, _num_sms(q.device)
+    ):
+        return paged_decode_split_kv_triton(
+            q,
+            kv_cache,
+            batch.block_tables,
+            batch.seq_lens_tensor,
+            batch.max_seq_len,
+            scale,
+            partition_size=SPLIT_KV_PARTITION_SIZE,
+        )
+    return paged_attention_triton(
+        q,
+        kv_cache,
+        batch.block_tables,
+        batch.query_start_loc_tensor,
+        batch.seq_lens_tensor,
+        batch.max_query_len,
+        scale,
+    )
+
+
+def write_kv_cache(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    if not uses_triton(key):
+        write_kv_cache_ref(key, value, kv_cache, slot_mapping)
+        return
+    from kernels.kv_cache_triton import write_kv_cache_triton
+
+    write_kv_cache_triton(key, value, kv_cache, slot_mapping)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if not uses_triton(x):
+        return rms_norm_ref(x, weight, eps)
+    from kernels.rms_norm_triton import rms_norm_triton
+
+    return rms_norm_triton(x, weight, eps)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if not uses_triton(x):
+        return fused_add_rms_norm_ref(x, residual, weight, eps)
+    from kernels.rms_norm_triton import fused_add_rms_norm_triton
+
+    return fused_add_rms_norm_triton(x, residual, weight, eps)
+
+
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated (q, k): new tensors from the reference, q and k themselves from Triton."""
+    if not uses_triton(q):
+        return apply_rotary_ref(q, k, positions, cos_sin_cache)
+    from kernels.rotary_triton import apply_rotary_triton
+
+    return apply_rotary_triton(q, k, positions, cos_sin_cache)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if not uses_triton(x):
+        return silu_and_mul_ref(x)
+    from kernels.activation_triton import silu_and_mul_triton
+
+    return silu_and_mul_triton(x)

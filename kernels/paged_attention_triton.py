@@ -1,0 +1,413 @@
+"""Paged attention over a packed batch of variable-length queries, in Triton.
+
+Same contract as `paged_attention_ref`: sequence i owns rows `query_start_loc[i]:
+query_start_loc[i + 1]` of q, the last of its `seq_lens[i]` tokens, whose K/V already sit in the
+paged cache [2, num_blocks, block_size, Hkv, D] at the blocks of `block_tables[i]`.
+
+`paged_attention_triton` is one kernel for decodes and prefill chunks: a program takes a tile of
+one sequence's query tokens times all query heads sharing one KV head (GQA: K/V are read once for
+the group), and streams that sequence's K/V tile by tile with an online softmax, causally masked.
+`paged_decode_split_kv_triton` is flash-decoding for batches of one-token queries: the KV
+sequence is cut into partitions, one program each, which write a partial (max, sum, output); a
+second kernel merges them, so a small batch with long contexts still occupies every SM.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Scores use exp2: scale folded with log2(e) so the softmax costs one multiply per score.
+LOG2E = 1.4426950408889634
+# The running max starts finite so a row with no visible key yet does no (-inf) - (-inf).
+NEG_START = tl.constexpr(-1.0e30)
+
+
+@triton.jit
+def _attend_tile(
+    q,
+    acc,
+    m_i,
+    l_i,
+    kv_ptr,
+    block_table_ptr,
+    kv_head,
+    tok_start,
+    tok_end,
+    query_pos,
+    qk_scale,
+    stride_kv,
+    stride_block,
+    stride_slot,
+    stride_head,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Fold the keys/values of tokens `tok_start:tok_end` into the online softmax state."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start in range(tok_start, tok_end, BLOCK_N):
+        toks = start + tl.arange(0, BLOCK_N)
+        in_range = toks < tok_end
+        # A tile may span several cache blocks: each token finds its own block and offset.
+        block_ids = tl.load(block_table_ptr + toks // BLOCK_SIZE, mask=in_range, other=0)
+        token_offsets = (
+            block_ids.to(tl.int64) * stride_block
+            + (toks % BLOCK_SIZE) * stride_slot
+            + kv_head * stride_head
+        )
+        kv_offsets = token_offsets[:, None] + offs_d[None, :]
+        k = tl.load(kv_ptr + kv_offsets, mask=in_range[:, None], other=0.0)
+        v = tl.load(kv_ptr + stride_kv + kv_offsets, mask=in_range[:, None], other=0.0)
+
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        visible = (toks[None, :] <= query_pos[:, None]) & in_range[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION).to(
+            tl.float32
+        )
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,
+    q_ptr,
+    kv_ptr,
+    block_tables_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    qk_scale,
+    stride_q_tok,
+    stride_q_head,
+    stride_o_tok,
+    stride_o_head,
+    stride_kv,
+    stride_block,
+    stride_slot,
+    stride_head,
+    stride_table,
+    GROUP: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    q_tile = tl.program_id(1)
+    kv_head = tl.program_id(2)
+
+    q_begin = tl.load(query_start_loc_ptr + seq)
+    query_len = tl.load(query_start_loc_ptr + seq + 1) - q_begin
+    if q_tile * BLOCK_Q >= query_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - query_len
+
+    # Row r of the tile is query token r // GROUP under query head kv_head * GROUP + r % GROUP.
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = q_tile * BLOCK_Q + rows // GROUP
+    row_valid = (rows < BLOCK_Q * GROUP) & (q_idx < query_len)
+    heads = kv_head * GROUP + rows % GROUP
+    query_pos = context_len + q_idx
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    q_rows = (q_begin + q_idx).to(tl.int64) * stride_q_tok + heads * stride_q_head
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], NEG_START, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # Keys past the tile's last query position are masked for every row: skip them.
+    last_query = tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, query_len)
+    acc, m_i, l_i = _attend_tile(
+        q,
+        acc,
+        m_i,
+        l_i,
+        kv_ptr,
+        block_tables_ptr + seq.to(tl.int64) * stride_table,
+        kv_head,
+        0,
+        context_len + last_query,
+        query_pos,
+        qk_scale,
+        stride_kv,
+        stride_block,
+        stride_slot,
+        stride_head,
+        BLOCK_SIZE,
+        BLOCK_N,
+        HEAD_DIM,
+        DOT_PRECISION,
+    )
+    out = acc / tl.where(row_valid, l_i, 1.0)[:, None]
+    o_rows = (q_begin + q_idx).to(tl.int64) * stride_o_tok + heads * stride_o_head
+    tl.store(
+        out_ptr + o_rows[:, None] + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None],
+    )
+
+
+@triton.jit
+def _split_kv_partial_kernel(
+    partial_out_ptr,
+    partial_max_ptr,
+    partial_sum_ptr,
+    q_ptr,
+    kv_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    qk_scale,
+    stride_q_tok,
+    stride_q_head,
+    stride_kv,
+    stride_block,
+    stride_slot,
+    stride_head,
+    stride_table,
+    num_heads,
+    num_partitions,
+    PARTITION_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    tok_start = part * PARTITION_SIZE
+    tok_end = tl.minimum(tok_start + PARTITION_SIZE, seq_len)
+
+    rows = tl.arange(0, BLOCK_M)
+    row_valid = rows < GROUP
+    heads = kv_head * GROUP + rows % GROUP
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_rows = seq.to(tl.int64) * stride_q_tok + heads * stride_q_head
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], NEG_START, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # The one query sits at the last position, so every key in the partition is visible.
+    query_pos = tl.full([BLOCK_M], 0, dtype=tl.int32) + seq_len - 1
+    acc, m_i, l_i = _attend_tile(
+        q,
+        acc,
+        m_i,
+        l_i,
+        kv_ptr,
+        block_tables_ptr + seq.to(tl.int64) * stride_table,
+        kv_head,
+        tok_start,
+        tok_end,
+        query_pos,
+        qk_scale,
+        stride_kv,
+        stride_block,
+        stride_slot,
+        stride_head,
+        BLOCK_SIZE,
+        BLOCK_N,
+        HEAD_DIM,
+        DOT_PRECISION,
+    )
+    # Partials are [seq, head, partition]; a partition past the sequence's end leaves sum 0.
+    stat = (seq * num_heads + heads).to(tl.int64) * num_partitions + part
+    tl.store(partial_max_ptr + stat, m_i, mask=row_valid)
+    tl.store(partial_sum_ptr + stat, l_i, mask=row_valid)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(
+        partial_out_ptr + stat[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_valid[:, None]
+    )
+
+
+@triton.jit
+def _split_kv_reduce_kernel(
+    out_ptr,
+    partial_out_ptr,
+    partial_max_ptr,
+    partial_sum_ptr,
+    stride_o_tok,
+    stride_o_head,
+    num_heads,
+    num_partitions,
+    BLOCK_P: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    parts = tl.arange(0, BLOCK_P)
+    in_range = parts < num_partitions
+    base = (seq * num_heads + head).to(tl.int64) * num_partitions
+    part_max = tl.load(partial_max_ptr + base + parts, mask=in_range, other=NEG_START)
+    part_sum = tl.load(partial_sum_ptr + base + parts, mask=in_range, other=0.0)
+    # Rescale each partition's normalised output by its share of the global softmax mass.
+    weights = tl.exp2(part_max - tl.max(part_max, axis=0)) * part_sum
+    offs_d = tl.arange(0, HEAD_DIM)
+    part_out = tl.load(
+        partial_out_ptr + (base + parts)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=in_range[:, None],
+        other=0.0,
+    )
+    out = tl.sum(part_out * weights[:, None], axis=0) / tl.sum(weights, axis=0)
+    o_offsets = seq.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
+    tl.store(out_ptr + o_offsets, out.to(out_ptr.dtype.element_ty))
+
+
+def _check_layouts(q: torch.Tensor, kv_cache: torch.Tensor) -> tuple[int, int, int]:
+    """(group size, block size, head dim), after checking what the kernels assume."""
+    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+    num_heads = q.shape[1]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not split into {num_kv_heads} KV groups")
+    if head_dim & (head_dim - 1) or head_dim < 16:
+        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    if q.stride(-1) != 1 or not kv_cache.is_contiguous():
+        raise ValueError("q needs unit stride over head_dim and the KV cache must be contiguous")
+    return num_heads // num_kv_heads, block_size, head_dim
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # float32 runs in the interpreter tests against the reference: exact products, not TF32.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    *,
+    block_m: int = 64,
+    block_n: int = 64,
+) -> torch.Tensor:
+    """Causal paged attention of packed queries `q` [T, Hq, D]: returns [T, Hq, D].
+
+    `query_start_loc` [B + 1] and `seq_lens` [B] are int32 tensors on q's device;
+    `max_query_len` sizes the grid. A tile holds `block_m` rows (query tokens x group heads).
+    """
+    group, block_size, head_dim = _check_layouts(q, kv_cache)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    num_seqs = seq_lens.shape[0]
+    if num_seqs == 0 or q.shape[0] == 0:
+        return out
+    # Enough rows for at least one query token's group; decodes need no more than that.
+    block_m = max(16, triton.next_power_of_2(group * min(max_query_len, max(1, block_m // group))))
+    block_q = block_m // group
+    grid = (num_seqs, triton.cdiv(max_query_len, block_q), kv_cache.shape[3])
+    _paged_attention_kernel[grid](
+        out,
+        q,
+        kv_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        block_tables.stride(0),
+        GROUP=group,
+        BLOCK_Q=block_q,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        DOT_PRECISION=_dot_precision(q.dtype),
+    )
+    return out
+
+
+def paged_decode_split_kv_triton(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+    *,
+    partition_size: int = 512,
+    block_n: int = 64,
+) -> torch.Tensor:
+    """Flash-decoding: one query token per sequence (q is [B, Hq, D]), KV split in partitions.
+
+    Each of the `ceil(max_seq_len / partition_size)` partitions of a sequence writes its
+    softmax max, sum and normalised output in float32; the reduce kernel weighs them by
+    `exp(max - global max) * sum`.
+    """
+    group, block_size, head_dim = _check_layouts(q, kv_cache)
+    if partition_size % block_n:
+        raise ValueError(f"partition_size {partition_size} must be a multiple of {block_n}")
+    num_seqs, num_heads, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if num_seqs == 0:
+        return out
+    num_partitions = triton.cdiv(max_seq_len, partition_size)
+    stats_shape = (num_seqs, num_heads, num_partitions)
+    partial_max = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
+    partial_sum = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
+    partial_out = torch.empty((*stats_shape, head_dim), dtype=torch.float32, device=q.device)
+    num_kv_heads = kv_cache.shape[3]
+    _split_kv_partial_kernel[(num_seqs, num_kv_heads, num_partitions)](
+        partial_out,
+        partial_max,
+        partial_sum,
+        q,
+        kv_cache,
+        block_tables,
+        seq_lens,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        block_tables.stride(0),
+        num_heads,
+        num_partitions,
+        PARTITION_SIZE=partition_size,
+        GROUP=group,
+        BLOCK_M=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        DOT_PRECISION=_dot_precision(q.dtype),
+    )
+    _split_kv_reduce_kernel[(num_seqs, num_heads)](
+        out,
+        partial_out,
+        partial_max,
+        partial_sum,
+        out.stride(0),
+        out.stride(1),
+        num_heads,
+        num_partitions,
+        BLOCK_P=triton.next_power_of_2(num_partitions),
+        HEAD_DIM=head_dim,
+    )
+    return out
