@@ -1,0 +1,84 @@
+"""The shipped demo model: small enough to commit, the CLI's default, and it answers in words."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+import pytest
+
+from app.cli import DEMO_MODEL, DEMO_MODEL_NAME, build_parser, served_model_name
+from core.model_config import ModelConfig
+from core.request import FinishReason
+from core.sampling_params import SamplingParams
+
+PROMPTS = [
+    "What is the with statement?",
+    "Explain exceptions.",
+    "What is the json module?",
+    "What does os.path.join() do?",
+]
+
+
+@cache
+def corpus_words() -> frozenset[str]:
+    """Every word of the text the demo model was trained on."""
+    from gpu.train_demo import docstring_sections, topic_sections
+
+    text = " ".join(s.text for s in topic_sections() + docstring_sections())
+    return frozenset(words(text))
+
+
+def words(text: str) -> list[str]:
+    """Lower-case words with their surrounding punctuation stripped; symbols and numbers dropped."""
+    stripped = (w.strip("\"'`“”‘’()[]{}<>.,:;!?*-=") for w in text.lower().split())
+    return [w for w in stripped if re.search("[a-z]", w)]
+
+
+@pytest.fixture(scope="module")
+def demo_llm():
+    from app.llm import LLM
+
+    return LLM(DEMO_MODEL, device="cpu")
+
+
+def test_demo_checkpoint_fits_in_ten_megabytes():
+    files = [f for f in DEMO_MODEL.iterdir() if f.is_file()]
+    names = {f.name for f in files}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+    assert sum(f.stat().st_size for f in files) <= 10 * 1000 * 1000
+
+
+def test_serve_and_generate_default_to_the_demo_model():
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).model == str(DEMO_MODEL)
+    assert parser.parse_args(["generate", "--prompt", "hi"]).model == str(DEMO_MODEL)
+    assert served_model_name(str(DEMO_MODEL)) == DEMO_MODEL_NAME == "baton-demo"
+    assert served_model_name("/somewhere/my-model") == "my-model"
+
+
+def test_demo_model_is_a_llama_whose_template_ends_on_eos(demo_llm):
+    config = ModelConfig.from_pretrained(DEMO_MODEL)
+    tokenizer = demo_llm.tokenizer
+    assert config.architecture == "LlamaForCausalLM"
+    assert config.eos_token_ids == [tokenizer.eos_token_id]
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert prompt.endswith("<|assistant|>\n")
+    history = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
+        add_generation_prompt=False,
+    )
+    assert history.endswith("Hello" + tokenizer.id_to_token(tokenizer.eos_token_id) + "\n")
+
+
+def test_greedy_chat_answers_in_words_and_stops_at_the_end_token(demo_llm):
+    params = SamplingParams(max_tokens=256, temperature=0)
+    prompts = [demo_llm.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    results = demo_llm.generate(prompts, params)
+    vocabulary = corpus_words()
+    for prompt, result in zip(PROMPTS, results, strict=True):
+        answer = words(result.text)
+        assert len(answer) >= 5, (prompt, result.text)
+        known = sum(w in vocabulary for w in answer) / len(answer)
+        assert known >= 0.8, (prompt, known, result.text)
+    assert any(r.finish_reason == FinishReason.STOP for r in results), [r.text for r in results]
