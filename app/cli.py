@@ -28,6 +28,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=str(DEMO_MODEL),
         help="Hugging Face checkpoint folder (default: the built-in demo model)",
     )
+    parser.add_argument(
+        "--load-format",
+        choices=["auto", "dummy"],
+        default="auto",
+        help="dummy: random weights from config.json alone (--model may be a config file)",
+    )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument(
         "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto"
@@ -103,7 +109,13 @@ def generate(args: argparse.Namespace) -> int:
     from app.llm import LLM
 
     params = sampling_params_from(args)
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, config=engine_config_from(args))
+    llm = LLM(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        load_format=args.load_format,
+        config=engine_config_from(args),
+    )
     prompts = (
         [llm.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in args.prompt]
         if args.chat
@@ -202,7 +214,12 @@ def serve(args: argparse.Namespace) -> int:
 
     settings = server_settings_from(args)
     engine = build_engine(
-        args.model, engine_config_from(args), args.device, args.dtype, profile_step_cost=True
+        args.model,
+        engine_config_from(args),
+        args.device,
+        args.dtype,
+        load_format=args.load_format,
+        profile_step_cost=True,
     )
     name = settings.served_model_name or served_model_name(args.model)
     serve_engine(engine, name, settings)

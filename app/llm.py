@@ -11,6 +11,7 @@ for result in llm.generate(["The capital of France is"], SamplingParams(max_toke
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,18 +37,27 @@ def build_engine(
     device: str = "auto",
     dtype: str = "auto",
     *,
+    load_format: str = "auto",
     profile_step_cost: bool = False,
 ) -> Engine:
     """Load a Hugging Face checkpoint folder into a ready engine on `device`.
 
+    `load_format="dummy"` gives random weights: `model` then needs only config.json and a
+    tokenizer, or is a config file alone (a small tokenizer is made for it).
     `profile_step_cost` runs a few synthetic steps first to seed the step-cost model (a server
     wants its first scheduling decisions informed; offline runs learn as they go).
     """
     from gpu.executor import TorchExecutor  # torch loads only when a model is actually built
 
+    if load_format == "dummy" and Path(model).is_file():
+        from gpu.random_checkpoint import write_config_folder
+
+        model = write_config_folder(model, tempfile.mkdtemp(prefix="baton-dummy-"))
     model_config = ModelConfig.from_pretrained(model)
     tokenizer = Tokenizer.from_pretrained(model)
-    executor = TorchExecutor(model_config, config, device=device, dtype=dtype)
+    executor = TorchExecutor(
+        model_config, config, device=device, dtype=dtype, load_format=load_format
+    )
     eos_token_ids = model_config.eos_token_ids or (
         [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     )
@@ -117,12 +127,13 @@ class LLM:
         *,
         device: str = "auto",
         dtype: str = "auto",
+        load_format: str = "auto",
         config: EngineConfig | None = None,
         **engine_config,
     ) -> None:
         """`config` or keyword settings of EngineConfig (`max_num_seqs=8`, ...)."""
         config = config or EngineConfig(**engine_config)
-        self.engine = build_engine(model, config, device, dtype)
+        self.engine = build_engine(model, config, device, dtype, load_format=load_format)
         self.tokenizer = self.engine.tokenizer
         self._next_id = 0
 

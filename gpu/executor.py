@@ -48,6 +48,7 @@ class TorchExecutor:
         engine_config: EngineConfig,
         device: str = "auto",
         dtype: str = "auto",
+        load_format: str = "auto",
     ) -> None:
         self.model_config = model_config
         self.engine_config = engine_config
@@ -62,7 +63,9 @@ class TorchExecutor:
         self.block_size = engine_config.block_size
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        self.model = load_model(model_config, self.device, self.dtype, self.max_model_len)
+        self.model = load_model(
+            model_config, self.device, self.dtype, self.max_model_len, load_format
+        )
         self.num_kv_blocks = engine_config.num_kv_blocks or self._fitting_num_kv_blocks()
         self.kv_caches = allocate_kv_caches(
             model_config, self.num_kv_blocks, self.block_size, self.dtype, self.device

@@ -65,22 +65,48 @@ def checkpoint_tensor_names(path: Path) -> set[str]:
     return names
 
 
+LOAD_FORMATS = ("auto", "dummy")
+
+
 def load_model(
     config: ModelConfig,
     device: torch.device | str,
     dtype: torch.dtype,
     max_positions: int | None = None,
+    load_format: str = "auto",
 ) -> CausalLM:
-    """Build the model on `device` in `dtype` with the weights of the checkpoint `config.path`."""
-    tied = config.tie_word_embeddings or "lm_head.weight" not in checkpoint_tensor_names(
-        config.path
+    """Build the model on `device` in `dtype` with the weights of the checkpoint `config.path`.
+
+    `load_format="dummy"` reads no weights: random ones from config.json alone, for benchmarking
+    an architecture's shape without downloading it.
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"--load-format must be one of {', '.join(LOAD_FORMATS)}")
+    dummy = load_format == "dummy"
+    tied = config.tie_word_embeddings or (
+        not dummy and "lm_head.weight" not in checkpoint_tensor_names(config.path)
     )
     # Built on the meta device so no memory is spent on random initial weights.
     with torch.device("meta"):
         model = CausalLM(config, max_positions, device, tie_word_embeddings=tied)
     model = model.to(dtype).to_empty(device=device).requires_grad_(False)
-    load_weights(model, config, checkpoint_tensors(config.path))
+    if dummy:
+        init_dummy_weights(model)
+    else:
+        load_weights(model, config, checkpoint_tensors(config.path))
     return model.eval()
+
+
+def init_dummy_weights(model: CausalLM, seed: int = 0) -> None:
+    """Norms at one, everything else normal with std 0.02 (transformers' initializer range),
+    drawn on the model's device so an 8B shape fills in seconds; the same seed, the same model."""
+    generator = torch.Generator(device=model.embed_tokens.weight.device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=generator)
 
 
 def load_weights(

@@ -132,6 +132,16 @@ def write_checkpoint(
     return out
 
 
+def write_config_folder(config_file: str | Path, out: str | Path) -> Path:
+    """A weightless checkpoint folder for `--load-format dummy`: `config_file` as config.json
+    plus this module's small tokenizer (ids past its vocabulary decode to nothing)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(Path(config_file).read_text())
+    train_tokenizer(512).save_pretrained(out)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
