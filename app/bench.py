@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from core.simulator import percentile
-from core.workloads import WORKLOADS, RequestClass, arrival_times, sample_requests
+from core.workloads import WORKLOADS, arrival_rng, arrival_times, sample_requests
 
 # Common English words, about one token each in most vocabularies: prompts of N words are
 # prompts of about N tokens; the server's usage.prompt_tokens gives the exact count.
@@ -36,7 +36,7 @@ WORDS = tuple(_WORD_TEXT.split(" "))
 class BenchRequest:
     prompt: str
     max_tokens: int
-    ttft_ms: float | None = None  # per-class targets, sent with --slo-classes
+    ttft_ms: float | None = None  # per-class targets (--slo-classes)
     tpot_ms: float | None = None
     priority: int = 0
 
@@ -86,10 +86,17 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> None:
         help="synthetic-chat: multiply every prompt and output length (small models, CPUs)",
     )
     parser.add_argument(
+        "--slo-scale", type=float, default=1.0, help="synthetic-chat: multiply the class SLOs"
+    )
+    parser.add_argument(
         "--slo-classes",
         action="store_true",
-        help="synthetic-chat: send each class's slo and priority (Baton's extension) and count "
-        "goodput against them",
+        help="synthetic-chat: count goodput against each request class's SLO targets",
+    )
+    parser.add_argument(
+        "--send-slo",
+        action="store_true",
+        help="send each request's slo and priority (Baton's extension; other servers refuse it)",
     )
     parser.add_argument("--num-prompts", type=int, default=100)
     parser.add_argument(
@@ -168,21 +175,24 @@ def make_requests(args: argparse.Namespace) -> list[BenchRequest]:
             BenchRequest(words(rng, rng.randint(low, high)), rng.randint(out_low, out_high))
             for _ in range(args.num_prompts)
         ]
-    specs = sample_requests(args.workload, args.num_prompts, math.inf, args.seed)
-    requests = []
-    for spec in specs:
-        request_class: RequestClass = spec.request_class
-        slo = args.slo_classes
-        requests.append(
-            BenchRequest(
-                words(rng, max(1, round(spec.prompt_len * args.length_scale))),
-                max(1, round(spec.output_len * args.length_scale)),
-                request_class.ttft_ms if slo else None,
-                request_class.tpot_ms if slo else None,
-                request_class.priority if slo else 0,
-            )
+    specs = sample_requests(
+        args.workload, args.num_prompts, math.inf, args.seed, length_scale=args.length_scale
+    )
+    scale = args.slo_scale if args.slo_classes else None
+    return [
+        BenchRequest(
+            words(rng, spec.prompt_len),
+            spec.output_len,
+            _target(spec.request_class.ttft_ms, scale),
+            _target(spec.request_class.tpot_ms, scale),
+            spec.request_class.priority if scale is not None else 0,
         )
-    return requests
+        for spec in specs
+    ]
+
+
+def _target(target_ms: float | None, scale: float | None) -> float | None:
+    return None if target_ms is None or scale is None else target_ms * scale
 
 
 def words(rng: random.Random, count: int) -> str:
@@ -202,7 +212,7 @@ async def benchmark(
     ) as client:
         model = args.model or await first_model(client)
         limit = asyncio.Semaphore(args.max_concurrency or len(requests))
-        offsets = arrival_times(len(requests), rate, random.Random(args.seed), args.burstiness)
+        offsets = arrival_times(len(requests), rate, arrival_rng(args.seed), args.burstiness)
         started = time.perf_counter()
 
         async def issue(request: BenchRequest, offset: float) -> RequestResult:
@@ -240,7 +250,7 @@ async def send(
         body["prompt"] = request.prompt
     if args.ignore_eos:
         body["ignore_eos"] = True
-    if request.ttft_ms is not None or request.tpot_ms is not None:
+    if args.send_slo and (request.ttft_ms is not None or request.tpot_ms is not None):
         body["slo"] = {"ttft_ms": request.ttft_ms, "tpot_ms": request.tpot_ms}
         body["priority"] = request.priority
     result = RequestResult(False, ttft_target_ms=request.ttft_ms, tpot_target_ms=request.tpot_ms)
@@ -377,7 +387,8 @@ def plot(runs: list[tuple[dict, list[RequestResult]]], path: str) -> None:
         axis.set_xlabel("ms")
         axis.set_ylabel("fraction of requests")
         axis.grid(alpha=0.3)
-        axis.legend()
+        if axis.lines:
+            axis.legend()
     if sweep:
         axis = axes[-1]
         rates = [summary["request_rate"] for summary, _ in runs]

@@ -11,8 +11,11 @@ import time
 
 from core.config import POLICIES, EngineConfig
 from core.simulator import DEFAULT_COST, SimulationConfig, simulate, summarize
-from core.step_cost import CostCoefficients
+from core.step_cost import CostCoefficients, profile_executor
 from core.workloads import WORKLOADS, sample_requests
+
+# Timed passes over the profile's step shapes when calibrating to a model (a server takes one).
+CALIBRATION_ROUNDS = 3
 
 
 def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
@@ -36,6 +39,12 @@ def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
         "--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1: Poisson)"
     )
     parser.add_argument("--num-requests", type=int, default=2000)
+    parser.add_argument(
+        "--length-scale", type=float, default=1.0, help="multiply every prompt and output length"
+    )
+    parser.add_argument(
+        "--slo-scale", type=float, default=1.0, help="multiply every class's SLO targets"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--cost",
@@ -78,14 +87,17 @@ def run(args: argparse.Namespace) -> int:
         cost=_coefficients(args),
         noise=args.noise,
         seed=args.seed,
+        slo_scale=args.slo_scale,
     )
     saturation = None
     rate = args.rate
     if rate is None:
-        saturation = saturation_rps(args.workload, args.num_requests, args.seed, config)
+        saturation = saturation_rps(
+            args.workload, args.num_requests, args.seed, config, args.length_scale
+        )
         rate = (0.9 if args.load is None else args.load) * saturation
     workload = sample_requests(
-        args.workload, args.num_requests, rate, args.seed, burstiness=args.burstiness
+        args.workload, args.num_requests, rate, args.seed, args.burstiness, args.length_scale
     )
     report = {}
     for policy in policies:
@@ -114,10 +126,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def saturation_rps(workload: str, num_requests: int, seed: int, config: SimulationConfig) -> float:
+def saturation_rps(
+    workload: str,
+    num_requests: int,
+    seed: int,
+    config: SimulationConfig,
+    length_scale: float = 1.0,
+) -> float:
     """The throughput FCFS reaches with every request queued at once: the most this machine
     can serve, whatever the order."""
-    backlog = sample_requests(workload, num_requests, math.inf, seed)
+    backlog = sample_requests(workload, num_requests, math.inf, seed, 1.0, length_scale)
     return summarize(simulate("fcfs", backlog, config).records)["throughput_rps"]
 
 
@@ -125,15 +143,22 @@ def _coefficients(args: argparse.Namespace) -> CostCoefficients:
     if args.calibrate:
         from app.llm import build_engine  # torch loads only when calibrating on a real model
 
-        engine = build_engine(
-            args.calibrate,
-            EngineConfig(
-                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
-            ),
-            args.device,
-            profile_step_cost=True,
+        config = EngineConfig(
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
         )
-        fitted = engine.step_cost_model.current
+        engine = build_engine(args.calibrate, config, args.device)
+        model = engine.step_cost_model
+        executor = engine.executor
+        profile_executor(
+            model,
+            executor,
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            engine.max_model_len,
+            engine.vocab_size,
+            rounds=CALIBRATION_ROUNDS,
+        )
+        fitted = model.current
         print(f"calibrated: {_format_cost(fitted)}", file=sys.stderr)
         return fitted
     return CostCoefficients.parse(args.cost) if args.cost else DEFAULT_COST

@@ -46,6 +46,8 @@ class SimulationConfig:
     # model is never exact, as on a real machine.
     noise: float = 0.0
     seed: int = 0
+    # Multiplies every class's SLO targets (a slow machine needs looser ones).
+    slo_scale: float = 1.0
 
 
 @dataclass(slots=True)
@@ -122,7 +124,7 @@ def simulate(
     while next_arrival < len(specs) or scheduler.has_unfinished_requests:
         while next_arrival < len(specs) and specs[next_arrival][1].arrival_s <= now:
             index, spec = specs[next_arrival]
-            request = _request(index, spec)
+            request = _request(index, spec, config.slo_scale)
             targets[request.request_id] = spec
             scheduler.add_request(request)
             next_arrival += 1
@@ -167,7 +169,7 @@ def simulate(
     )
 
 
-def _request(index: int, spec: WorkloadRequest) -> Request:
+def _request(index: int, spec: WorkloadRequest, slo_scale: float) -> Request:
     request_class = spec.request_class
     # Distinct token ids per request, so no two prompts share a cached block by accident.
     start = index * 7919
@@ -178,8 +180,12 @@ def _request(index: int, spec: WorkloadRequest) -> Request:
         SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True),
         spec.arrival_s,
         request_class.priority,
-        SLO(request_class.ttft_ms, request_class.tpot_ms),
+        SLO(_scaled(request_class.ttft_ms, slo_scale), _scaled(request_class.tpot_ms, slo_scale)),
     )
+
+
+def _scaled(target_ms: float | None, scale: float) -> float | None:
+    return None if target_ms is None else target_ms * scale
 
 
 def _record(request: Request, spec: WorkloadRequest) -> RequestRecord:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from core.policy import SchedulingPolicy
+from core.policy import PolicyContext, SchedulingPolicy
 from core.request import Request
 from core.step_cost import prefill_seconds
 
@@ -48,7 +48,7 @@ _NO_DEADLINE, _LATE = 0, 1
 class SLOPolicy(SchedulingPolicy):
     name = "slo"
 
-    def __init__(self, context=None) -> None:
+    def __init__(self, context: PolicyContext | None = None) -> None:
         super().__init__(context)
         full = self.context.max_num_batched_tokens
         # The pace prefill moves at, from the last budget: tokens per step, the step's fixed
@@ -58,7 +58,6 @@ class SLOPolicy(SchedulingPolicy):
         self._per_token_s = self.context.cost_model.prefill_token_s()
         self._capped = False
         self._overdue_waiting = False
-        self.last_prefill_budget = full
 
     def prefill_time_s(self, num_tokens: int) -> float:
         """Predicted seconds until `num_tokens` of prefill are done at the current pace."""
@@ -150,7 +149,6 @@ class SLOPolicy(SchedulingPolicy):
                 budget = min(token_budget, MIN_PREFILL_TOKENS)
             elif per_token_s > 0:
                 budget = min(token_budget, int(room_s / per_token_s))
-        self.last_prefill_budget = budget
         self._pace_tokens = max(1, min(budget, self.context.max_num_batched_tokens))
         self._decode_s = decode_s
         self._per_token_s = per_token_s

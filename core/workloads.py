@@ -104,29 +104,44 @@ def arrival_times(
     return times
 
 
+def arrival_rng(seed: int) -> random.Random:
+    """The generator of arrival gaps for `seed`, apart from the lengths' so that the simulator
+    and the benchmark client draw the same requests at the same times."""
+    return random.Random(f"arrivals-{seed}")
+
+
 def sample_requests(
     workload: str,
     num_requests: int,
     rate: float,
     seed: int = 0,
     burstiness: float = 1.0,
+    length_scale: float = 1.0,
 ) -> list[WorkloadRequest]:
-    """The same seed gives the same requests at the same times, whatever the policy."""
+    """The same seed gives the same requests at the same times, whatever the policy.
+    `length_scale` shrinks (or grows) every prompt and output, for small models and CPUs."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
+    if length_scale <= 0:
+        raise ValueError(f"the length scale must be > 0, got {length_scale}")
     rng = random.Random(seed)
     classes, weights = zip(*WORKLOADS[workload], strict=True)
     requests = []
-    for arrival in arrival_times(num_requests, rate, rng, burstiness):
+    for arrival in arrival_times(num_requests, rate, arrival_rng(seed), burstiness):
         request_class = rng.choices(classes, weights)[0]
+        prompt_len = request_class.prompt.draw(rng)
         output_len = min(request_class.output.draw(rng), request_class.max_tokens)
         requests.append(
             WorkloadRequest(
                 arrival,
-                request_class.prompt.draw(rng),
-                output_len,
-                request_class.max_tokens,
+                _scaled(prompt_len, length_scale),
+                _scaled(output_len, length_scale),
+                _scaled(request_class.max_tokens, length_scale),
                 request_class,
             )
         )
     return requests
+
+
+def _scaled(length: int, scale: float) -> int:
+    return max(1, round(length * scale))

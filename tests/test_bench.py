@@ -81,6 +81,7 @@ def test_bench_sweeps_rates_on_the_chat_endpoint_with_class_slos(server, tmp_pat
             "--length-scale",
             "0.02",
             "--slo-classes",
+            "--send-slo",
             "--ignore-eos",
             "--num-prompts",
             "12",

