@@ -1,0 +1,156 @@
+"""Decode step latency of a real architecture's shape against its memory roofline.
+
+    python benchmarks/decode_step.py                        # GPU: Llama-3.1-8B shape, bf16
+    python benchmarks/decode_step.py --device cpu --tiny    # smoke run on a tiny shape
+
+Random weights from a config alone (`--load-format dummy`'s loader), every sequence at
+`--context` cached tokens decoding one more. A decode step must read every weight once and every
+sequence's K/V once, so `(weight bytes + KV bytes) / copy bandwidth` bounds it from below; the
+script reports the step as a multiple of that bound, and the host's share: building the step's
+inputs (`prepare_inputs`) on the CPU. It times the model as gpu.model wires its kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+from pathlib import Path
+
+import torch
+from kernel_timing import copy_bandwidth_gbs, describe, time_ms
+
+from core.batch import Batch, ScheduledSequence
+from core.model_config import ModelConfig
+from core.sampling_params import SamplingParams
+from gpu.input_batch import prepare_inputs
+from gpu.kv_cache import allocate_kv_caches, kv_cache_bytes_per_block
+from gpu.loader import load_model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LLAMA_8B = Path(__file__).parent / "configs" / "llama-3.1-8b.json"
+TINY = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 512,
+}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(LLAMA_8B), help="a config.json file")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--bandwidth-gbs", type=float, default=None, help="skip measuring it")
+    parser.add_argument("--tiny", action="store_true", help="a tiny shape for a CPU smoke run")
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    args = parser.parse_args()
+    if args.tiny:
+        args.batches, args.context, args.iters = [1, 8], 128, 3
+    if args.device == "cpu":
+        args.dtype = "float32"
+    return args
+
+
+def load_config(args: argparse.Namespace, folder: Path) -> ModelConfig:
+    raw = TINY if args.tiny else json.loads(Path(args.config).read_text())
+    (folder / "config.json").write_text(json.dumps(raw))
+    return ModelConfig.from_pretrained(folder)
+
+
+def decode_batch(batch_size: int, context: int, blocks_per_seq: int) -> Batch:
+    """`batch_size` sequences with `context` cached tokens, each decoding its next token."""
+    batch = Batch()
+    for i in range(batch_size):
+        prompt = [1] * context
+        batch.sequences.append(
+            ScheduledSequence(
+                request_id=f"decode-{i}",
+                token_ids=[1],
+                start_position=context,
+                block_table=list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)),
+                sample=True,
+                sampling_params=SamplingParams(temperature=0.0),
+                all_token_ids=prompt,
+                num_prompt_tokens=context,
+            )
+        )
+    return batch
+
+
+def weight_bytes_read(model: torch.nn.Module, batch_size: int) -> int:
+    """Bytes of weights a decode step reads: all of them, but only the batch's embedding rows
+    when the LM head has its own matrix."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if model.lm_head is not None:
+        embed = model.embed_tokens.weight
+        total -= (embed.shape[0] - batch_size) * embed.shape[1] * embed.element_size()
+    return total
+
+
+def main() -> None:
+    args = parse_args()
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    with tempfile.TemporaryDirectory() as folder:
+        config = load_config(args, Path(folder))
+    model = load_model(config, device, dtype, args.context + 8, load_format="dummy")
+    blocks_per_seq = -(-(args.context + 1) // args.block_size)
+    kv_caches = allocate_kv_caches(
+        config, max(args.batches) * blocks_per_seq, args.block_size, dtype, device
+    )
+    kv_bytes_per_token = kv_cache_bytes_per_block(config, args.block_size, dtype) // args.block_size
+    bandwidth = args.bandwidth_gbs or copy_bandwidth_gbs(device, 64 if args.tiny else 1024)
+    print(
+        f"{describe(device)}: {config.architecture} shape from "
+        f"{'the tiny preset' if args.tiny else args.config}, {args.dtype}, context {args.context}, "
+        f"copy bandwidth {bandwidth:.1f} GB/s"
+    )
+    print(f"{'batch':>5} {'step ms':>9} {'roofline':>9} {'x roof':>7} {'host ms':>8} {'host %':>7}")
+    rows = []
+    for batch_size in args.batches:
+        batch = decode_batch(batch_size, args.context, blocks_per_seq)
+        inputs = prepare_inputs(batch, args.block_size, device)
+
+        @torch.inference_mode()
+        def step(inputs=inputs):
+            hidden = model(inputs.input_ids, inputs.positions, inputs.attn_metadata, kv_caches)
+            return model.compute_logits(hidden[inputs.logits_indices]).argmax(-1)
+
+        step_ms = time_ms(step, device, args.iters)
+        host_ms = time_ms(
+            lambda b=batch: prepare_inputs(b, args.block_size, device), torch.device("cpu"), 20
+        )
+        read = weight_bytes_read(model, batch_size) + batch_size * args.context * kv_bytes_per_token
+        roofline_ms = read / (bandwidth * 1e9) * 1e3
+        rows.append(
+            dict(
+                batch=batch_size,
+                step_ms=step_ms,
+                roofline_ms=roofline_ms,
+                times_roofline=step_ms / roofline_ms,
+                host_prepare_ms=host_ms,
+                bytes_read=read,
+            )
+        )
+        print(
+            f"{batch_size:>5} {step_ms:>9.3f} {roofline_ms:>9.3f} {step_ms / roofline_ms:>7.2f} "
+            f"{host_ms:>8.3f} {host_ms / step_ms:>7.1%}"
+        )
+    if args.json:
+        meta = dict(device=describe(device), host=platform.node(), copy_gb_per_s=bandwidth)
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "args": vars(args), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

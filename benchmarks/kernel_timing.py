@@ -1,0 +1,55 @@
+"""Timing helpers shared by the GPU benchmarks: a timed callable and the card's copy bandwidth.
+
+On CUDA, times come from events around `iters` back-to-back calls after `warmup` calls, so launch
+gaps count but Python setup does not; on the CPU, from the wall clock.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, iters: int, warmup: int = 3) -> float:
+    """Median milliseconds per call of `fn` over `iters` calls (after `warmup` unmeasured)."""
+    for _ in range(warmup):
+        fn()
+    if device.type != "cuda":
+        samples = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(samples)
+    torch.cuda.synchronize(device)
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(iters)
+    ]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def copy_bandwidth_gbs(device: torch.device, size_mib: int = 1024, iters: int = 20) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting the bytes read and the bytes written.
+
+    The buffer is far larger than any cache, so this is the memory bandwidth kernels can hope
+    for, which is what "fraction of bandwidth" figures divide by.
+    """
+    src = torch.empty(size_mib * 2**20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), device, iters)
+    return 2 * src.numel() / (ms * 1e-3) / 1e9
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({torch.get_num_threads()} threads)"
