@@ -51,6 +51,7 @@ def _launch(
     if residual is not None:
         residual_rows = residual.reshape(-1, hidden_size).contiguous()
         residual_out = torch.empty_like(rows)
+    block = triton.next_power_of_2(hidden_size)
     if rows.shape[0]:
         _rms_norm_kernel[(rows.shape[0],)](
             out,
@@ -61,7 +62,9 @@ def _launch(
             eps,
             hidden_size,
             HAS_RESIDUAL=residual is not None,
-            BLOCK=triton.next_power_of_2(hidden_size),
+            BLOCK=block,
+            # A whole row per program: wide rows (4096 for an 8B) need more than 4 warps.
+            num_warps=min(max(block // 512, 1), 16),
         )
     new_residual = None if residual_out is None else residual_out.view(x.shape)
     return out.view(x.shape), new_residual
