@@ -56,10 +56,8 @@ def measure(args, batch: int, context: int, bandwidth: float, num_sms: int) -> l
     """Time every implementation on one (batch, context) shape; [] when it does not fit."""
     from kernels.ops import SPLIT_KV_PARTITION_SIZE, use_split_kv
     from kernels.paged_attention import paged_attention_ref
-    from kernels.paged_attention_triton import (
-        paged_attention_triton,
-        paged_decode_split_kv_triton,
-    )
+    from kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
+    from kernels.paged_attention_triton import paged_attention_triton
 
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     blocks_per_seq = -(-context // args.block_size)

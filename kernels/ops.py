@@ -65,10 +65,8 @@ def paged_attention(
         return paged_attention_ref(
             q, kv_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens, scale
         )
-    from kernels.paged_attention_triton import (
-        paged_attention_triton,
-        paged_decode_split_kv_triton,
-    )
+    from kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
+    from kernels.paged_attention_triton import paged_attention_triton
 
     num_seqs = len(batch.seq_lens)
     decode_only = batch.max_query_len == 1 and q.shape[0] == num_seqs

@@ -7,9 +7,7 @@ paged cache [2, num_blocks, block_size, Hkv, D] at the blocks of `block_tables[i
 `paged_attention_triton` is one kernel for decodes and prefill chunks: a program takes a tile of
 one sequence's query tokens times all query heads sharing one KV head (GQA: K/V are read once for
 the group), and streams that sequence's K/V tile by tile with an online softmax, causally masked.
-`paged_decode_split_kv_triton` is flash-decoding for batches of one-token queries: the KV
-sequence is cut into partitions, one program each, which write a partial (max, sum, output); a
-second kernel merges them, so a small batch with long contexts still occupies every SM.
+The split-KV (flash-decoding) variant for long decodes is in `paged_attention_split_kv_triton`.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ NEG_START = tl.constexpr(-1.0e30)
 
 
 @triton.jit
-def _attend_tile(
+def attend_tile(
     q,
     acc,
     m_i,
@@ -130,7 +128,7 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     # Keys past the tile's last query position are masked for every row: skip them.
     last_query = tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, query_len)
-    acc, m_i, l_i = _attend_tile(
+    acc, m_i, l_i = attend_tile(
         q,
         acc,
         m_i,
@@ -160,117 +158,7 @@ def _paged_attention_kernel(
     )
 
 
-@triton.jit
-def _split_kv_partial_kernel(
-    partial_out_ptr,
-    partial_max_ptr,
-    partial_sum_ptr,
-    q_ptr,
-    kv_ptr,
-    block_tables_ptr,
-    seq_lens_ptr,
-    qk_scale,
-    stride_q_tok,
-    stride_q_head,
-    stride_kv,
-    stride_block,
-    stride_slot,
-    stride_head,
-    stride_table,
-    num_heads,
-    num_partitions,
-    PARTITION_SIZE: tl.constexpr,
-    GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    part = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    tok_start = part * PARTITION_SIZE
-    tok_end = tl.minimum(tok_start + PARTITION_SIZE, seq_len)
-
-    rows = tl.arange(0, BLOCK_M)
-    row_valid = rows < GROUP
-    heads = kv_head * GROUP + rows % GROUP
-    offs_d = tl.arange(0, HEAD_DIM)
-    q_rows = seq.to(tl.int64) * stride_q_tok + heads * stride_q_head
-    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_valid[:, None], other=0.0)
-
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], NEG_START, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    # The one query sits at the last position, so every key in the partition is visible.
-    query_pos = tl.full([BLOCK_M], 0, dtype=tl.int32) + seq_len - 1
-    acc, m_i, l_i = _attend_tile(
-        q,
-        acc,
-        m_i,
-        l_i,
-        kv_ptr,
-        block_tables_ptr + seq.to(tl.int64) * stride_table,
-        kv_head,
-        tok_start,
-        tok_end,
-        query_pos,
-        qk_scale,
-        stride_kv,
-        stride_block,
-        stride_slot,
-        stride_head,
-        BLOCK_SIZE,
-        BLOCK_N,
-        HEAD_DIM,
-        DOT_PRECISION,
-    )
-    # Partials are [seq, head, partition]; a partition past the sequence's end leaves sum 0.
-    stat = (seq * num_heads + heads).to(tl.int64) * num_partitions + part
-    tl.store(partial_max_ptr + stat, m_i, mask=row_valid)
-    tl.store(partial_sum_ptr + stat, l_i, mask=row_valid)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(
-        partial_out_ptr + stat[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_valid[:, None]
-    )
-
-
-@triton.jit
-def _split_kv_reduce_kernel(
-    out_ptr,
-    partial_out_ptr,
-    partial_max_ptr,
-    partial_sum_ptr,
-    stride_o_tok,
-    stride_o_head,
-    num_heads,
-    num_partitions,
-    BLOCK_P: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-):
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    parts = tl.arange(0, BLOCK_P)
-    in_range = parts < num_partitions
-    base = (seq * num_heads + head).to(tl.int64) * num_partitions
-    part_max = tl.load(partial_max_ptr + base + parts, mask=in_range, other=NEG_START)
-    part_sum = tl.load(partial_sum_ptr + base + parts, mask=in_range, other=0.0)
-    # Rescale each partition's normalised output by its share of the global softmax mass.
-    weights = tl.exp2(part_max - tl.max(part_max, axis=0)) * part_sum
-    offs_d = tl.arange(0, HEAD_DIM)
-    part_out = tl.load(
-        partial_out_ptr + (base + parts)[:, None] * HEAD_DIM + offs_d[None, :],
-        mask=in_range[:, None],
-        other=0.0,
-    )
-    out = tl.sum(part_out * weights[:, None], axis=0) / tl.sum(weights, axis=0)
-    o_offsets = seq.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
-    tl.store(out_ptr + o_offsets, out.to(out_ptr.dtype.element_ty))
-
-
-def _check_layouts(q: torch.Tensor, kv_cache: torch.Tensor) -> tuple[int, int, int]:
+def check_layouts(q: torch.Tensor, kv_cache: torch.Tensor) -> tuple[int, int, int]:
     """(group size, block size, head dim), after checking what the kernels assume."""
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     num_heads = q.shape[1]
@@ -283,7 +171,7 @@ def _check_layouts(q: torch.Tensor, kv_cache: torch.Tensor) -> tuple[int, int, i
     return num_heads // num_kv_heads, block_size, head_dim
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
+def dot_precision(dtype: torch.dtype) -> str:
     # float32 runs in the interpreter tests against the reference: exact products, not TF32.
     return "ieee" if dtype == torch.float32 else "tf32"
 
@@ -305,7 +193,7 @@ def paged_attention_triton(
     `query_start_loc` [B + 1] and `seq_lens` [B] are int32 tensors on q's device;
     `max_query_len` sizes the grid. A tile holds `block_m` rows (query tokens x group heads).
     """
-    group, block_size, head_dim = _check_layouts(q, kv_cache)
+    group, block_size, head_dim = check_layouts(q, kv_cache)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     num_seqs = seq_lens.shape[0]
     if num_seqs == 0 or q.shape[0] == 0:
@@ -337,77 +225,6 @@ def paged_attention_triton(
         BLOCK_N=block_n,
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
-        DOT_PRECISION=_dot_precision(q.dtype),
-    )
-    return out
-
-
-def paged_decode_split_kv_triton(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seq_len: int,
-    scale: float,
-    *,
-    partition_size: int = 512,
-    block_n: int = 64,
-) -> torch.Tensor:
-    """Flash-decoding: one query token per sequence (q is [B, Hq, D]), KV split in partitions.
-
-    Each of the `ceil(max_seq_len / partition_size)` partitions of a sequence writes its
-    softmax max, sum and normalised output in float32; the reduce kernel weighs them by
-    `exp(max - global max) * sum`.
-    """
-    group, block_size, head_dim = _check_layouts(q, kv_cache)
-    if partition_size % block_n:
-        raise ValueError(f"partition_size {partition_size} must be a multiple of {block_n}")
-    num_seqs, num_heads, _ = q.shape
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if num_seqs == 0:
-        return out
-    num_partitions = triton.cdiv(max_seq_len, partition_size)
-    stats_shape = (num_seqs, num_heads, num_partitions)
-    partial_max = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
-    partial_sum = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
-    partial_out = torch.empty((*stats_shape, head_dim), dtype=torch.float32, device=q.device)
-    num_kv_heads = kv_cache.shape[3]
-    _split_kv_partial_kernel[(num_seqs, num_kv_heads, num_partitions)](
-        partial_out,
-        partial_max,
-        partial_sum,
-        q,
-        kv_cache,
-        block_tables,
-        seq_lens,
-        scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        kv_cache.stride(0),
-        kv_cache.stride(1),
-        kv_cache.stride(2),
-        kv_cache.stride(3),
-        block_tables.stride(0),
-        num_heads,
-        num_partitions,
-        PARTITION_SIZE=partition_size,
-        GROUP=group,
-        BLOCK_M=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=block_n,
-        BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim,
-        DOT_PRECISION=_dot_precision(q.dtype),
-    )
-    _split_kv_reduce_kernel[(num_seqs, num_heads)](
-        out,
-        partial_out,
-        partial_max,
-        partial_sum,
-        out.stride(0),
-        out.stride(1),
-        num_heads,
-        num_partitions,
-        BLOCK_P=triton.next_power_of_2(num_partitions),
-        HEAD_DIM=head_dim,
+        DOT_PRECISION=dot_precision(q.dtype),
     )
     return out

@@ -23,10 +23,8 @@ from kernels.activation_triton import silu_and_mul_triton
 from kernels.kv_cache import write_kv_cache_ref
 from kernels.kv_cache_triton import write_kv_cache_triton
 from kernels.paged_attention import paged_attention_ref
-from kernels.paged_attention_triton import (
-    paged_attention_triton,
-    paged_decode_split_kv_triton,
-)
+from kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
+from kernels.paged_attention_triton import paged_attention_triton
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton
 from kernels.rotary import apply_rotary_ref, build_cos_sin_cache

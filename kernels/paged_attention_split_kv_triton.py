@@ -1,0 +1,205 @@
+"""Flash-decoding: paged attention for one-token queries with the KV sequence split across programs.
+
+The grid is (sequence, KV head, partition of `partition_size` keys), so a batch of one with a
+long context still occupies every SM. Each program folds its partition into a softmax state with
+`paged_attention_triton`'s tile loop and writes, per query head, the partial max `m_p`, sum
+`l_p` and normalised output `o_p` in float32; the reduce kernel merges them with weights
+`2^(m_p - max_p m_p) * l_p`. A partition past a sequence's end keeps `l_p = 0` and weighs
+nothing, so the grid may be sized for the longest sequence the model serves (a fixed grid, as
+CUDA graphs need).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.paged_attention_triton import (
+    LOG2E,
+    NEG_START,
+    attend_tile,
+    check_layouts,
+    dot_precision,
+)
+
+
+@triton.jit
+def _split_kv_partial_kernel(
+    partial_out_ptr,
+    partial_max_ptr,
+    partial_sum_ptr,
+    q_ptr,
+    kv_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    qk_scale,
+    stride_q_tok,
+    stride_q_head,
+    stride_kv,
+    stride_block,
+    stride_slot,
+    stride_head,
+    stride_table,
+    num_heads,
+    num_partitions,
+    PARTITION_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    tok_start = part * PARTITION_SIZE
+    tok_end = tl.minimum(tok_start + PARTITION_SIZE, seq_len)
+
+    rows = tl.arange(0, BLOCK_M)
+    row_valid = rows < GROUP
+    heads = kv_head * GROUP + rows % GROUP
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_rows = seq.to(tl.int64) * stride_q_tok + heads * stride_q_head
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], NEG_START, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # The one query sits at the last position, so every key in the partition is visible.
+    query_pos = tl.full([BLOCK_M], 0, dtype=tl.int32) + seq_len - 1
+    acc, m_i, l_i = attend_tile(
+        q,
+        acc,
+        m_i,
+        l_i,
+        kv_ptr,
+        block_tables_ptr + seq.to(tl.int64) * stride_table,
+        kv_head,
+        tok_start,
+        tok_end,
+        query_pos,
+        qk_scale,
+        stride_kv,
+        stride_block,
+        stride_slot,
+        stride_head,
+        BLOCK_SIZE,
+        BLOCK_N,
+        HEAD_DIM,
+        DOT_PRECISION,
+    )
+    # Partials are [seq, head, partition]; a partition past the sequence's end leaves sum 0.
+    stat = (seq * num_heads + heads).to(tl.int64) * num_partitions + part
+    tl.store(partial_max_ptr + stat, m_i, mask=row_valid)
+    tl.store(partial_sum_ptr + stat, l_i, mask=row_valid)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(
+        partial_out_ptr + stat[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_valid[:, None]
+    )
+
+
+@triton.jit
+def _split_kv_reduce_kernel(
+    out_ptr,
+    partial_out_ptr,
+    partial_max_ptr,
+    partial_sum_ptr,
+    stride_o_tok,
+    stride_o_head,
+    num_heads,
+    num_partitions,
+    BLOCK_P: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    parts = tl.arange(0, BLOCK_P)
+    in_range = parts < num_partitions
+    base = (seq * num_heads + head).to(tl.int64) * num_partitions
+    part_max = tl.load(partial_max_ptr + base + parts, mask=in_range, other=NEG_START)
+    part_sum = tl.load(partial_sum_ptr + base + parts, mask=in_range, other=0.0)
+    # Rescale each partition's normalised output by its share of the global softmax mass.
+    weights = tl.exp2(part_max - tl.max(part_max, axis=0)) * part_sum
+    offs_d = tl.arange(0, HEAD_DIM)
+    part_out = tl.load(
+        partial_out_ptr + (base + parts)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=in_range[:, None],
+        other=0.0,
+    )
+    out = tl.sum(part_out * weights[:, None], axis=0) / tl.sum(weights, axis=0)
+    o_offsets = seq.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
+    tl.store(out_ptr + o_offsets, out.to(out_ptr.dtype.element_ty))
+
+
+def paged_decode_split_kv_triton(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+    *,
+    partition_size: int = 512,
+    block_n: int = 64,
+) -> torch.Tensor:
+    """Flash-decoding: one query token per sequence (q is [B, Hq, D]), KV split in partitions.
+
+    Each of the `ceil(max_seq_len / partition_size)` partitions of a sequence writes its
+    softmax max, sum and normalised output in float32; the reduce kernel weighs them by
+    `exp(max - global max) * sum`.
+    """
+    group, block_size, head_dim = check_layouts(q, kv_cache)
+    if partition_size % block_n:
+        raise ValueError(f"partition_size {partition_size} must be a multiple of {block_n}")
+    num_seqs, num_heads, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if num_seqs == 0:
+        return out
+    num_partitions = triton.cdiv(max_seq_len, partition_size)
+    stats_shape = (num_seqs, num_heads, num_partitions)
+    partial_max = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
+    partial_sum = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
+    partial_out = torch.empty((*stats_shape, head_dim), dtype=torch.float32, device=q.device)
+    num_kv_heads = kv_cache.shape[3]
+    _split_kv_partial_kernel[(num_seqs, num_kv_heads, num_partitions)](
+        partial_out,
+        partial_max,
+        partial_sum,
+        q,
+        kv_cache,
+        block_tables,
+        seq_lens,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        block_tables.stride(0),
+        num_heads,
+        num_partitions,
+        PARTITION_SIZE=partition_size,
+        GROUP=group,
+        BLOCK_M=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        DOT_PRECISION=dot_precision(q.dtype),
+    )
+    _split_kv_reduce_kernel[(num_seqs, num_heads)](
+        out,
+        partial_out,
+        partial_max,
+        partial_sum,
+        out.stride(0),
+        out.stride(1),
+        num_heads,
+        num_partitions,
+        BLOCK_P=triton.next_power_of_2(num_partitions),
+        HEAD_DIM=head_dim,
+    )
+    return out
