@@ -55,6 +55,12 @@ def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--calibrate", metavar="MODEL_DIR", default=None, help="fit the coefficients to a model"
     )
+    parser.add_argument(
+        "--calibrate-requests",
+        type=int,
+        default=32,
+        help="workload requests served offline on the model while calibrating",
+    )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--noise", type=float, default=0.05, help="± share of step-time noise")
     parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
@@ -158,10 +164,29 @@ def _coefficients(args: argparse.Namespace) -> CostCoefficients:
             engine.vocab_size,
             rounds=CALIBRATION_ROUNDS,
         )
+        _calibration_run(engine, args)
         fitted = model.current
         print(f"calibrated: {_format_cost(fitted)}", file=sys.stderr)
         return fitted
     return CostCoefficients.parse(args.cost) if args.cost else DEFAULT_COST
+
+
+def _calibration_run(engine, args: argparse.Namespace) -> None:
+    """Serve a slice of the workload offline so the model also fits to steps shaped like the
+    real ones (the profile's synthetic shapes may be far from them)."""
+    from core.sampling_params import SamplingParams
+
+    specs = sample_requests(
+        args.workload, args.calibrate_requests, math.inf, args.seed, 1.0, args.length_scale
+    )
+    for index, spec in enumerate(specs):
+        output_len = min(spec.output_len, engine.max_model_len // 2)
+        prompt_len = max(1, min(spec.prompt_len, engine.max_model_len - output_len - 1))
+        prompt = [(index * 31 + i) % engine.vocab_size for i in range(prompt_len)]
+        params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+        engine.add_request(f"calibrate-{index}", prompt, params)
+    while engine.has_unfinished_requests:
+        engine.step()
 
 
 def _format_cost(cost: CostCoefficients) -> str:
