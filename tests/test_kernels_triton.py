@@ -178,16 +178,18 @@ def test_paged_attention_in_half_precision_matches_reference(dtype):
 )
 def test_split_kv_decode_merges_partitions_like_one_pass(num_heads, num_kv_heads, head_dim):
     torch.manual_seed(0)
-    # With 8-token partitions: 5, 3, 1 and 1 partitions; the shorter sequences leave partitions
-    # empty, which the merge must weigh zero.
+    # With 8-token partitions: 5, 3, 1 and 1 partitions hold keys; the rest of each sequence's
+    # row of partitions is empty, which the merge must weigh zero.
     seq_lens = [37, 17, 8, 1]
     q, kv_cache, tables, query_start_loc = packed_batch(
         [1] * 4, seq_lens, num_heads, (num_kv_heads, head_dim), torch.float32
     )
     scale = head_dim**-0.5
     expected = paged_attention_ref(q, kv_cache, tables, query_start_loc, seq_lens, scale)
+    # A grid sized past the longest sequence (as a CUDA graph fixes it) changes nothing.
+    grid_len = max(seq_lens) + 11
     actual = paged_decode_split_kv_triton(
-        q, kv_cache, tables, int32(seq_lens), max(seq_lens), scale, partition_size=8, block_n=8
+        q, kv_cache, tables, int32(seq_lens), grid_len, scale, partition_size=8, block_n=8
     )
     close(actual, expected, torch.float32)
 
