@@ -7,8 +7,10 @@ no request waits longer than that for its first token, as long as the older work
 prefill fit in it), go first, oldest first. The rest are taken earliest deadline first, and
 each one's time to first token is predicted with the step-cost model from the prefill work
 queued ahead of it plus its own; one that would miss its deadline even so is set aside (it
-would only make others miss too) and served after every request that can still make it, and
-after those with no TTFT target at all. Slack = deadline − now − predicted time to first token.
+would only make others miss too). Slack = deadline − now − predicted time to first token. Late
+requests still go ahead of the on-time ones as far as half the least slack among those allows
+(slack stealing, from real-time scheduling), so a missed deadline is not also a long wait; the
+rest of them follow the requests with no TTFT target.
 
 Prefill budget. A step's duration grows with the prefill it carries, and every running decode
 waits for the whole step: the budget is the largest prefill whose predicted step time stays
@@ -38,6 +40,9 @@ AGING_EARLIEST_SHARE = 0.5
 # When even a decode-only step misses the tightest TPOT target, prefill keeps this much per
 # step: the target cannot be met either way, and the queue must not freeze.
 MIN_PREFILL_TOKENS = 16
+# Late requests may take this share of the least slack among on-time ones; the rest is kept for
+# urgent requests still to come.
+STEAL_SHARE = 0.5
 # The TPOT cap shrinks by the step-cost model's mean relative error, up to this much.
 MAX_ERROR_HEADROOM = 0.25
 
@@ -98,18 +103,34 @@ class SLOPolicy(SchedulingPolicy):
         self._overdue_waiting = any(r.first_token_time is None for r in first)
         first.sort(key=_arrival)
         tokens_ahead = sum(_prefill_left(r) for r in first)
-        on_time = []
+        on_time, late = [], []
+        slack = math.inf  # the least slack among the requests on time
         # Earliest deadline first, dropping each request that would miss given the work ahead:
         # serving it would spend the time of those behind it, which can still make theirs.
         for (deadline, *_), request in sorted(with_deadline, key=lambda item: item[0]):
             own = _prefill_left(request)
-            if now + self.prefill_time_s(tokens_ahead + own) <= deadline:
+            spare = deadline - now - self.prefill_time_s(tokens_ahead + own)
+            if spare >= 0:
                 on_time.append(request)
                 tokens_ahead += own
+                slack = min(slack, spare)
+            else:
+                late.append(request)
+        # Slack stealing: late requests go ahead of the on-time ones as far as a share of the
+        # least slack among those allows, so a missed deadline is not also a long wait.
+        late.sort(key=lambda r: (r.priority, *_arrival(r)))
+        budget_s = STEAL_SHARE * slack
+        per_token_s = self.prefill_time_s(self._pace_tokens) / self._pace_tokens
+        stolen = []
+        for request in late:
+            cost_s = _prefill_left(request) * per_token_s
+            if cost_s <= budget_s:
+                stolen.append(request)
+                budget_s -= cost_s
             else:
                 rest.append(((_LATE, request.priority, *_arrival(request)), request))
         rest.sort(key=lambda item: item[0])
-        return first + on_time + [request for _, request in rest]
+        return first + stolen + on_time + [request for _, request in rest]
 
     def slack_s(self, request: Request, now: float) -> float:
         """Seconds to spare before the request's next deadline; infinite without a target.
