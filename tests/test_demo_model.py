@@ -23,9 +23,10 @@ PROMPTS = [
 @cache
 def corpus_words() -> frozenset[str]:
     """Every word of the text the demo model was trained on."""
-    from gpu.train_demo import docstring_sections, topic_sections
+    from gpu.train_demo import docstring_sections, is_validation, topic_sections
 
-    text = " ".join(s.text for s in topic_sections() + docstring_sections())
+    sections = topic_sections() + docstring_sections()
+    text = " ".join(s.text for s in sections if not is_validation(s))
     return frozenset(words(text))
 
 
