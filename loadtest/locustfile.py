@@ -112,19 +112,29 @@ class BatonUser(User):
         self.sampler = RequestSampler(workload_config(self.options), next(_user_indexes))
         slo = SLO(self.options.slo_ttft_ms, self.options.slo_tpot_ms)
         self.reporter = MetricReporter(self.environment.events, self.transport, slo)
-        self.task_started = time.perf_counter()
         self.model = served_model(self.host.rstrip("/"), self.options)
+        self.next_arrival = time.perf_counter()
+        if self.options.arrival_rate > 0:
+            # Start at a random phase: users spawned together must not send their first
+            # requests as one burst (and stay in step after it).
+            time.sleep(self.wait_time())
 
     def wait_time(self) -> float:
-        """Think time, or with --arrival-rate the wait that keeps this user's share of the
-        rate, counting from when its last task began (so slow requests are not penalised)."""
+        """Think time, or with --arrival-rate the wait until this user's next arrival.
+
+        Each user's arrivals form a Poisson process at its share of the rate, so together they
+        are a Poisson process at the whole rate. Arrivals are scheduled from the previous
+        arrival, not from when the last request finished, so slow responses do not lower the
+        offered load (as long as there are enough users to keep up)."""
         rate = self.options.arrival_rate
         if rate <= 0:
             think = self.options.think_time
             return self.sampler.rng.expovariate(1 / think) if think > 0 else 0.0
-        users = max(1, self.environment.runner.user_count)
+        runner = self.environment.runner
+        users = max(1, runner.target_user_count or runner.user_count)
         interval = self.requests_per_task * users / rate
-        return max(0.0, interval - (time.perf_counter() - self.task_started))
+        self.next_arrival += self.sampler.rng.expovariate(1 / interval)
+        return max(0.0, self.next_arrival - time.perf_counter())
 
     def body(self, spec: RequestSpec) -> dict[str, Any]:
         return chat_body(spec, self.model, self.options)
@@ -142,7 +152,6 @@ class ChatSSEUser(BatonUser):
 
     @task
     def stream_chat(self) -> None:
-        self.task_started = time.perf_counter()
         body = self.body(self.sampler.sample())
         body.update(stream=True, stream_options={"include_usage": True})
         if self.options.logprobs:
@@ -224,7 +233,6 @@ class WebSocketUser(BatonUser):
 
     @task
     def generate_burst(self) -> None:
-        self.task_started = time.perf_counter()
         pending: dict[str, InFlight] = {}
         try:
             socket = self._connected()
