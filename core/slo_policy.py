@@ -13,10 +13,20 @@ requests still go ahead of the on-time ones as far as half the least slack among
 rest of them follow the requests with no TTFT target.
 
 Prefill budget. A step's duration grows with the prefill it carries, and every running decode
-waits for the whole step: the budget is the largest prefill whose predicted step time stays
-within the tightest TPOT target among the running decodes (Sarathi-Serve's stall-free batching,
-with the chunk sized from the target instead of fixed). An overdue request lifts the cap for a
-step, so TPOT never starves admission past the bound.
+waits for the whole step. A TPOT target is a per-token average (what goodput measures: time from
+the first token to the last over the tokens between), so one long step is harmless to a decode
+that can make it up. Each decode with a target has an allowance, the longest step it can absorb:
+  banked: first token time + target × tokens so far − now, the latest its next token may land
+    with its average so far within target (Andes' token deadlines), plus
+  credit: what the tokens it has still to generate can repay, each saving target − the
+    decode-only step time; only a share of the predicted remaining tokens counts, since the
+    request may stop sooner and the batch may grow.
+The budget is the largest prefill whose predicted step time fits the smallest allowance
+(Sarathi-Serve's stall-free batching, with the chunk sized from the decodes' slack instead of
+fixed). When the model and the lengths are exact, an allowance never drops below the decode-only
+step time (a step of length ≤ allowance leaves allowance − step + decode step for the next one),
+and at the last token it is the banked part alone, so every request ends within its TPOT target.
+An overdue request lifts the cap for a step, so TPOT never starves admission past the bound.
 
 Victims: lowest priority first (the highest `priority` value), then the most slack, then the
 latest arrival.
@@ -43,6 +53,8 @@ MIN_PREFILL_TOKENS = 16
 # Late requests may take this share of the least slack among on-time ones; the rest is kept for
 # urgent requests still to come.
 STEAL_SHARE = 0.5
+# Share of a decode's predicted remaining tokens whose TPOT savings it may borrow against.
+FUTURE_CREDIT_SHARE = 0.5
 # The TPOT cap shrinks by the step-cost model's mean relative error, up to this much.
 MAX_ERROR_HEADROOM = 0.25
 
@@ -148,23 +160,43 @@ class SLOPolicy(SchedulingPolicy):
         due = request.first_token_time + request.slo.tpot_ms / 1000 * request.num_output_tokens
         return due - now
 
+    def tpot_allowance_s(self, request: Request, now: float, decode_step_s: float) -> float:
+        """The longest step starting at `now` that the decoding request can absorb and still end
+        within its TPOT target: its banked slack (first token time + target × tokens so far −
+        now; the next token is `num_output_tokens` intervals after the first) plus the credit
+        of a share of its predicted remaining tokens, each repaying target − `decode_step_s`.
+        One with a single prompt token left to prefill gets one target."""
+        target_s = request.slo.tpot_ms / 1000
+        if request.first_token_time is None:
+            return target_s
+        banked = request.first_token_time + target_s * request.num_output_tokens - now
+        predicted = self.context.length_predictor.predict(request)
+        remaining = max(0.0, predicted - request.num_output_tokens - 1)
+        credit = FUTURE_CREDIT_SHARE * remaining * max(0.0, target_s - decode_step_s)
+        return banked + credit
+
     def prefill_budget(self, running: Sequence[Request], token_budget: int, now: float) -> int:
         cost = self.context.cost_model
         num_decodes = num_context = 0
-        tightest_s = math.inf
+        targeted = []
         for request in running:
             if request.num_tokens - request.num_computed_tokens == 1:
                 num_decodes += 1
                 num_context += request.num_tokens
                 if request.slo.tpot_ms is not None:
-                    tightest_s = min(tightest_s, request.slo.tpot_ms / 1000)
+                    targeted.append(request)
         decode_s = cost.predict_step(0, num_decodes, num_context)
         per_token_s = cost.prefill_token_s()
+        # Leave room for the model's usual error, so a typical step lands within target.
+        error = min(MAX_ERROR_HEADROOM, cost.mean_abs_error_ratio or 0.0)
+        tightest_s = math.inf  # the smallest allowance among decodes with a TPOT target
+        for request in targeted:
+            tightest_s = min(
+                tightest_s, self.tpot_allowance_s(request, now, decode_s * (1 + error))
+            )
         budget = token_budget
         self._capped = tightest_s < math.inf and not self._overdue_waiting
         if self._capped:
-            # Leave room for the model's usual error, so a typical step lands within target.
-            error = min(MAX_ERROR_HEADROOM, cost.mean_abs_error_ratio or 0.0)
             room_s = tightest_s / (1 + error) - decode_s
             if room_s <= 0:
                 budget = min(token_budget, MIN_PREFILL_TOKENS)
