@@ -24,7 +24,7 @@ that can make it up. Each decode with a target has an allowance, the longest ste
 The budget is the largest prefill whose predicted step time fits the smallest allowance
 (Sarathi-Serve's stall-free batching, with the chunk sized from the decodes' slack instead of
 fixed). When the model and the lengths are exact, an allowance never drops below the decode-only
-step time (a step of length ≤ allowance leaves allowance − step + decode step for the next one),
+step time (a step no longer than the allowance leaves at least allowance − step + decode step),
 and at the last token it is the banked part alone, so every request ends within its TPOT target.
 An overdue request lifts the cap for a step, so TPOT never starves admission past the bound.
 
