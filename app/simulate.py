@@ -8,6 +8,8 @@ import json
 import math
 import sys
 import time
+import urllib.error
+import urllib.request
 
 from core.config import POLICIES, EngineConfig
 from core.simulator import DEFAULT_COST, SimulationConfig, simulate, summarize
@@ -46,15 +48,24 @@ def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
         "--slo-scale", type=float, default=1.0, help="multiply every class's SLO targets"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
+    cost = parser.add_mutually_exclusive_group()
+    cost.add_argument(
         "--cost",
         default=None,
         help="true step-cost coefficients in seconds, e.g. base=0.01,prefill=6e-5,decode=2e-4,"
         "context=1e-7 (default: an 8B model on an H100-class GPU)",
     )
-    parser.add_argument(
+    cost.add_argument(
         "--calibrate", metavar="MODEL_DIR", default=None, help="fit the coefficients to a model"
     )
+    cost.add_argument(
+        "--calibrate-from",
+        metavar="URL",
+        default=None,
+        help="take the coefficients a running Baton server has fitted to its own steps "
+        "(its GET /v1/stats), e.g. http://127.0.0.1:8000",
+    )
+    parser.add_argument("--api-key", default=None, help="API key for --calibrate-from")
     parser.add_argument(
         "--calibrate-requests",
         type=int,
@@ -168,7 +179,39 @@ def _coefficients(args: argparse.Namespace) -> CostCoefficients:
         fitted = model.current
         print(f"calibrated: {_format_cost(fitted)}", file=sys.stderr)
         return fitted
+    if args.calibrate_from:
+        fitted = served_coefficients(args.calibrate_from, args.api_key)
+        print(f"calibrated: {_format_cost(fitted)}", file=sys.stderr)
+        return fitted
     return CostCoefficients.parse(args.cost) if args.cost else DEFAULT_COST
+
+
+def served_coefficients(base_url: str, api_key: str | None = None) -> CostCoefficients:
+    """The step-cost model a running server has fitted online to its own steps: those steps
+    share the machine with the event loop, streaming and clients, which an offline calibration
+    (the engine alone) does not see."""
+    url = base_url.rstrip("/") + "/v1/stats"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=30
+        ) as reply:
+            stats = json.load(reply)
+    except urllib.error.HTTPError as error:
+        raise ValueError(f"--calibrate-from: {url} answered HTTP {error.code}") from error
+    except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"--calibrate-from: cannot read {url}: {error}") from error
+    cost = stats.get("step_cost") if isinstance(stats, dict) else None
+    if not isinstance(cost, dict):
+        raise ValueError(f"--calibrate-from: {url} reports no step_cost (not a Baton server?)")
+    if not cost.get("observations"):
+        raise ValueError(f"--calibrate-from: the server at {base_url} has not timed a step yet")
+    return CostCoefficients(
+        base_s=cost["base_ms"] / 1e3,
+        per_prefill_token_s=cost["prefill_us_per_token"] / 1e6,
+        per_decode_token_s=cost["decode_us_per_token"] / 1e6,
+        per_context_token_s=cost["context_ns_per_token"] / 1e9,
+    )
 
 
 def _calibration_run(engine, args: argparse.Namespace) -> None:

@@ -15,6 +15,7 @@ from core.metrics import FinishedRecord, StepRecord, percentile
 if TYPE_CHECKING:
     from app.metrics import ServerMetrics
     from app.server import ServerState
+    from core.step_cost import StepCostModel
 
 
 async def stats_endpoint(request: Request) -> Response:
@@ -56,7 +57,23 @@ def snapshot(state: ServerState, server_metrics: ServerMetrics) -> dict[str, Any
         "tpot_ms": _percentiles([r.tpot_ms for r in requests if r.tpot_ms is not None]),
         "slo": _slo(requests, window_s),
         "steps": _steps(steps, engine.num_steps),
+        "step_cost": step_cost(engine.step_cost_model),
         "totals": total,
+    }
+
+
+def step_cost(model: StepCostModel) -> dict[str, float | int | None]:
+    """The engine's online step-cost fit, in readable units: what `baton simulate
+    --calibrate-from` takes as its cost model (so a simulation sees the steps as they run
+    inside this server, not as they run alone)."""
+    cost = model.current
+    return {
+        "base_ms": cost.base_s * 1e3,
+        "prefill_us_per_token": cost.per_prefill_token_s * 1e6,
+        "decode_us_per_token": cost.per_decode_token_s * 1e6,
+        "context_ns_per_token": cost.per_context_token_s * 1e9,
+        "mean_abs_error_ratio": model.mean_abs_error_ratio,
+        "observations": model.num_observations,
     }
 
 
