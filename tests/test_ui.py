@@ -278,6 +278,12 @@ def test_dashboard_follows_requests_from_several_tabs(server, open_page):
         expect(last_reply(chat)).to_have_attribute("data-finish", "cancelled", timeout=WAIT_MS)
     expect(dashboard.locator("[data-field=running]")).to_have_text("0", timeout=WAIT_MS)
     expect(dashboard.locator("[data-field=total-requests]")).to_have_text(str(finished_before + 2))
+    # Latency percentiles count completed requests only (a cancelled one has no TPOT to give):
+    # one that runs to its token limit fills them, whatever ran before this test.
+    set_params(chats[0], max_tokens=4)
+    send(chats[0], "Now a short one.")
+    expect(last_reply(chats[0])).to_have_attribute("data-finish", "length", timeout=WAIT_MS)
+    expect(dashboard.locator("[data-field=total-requests]")).to_have_text(str(finished_before + 3))
     expect(dashboard.locator("[data-field=ttft-p50]")).to_have_text(re.compile(r"\d"))
 
 
