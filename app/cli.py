@@ -60,6 +60,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=defaults.max_wait_ms,
         help="starvation bound of the slo policy: no request waits longer for its first token",
     )
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no CUDA graphs: run decode steps eagerly too (for debugging and comparison)",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
 
 
@@ -74,6 +79,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         scheduling_policy=args.scheduling_policy,
         max_wait_ms=args.max_wait_ms,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
         seed=args.seed,
     )
 

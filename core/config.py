@@ -25,6 +25,8 @@ class EngineConfig:
     # The starvation bound of the `slo` policy: no request waits longer for its first token.
     max_wait_ms: float = 20_000.0
     gpu_memory_utilization: float = 0.9
+    # CUDA graphs for decode steps off: every step runs eagerly (the CPU always does).
+    enforce_eager: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 
 from core.batch import Batch, ExecutorOutput, ScheduledSequence
 from core.config import EngineConfig
 from core.model_config import ModelConfig
 from core.sampling_params import SamplingParams
-from gpu.input_batch import prepare_inputs
-from gpu.kv_cache import allocate_kv_caches, cpu_num_kv_blocks, cuda_num_kv_blocks
+from gpu.cuda_graph import DecodeGraphs, graph_batch_sizes
+from gpu.input_batch import InputBuffers, prepare_inputs
+from gpu.kv_cache import (
+    allocate_kv_caches,
+    cpu_num_kv_blocks,
+    cuda_num_kv_blocks,
+    kv_cache_bytes_per_block,
+)
 from gpu.loader import load_model
 from gpu.sampler import Sampler
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -40,6 +51,10 @@ class TorchExecutor:
     """Loads a checkpoint, allocates its paged KV cache and runs one step per `execute` call.
 
     `num_kv_blocks` and `block_size` describe the cache, which block ids in batches index.
+    On CUDA, decode-only steps replay CUDA graphs (`graphs`; None on the CPU and with
+    `enforce_eager`). Running totals for benchmarks: `num_steps`, `num_graph_steps`,
+    `host_time_s` (building inputs, until the forward is enqueued) and `step_time_s` (whole
+    steps; a step that samples nothing returns without waiting for the GPU).
     """
 
     def __init__(
@@ -66,29 +81,89 @@ class TorchExecutor:
         self.model = load_model(
             model_config, self.device, self.dtype, self.max_model_len, load_format
         )
+        # A padded graph batch may hold more tokens than the budget when max_num_seqs exceeds it.
+        self.buffers = InputBuffers(
+            max(engine_config.max_num_batched_tokens, engine_config.max_num_seqs),
+            engine_config.max_num_seqs,
+            self.max_model_len,
+            self.block_size,
+            self.device,
+        )
         self.num_kv_blocks = engine_config.num_kv_blocks or self._fitting_num_kv_blocks()
         self.kv_caches = allocate_kv_caches(
             model_config, self.num_kv_blocks, self.block_size, self.dtype, self.device
         )
+        self._log_kv_capacity()
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and not engine_config.enforce_eager:
+            self.graphs = self._captured_graphs()
         self.sampler = Sampler(model_config.vocab_size, model_config.eos_token_ids)
         # Requests without a seed draw from the global generator: --seed makes a server run
         # repeatable as a whole (requests with their own seed are repeatable regardless).
         torch.manual_seed(engine_config.seed)
+        self.num_steps = 0
+        self.num_graph_steps = 0
+        self.host_time_s = 0.0
+        self.step_time_s = 0.0
 
     @torch.inference_mode()
     def execute(self, batch: Batch) -> ExecutorOutput:
         """Compute the batch's KV, then sample one token for each sequence with `sample=True`."""
         if not batch.sequences:
             return ExecutorOutput(sampled_token_ids=[])
-        inputs = prepare_inputs(batch, self.block_size, self.device)
-        hidden = self.model(
-            inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_caches
-        )
+        start = time.perf_counter()
+        padded_size = self.graphs.padded_size(batch) if self.graphs is not None else None
+        inputs = self.buffers.prepare(batch, pad_to=padded_size)
+        self.host_time_s += time.perf_counter() - start
+        if self.graphs is not None and padded_size is not None:
+            hidden = self.graphs.run(inputs)
+            self.num_graph_steps += 1
+        else:
+            hidden = self.model(
+                inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_caches
+            )
+        output = self._sample(batch, hidden, inputs.logits_indices)
+        self.num_steps += 1
+        self.step_time_s += time.perf_counter() - start
+        return output
+
+    def _sample(
+        self, batch: Batch, hidden: torch.Tensor, logits_indices: torch.Tensor
+    ) -> ExecutorOutput:
         to_sample = [seq for seq in batch.sequences if seq.sample]
         if not to_sample:
             return ExecutorOutput(sampled_token_ids=[])
-        logits = self.model.compute_logits(hidden[inputs.logits_indices]).float()
+        logits = self.model.compute_logits(hidden[logits_indices]).float()
         return self.sampler(logits, to_sample)
+
+    def _log_kv_capacity(self) -> None:
+        num_bytes = self.num_kv_blocks * kv_cache_bytes_per_block(
+            self.model_config, self.block_size, self.dtype
+        )
+        logger.info(
+            "KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB (%s)",
+            self.num_kv_blocks,
+            self.block_size,
+            self.num_kv_blocks * self.block_size,
+            num_bytes / 2**30,
+            self.dtype,
+        )
+
+    def _captured_graphs(self) -> DecodeGraphs:
+        graphs = DecodeGraphs(
+            self.model,
+            self.kv_caches,
+            self.buffers,
+            graph_batch_sizes(self.engine_config.max_num_seqs),
+        )
+        start = time.perf_counter()
+        graphs.capture()
+        logger.info(
+            "CUDA graphs: captured decode batch sizes %s in %.1f s",
+            graphs.captured_sizes,
+            time.perf_counter() - start,
+        )
+        return graphs
 
     def _fitting_num_kv_blocks(self) -> int:
         if self.device.type == "cpu":

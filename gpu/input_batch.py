@@ -1,11 +1,14 @@
 """Turn the scheduler's `Batch` into the packed tensors one forward pass consumes.
 
 Runs every step, so the per-token work is done by numpy over flat arrays, not Python loops.
+`InputBuffers` packs into arrays allocated once per executor and hands the forward slices of
+device buffers filled by one non-blocking copy per tensor; `prepare_inputs` packs one batch
+into fresh tensors (the profile forward, tests).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import chain
 
 import numpy as np
@@ -43,59 +46,235 @@ class ModelInputs:
     logits_indices: torch.Tensor
 
 
-def prepare_inputs(batch: Batch, block_size: int, device: torch.device | str) -> ModelInputs:
-    """Pack `batch` (at least one sequence) into tensors on `device`."""
+@dataclass(slots=True)
+class _Packed:
+    """The sizes and host-side lists of one packed batch (`num_rows` counts padding rows)."""
+
+    num_tokens: int
+    num_rows: int
+    num_logits: int
+    table_width: int
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    max_query_len: int
+    max_seq_len: int
+
+
+@dataclass(slots=True)
+class _FlatBuffers:
+    """One flat tensor per packed input; the block tables are [rows * width], viewed per step."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    logits_indices: torch.Tensor
+
+    @classmethod
+    def allocate(
+        cls,
+        num_tokens: int,
+        num_rows: int,
+        table_width: int,
+        device: torch.device | str,
+        pin_memory: bool = False,
+    ) -> _FlatBuffers:
+        def zeros(size: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(size, dtype=dtype, device=device, pin_memory=pin_memory)
+
+        return cls(
+            input_ids=zeros(num_tokens, torch.int64),
+            positions=zeros(num_tokens, torch.int64),
+            slot_mapping=zeros(num_tokens, torch.int64),
+            block_tables=zeros(num_rows * table_width, torch.int32),
+            query_start_loc=zeros(num_rows + 1, torch.int32),
+            seq_lens=zeros(num_rows, torch.int32),
+            logits_indices=zeros(num_rows, torch.int64),
+        )
+
+    def used(self, packed: _Packed) -> _FlatBuffers:
+        """The prefix of each buffer that `packed` filled (views, no copy)."""
+        return _FlatBuffers(
+            input_ids=self.input_ids[: packed.num_tokens],
+            positions=self.positions[: packed.num_tokens],
+            slot_mapping=self.slot_mapping[: packed.num_tokens],
+            block_tables=self.block_tables[: packed.num_rows * packed.table_width],
+            query_start_loc=self.query_start_loc[: packed.num_rows + 1],
+            seq_lens=self.seq_lens[: packed.num_rows],
+            logits_indices=self.logits_indices[: packed.num_logits],
+        )
+
+    def copy_from(self, source: _FlatBuffers) -> None:
+        """Enqueue one non-blocking copy per tensor from `source` (same sizes) into these."""
+        for field in fields(self):
+            getattr(self, field.name).copy_(getattr(source, field.name), non_blocking=True)
+
+    def model_inputs(self, packed: _Packed) -> ModelInputs:
+        """ModelInputs over these buffers as `packed` filled them."""
+        used = self.used(packed)
+        metadata = AttentionMetadata(
+            slot_mapping=used.slot_mapping,
+            block_tables=used.block_tables.view(packed.num_rows, packed.table_width),
+            query_start_loc=packed.query_start_loc,
+            seq_lens=packed.seq_lens,
+            query_start_loc_tensor=used.query_start_loc,
+            seq_lens_tensor=used.seq_lens,
+            max_query_len=packed.max_query_len,
+            max_seq_len=packed.max_seq_len,
+        )
+        return ModelInputs(used.input_ids, used.positions, metadata, used.logits_indices)
+
+
+def _numpy_views(buffers: _FlatBuffers) -> _FlatBuffers:
+    """The same buffers as numpy arrays sharing their memory (CPU tensors only)."""
+    return _FlatBuffers(**{f.name: getattr(buffers, f.name).numpy() for f in fields(buffers)})
+
+
+def _pack(
+    batch: Batch, block_size: int, out: _FlatBuffers, num_rows: int, table_width: int | None
+) -> _Packed:
+    """Write `batch` into the numpy arrays of `out`; rows past the batch's are graph padding.
+
+    A padding row is one token at position 0 of a one-token sequence: input id 0, slot -1 (its
+    K/V is not stored), an all-zero block-table row. `table_width=None` makes the tables as wide
+    as the batch's longest; a fixed width (a CUDA graph's) must hold every table.
+    """
     seqs = batch.sequences
     num_seqs = len(seqs)
-    query_lens = np.fromiter((len(s.token_ids) for s in seqs), np.int64, num_seqs)
-    start_positions = np.fromiter((s.start_position for s in seqs), np.int64, num_seqs)
-    query_start_loc = np.zeros(num_seqs + 1, np.int64)
+    query_lens = np.ones(num_rows, np.int64)
+    query_lens[:num_seqs] = np.fromiter((len(s.token_ids) for s in seqs), np.int64, num_seqs)
+    start_positions = np.zeros(num_rows, np.int64)
+    start_positions[:num_seqs] = np.fromiter((s.start_position for s in seqs), np.int64, num_seqs)
+    query_start_loc = np.zeros(num_rows + 1, np.int64)
     np.cumsum(query_lens, out=query_start_loc[1:])
     num_tokens = int(query_start_loc[-1])
+    num_real_tokens = int(query_start_loc[num_seqs])
     seq_lens = start_positions + query_lens
+    if num_tokens > len(out.input_ids) or num_rows > len(out.seq_lens):
+        raise ValueError(
+            f"a step of {num_tokens} tokens in {num_rows} sequences exceeds the input buffers "
+            f"({len(out.input_ids)} tokens, {len(out.seq_lens)} sequences)"
+        )
 
-    input_ids = np.fromiter(chain.from_iterable(s.token_ids for s in seqs), np.int64, num_tokens)
-    seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
+    out.input_ids[:num_real_tokens] = np.fromiter(
+        chain.from_iterable(s.token_ids for s in seqs), np.int64, num_real_tokens
+    )
+    out.input_ids[num_real_tokens:num_tokens] = 0
+    seq_of_token = np.repeat(np.arange(num_rows), query_lens)
     positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(
         query_start_loc[:-1] - start_positions, query_lens
     )
+    out.positions[:num_tokens] = positions
 
-    block_tables = _padded_block_tables([s.block_table for s in seqs])
+    table_lengths = np.zeros(num_rows, np.int64)
+    table_lengths[:num_seqs] = np.fromiter((len(s.block_table) for s in seqs), np.int64, num_seqs)
+    longest = int(table_lengths.max(initial=0))
+    width = max(longest, 1) if table_width is None else table_width
+    if longest > width or width * num_rows > len(out.block_tables):
+        raise ValueError(
+            f"a block table of {longest} blocks exceeds the input buffers' {width} per sequence"
+        )
+    block_tables = out.block_tables[: num_rows * width].reshape(num_rows, width)
+    _fill_block_tables(block_tables, [s.block_table for s in seqs], table_lengths)
     block_ids = block_tables[seq_of_token, positions // block_size].astype(np.int64)
-    slot_mapping = block_ids * block_size + positions % block_size
+    slot_mapping = out.slot_mapping[:num_tokens]
+    np.add(block_ids * block_size, positions % block_size, out=slot_mapping)
+    slot_mapping[num_real_tokens:] = -1
 
+    out.query_start_loc[: num_rows + 1] = query_start_loc
+    out.seq_lens[:num_rows] = seq_lens
     sample = np.fromiter((s.sample for s in seqs), bool, num_seqs)
-    logits_indices = query_start_loc[1:][sample] - 1
-
-    def to_device(array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array).to(device, non_blocking=True)
-
-    metadata = AttentionMetadata(
-        slot_mapping=to_device(slot_mapping),
-        block_tables=to_device(block_tables),
+    logits_indices = query_start_loc[1 : num_seqs + 1][sample] - 1
+    out.logits_indices[: len(logits_indices)] = logits_indices
+    return _Packed(
+        num_tokens=num_tokens,
+        num_rows=num_rows,
+        num_logits=len(logits_indices),
+        table_width=width,
         query_start_loc=query_start_loc.tolist(),
         seq_lens=seq_lens.tolist(),
-        query_start_loc_tensor=to_device(query_start_loc.astype(np.int32)),
-        seq_lens_tensor=to_device(seq_lens.astype(np.int32)),
-        max_query_len=int(query_lens.max()),
-        max_seq_len=int(seq_lens.max()),
-    )
-    return ModelInputs(
-        input_ids=to_device(input_ids),
-        positions=to_device(positions),
-        attn_metadata=metadata,
-        logits_indices=to_device(logits_indices),
+        max_query_len=int(query_lens.max(initial=0)),
+        max_seq_len=int(seq_lens.max(initial=0)),
     )
 
 
-def _padded_block_tables(tables: list[list[int]]) -> np.ndarray:
-    """The block tables as one int32 [B, longest] array, short rows padded with block 0."""
-    lengths = np.fromiter(map(len, tables), np.int64, len(tables))
+def _fill_block_tables(out: np.ndarray, tables: list[list[int]], lengths: np.ndarray) -> None:
+    """Write each table into its row of `out` [rows, width]; the rest of `out` becomes block 0."""
+    out.fill(0)
+    num_tables = len(tables)
+    lengths = lengths[:num_tables]
     total = int(lengths.sum())
     flat = np.fromiter(chain.from_iterable(tables), np.int32, total)
-    rows = np.repeat(np.arange(len(tables)), lengths)
+    rows = np.repeat(np.arange(num_tables), lengths)
     row_starts = np.cumsum(lengths) - lengths
     cols = np.arange(total) - np.repeat(row_starts, lengths)
-    padded = np.zeros((len(tables), int(lengths.max(initial=1))), np.int32)
-    padded[rows, cols] = flat
-    return padded
+    out[rows, cols] = flat
+
+
+def prepare_inputs(batch: Batch, block_size: int, device: torch.device | str) -> ModelInputs:
+    """Pack `batch` (at least one sequence) into tensors allocated for it on `device`."""
+    num_tokens = sum(len(s.token_ids) for s in batch.sequences)
+    num_seqs = len(batch.sequences)
+    width = max(1, max(len(s.block_table) for s in batch.sequences))
+    host = _FlatBuffers.allocate(num_tokens, num_seqs, width, "cpu")
+    packed = _pack(batch, block_size, _numpy_views(host), num_seqs, None)
+    on_device = _FlatBuffers(
+        **{f.name: getattr(host, f.name).to(device, non_blocking=True) for f in fields(host)}
+    )
+    return on_device.model_inputs(packed)
+
+
+class InputBuffers:
+    """Packed-input buffers allocated once per executor and refilled every step.
+
+    `prepare` packs a batch with numpy into host arrays, then on CUDA enqueues one non-blocking
+    copy per tensor of the used prefix into device buffers and returns views of those; on the CPU
+    the host arrays are the tensors the forward reads, with no copy at all. The views stay valid
+    until the next `prepare`, which overwrites them.
+
+    The host arrays are pinned on CUDA, so a copy reads them after `prepare` has returned. The
+    next `prepare` must not overwrite them before that copy has run: it first waits on an event
+    recorded after the previous copies. A step that samples synchronizes anyway when it reads the
+    tokens back, so the wait is free there; it matters for steps that sample nothing.
+
+    Padded steps (`pad_to`, for CUDA graphs) always use the same views: tables as wide as
+    `max_model_len` needs, `max_seq_len = max_model_len` and `max_query_len = 1`.
+    """
+
+    def __init__(
+        self,
+        max_num_tokens: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        block_size: int,
+        device: torch.device,
+    ) -> None:
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        on_cuda = device.type == "cuda"
+        sizes = (max_num_tokens, max_num_seqs, self.max_blocks_per_seq)
+        self.host = _FlatBuffers.allocate(*sizes, "cpu", pin_memory=on_cuda)
+        self._host_arrays = _numpy_views(self.host)
+        self.device = _FlatBuffers.allocate(*sizes, device) if on_cuda else self.host
+        self._copied = torch.cuda.Event() if on_cuda else None
+
+    def prepare(self, batch: Batch, pad_to: int | None = None) -> ModelInputs:
+        """The forward inputs of `batch`, or of `batch` padded to `pad_to` one-token rows."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        if pad_to is None:
+            packed = _pack(batch, self.block_size, self._host_arrays, len(batch), None)
+        else:
+            if any(len(s.token_ids) != 1 for s in batch.sequences) or len(batch) > pad_to:
+                raise ValueError(f"only a decode-only batch of at most {pad_to} pads to {pad_to}")
+            packed = _pack(
+                batch, self.block_size, self._host_arrays, pad_to, self.max_blocks_per_seq
+            )
+            packed.max_query_len, packed.max_seq_len = 1, self.max_model_len
+        if self._copied is not None:
+            self.device.used(packed).copy_from(self.host.used(packed))
+            self._copied.record()
+        return self.device.model_inputs(packed)

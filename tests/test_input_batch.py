@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.batch import Batch, ScheduledSequence
 from core.sampling_params import SamplingParams
-from gpu.input_batch import prepare_inputs
+from gpu.input_batch import InputBuffers, ModelInputs, prepare_inputs
 
 
 def scheduled(
@@ -57,8 +60,9 @@ def test_decode_and_prefill_chunks_pack_into_positions_slots_and_block_tables() 
 
 
 @st.composite
-def batches(draw) -> tuple[Batch, int]:
-    block_size = draw(st.sampled_from([1, 2, 4, 16]))
+def batches(draw, block_size: int | None = None) -> tuple[Batch, int]:
+    if block_size is None:
+        block_size = draw(st.sampled_from([1, 2, 4, 16]))
     sequences = []
     next_block = 0
     for _ in range(draw(st.integers(1, 8))):
@@ -99,3 +103,95 @@ def test_packed_tensors_agree_with_a_token_by_token_construction(
     for row, seq in zip(inputs.attn_metadata.block_tables.tolist(), batch.sequences, strict=True):
         assert row[: len(seq.block_table)] == seq.block_table
         assert not any(row[len(seq.block_table) :])
+
+
+def assert_same_inputs(actual: ModelInputs, expected: ModelInputs) -> None:
+    for name in ("input_ids", "positions", "logits_indices"):
+        assert_same_tensor(getattr(actual, name), getattr(expected, name))
+    got, want = actual.attn_metadata, expected.attn_metadata
+    for name in ("slot_mapping", "block_tables", "query_start_loc_tensor", "seq_lens_tensor"):
+        assert_same_tensor(getattr(got, name), getattr(want, name))
+    assert (got.query_start_loc, got.seq_lens) == (want.query_start_loc, want.seq_lens)
+    assert (got.max_query_len, got.max_seq_len) == (want.max_query_len, want.max_seq_len)
+
+
+def assert_same_tensor(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.dtype == expected.dtype
+    assert actual.tolist() == expected.tolist()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_buffers_refilled_step_after_step_give_what_prepare_inputs_gives(data) -> None:
+    block_size = data.draw(st.sampled_from([1, 2, 4, 16]))
+    # Up to 8 sequences of at most 20 new tokens at positions below 60, 2 spare blocks each.
+    buffers = InputBuffers(160, 8, 64 * block_size, block_size, torch.device("cpu"))
+    storage = [t.data_ptr() for t in buffer_tensors(buffers)]
+
+    for _ in range(data.draw(st.integers(1, 4))):
+        batch, _ = data.draw(batches(block_size))
+        expected = prepare_inputs(batch, block_size, "cpu")
+        assert_same_inputs(buffers.prepare(batch), expected)
+
+    assert [t.data_ptr() for t in buffer_tensors(buffers)] == storage
+
+
+def buffer_tensors(buffers: InputBuffers) -> list[torch.Tensor]:
+    return [getattr(buffers.host, f.name) for f in fields(buffers.host)]
+
+
+def decodes(*seq_lens: int) -> Batch:
+    """One-token steps of sequences `seq_lens` long, each in its own run of 4-token blocks."""
+    sequences = [
+        scheduled([100 + i], start=n - 1, block_table=[10 * i + b for b in range(-(-n // 4))])
+        for i, n in enumerate(seq_lens)
+    ]
+    return Batch(sequences, num_decode_tokens=len(sequences))
+
+
+def test_padded_decode_batch_ends_in_rows_that_write_nothing_and_read_block_zero() -> None:
+    buffers = InputBuffers(16, 8, max_model_len=32, block_size=4, device=torch.device("cpu"))
+
+    inputs = buffers.prepare(decodes(6, 9, 1), pad_to=5)
+
+    metadata = inputs.attn_metadata
+    assert inputs.input_ids.tolist() == [100, 101, 102, 0, 0]
+    assert inputs.positions.tolist() == [5, 8, 0, 0, 0]
+    assert metadata.slot_mapping.tolist() == [5, 48, 80, -1, -1]
+    assert metadata.block_tables.shape == (5, 8)
+    tables = [[0, 1, 0], [10, 11, 12], [20, 0, 0], [0, 0, 0], [0, 0, 0]]
+    assert metadata.block_tables[:, :3].tolist() == tables
+    assert not metadata.block_tables[:, 3:].any()
+    assert metadata.query_start_loc == [0, 1, 2, 3, 4, 5]
+    assert metadata.seq_lens == [6, 9, 1, 1, 1]
+    assert metadata.seq_lens_tensor.tolist() == [6, 9, 1, 1, 1]
+    assert (metadata.max_query_len, metadata.max_seq_len) == (1, 32)
+    assert inputs.logits_indices.tolist() == [0, 1, 2]
+
+
+def test_a_padded_step_uses_the_same_memory_whatever_the_batch() -> None:
+    buffers = InputBuffers(16, 8, max_model_len=32, block_size=4, device=torch.device("cpu"))
+
+    def addresses(inputs: ModelInputs) -> list[tuple[int, tuple[int, ...]]]:
+        metadata = inputs.attn_metadata
+        tensors = [inputs.input_ids, inputs.positions, metadata.slot_mapping]
+        tensors += [metadata.block_tables, metadata.query_start_loc_tensor]
+        return [(t.data_ptr(), tuple(t.shape)) for t in [*tensors, metadata.seq_lens_tensor]]
+
+    all_padding = addresses(buffers.prepare(Batch(), pad_to=4))
+    buffers.prepare(Batch([scheduled([1, 2, 3], start=0, block_table=[2])], num_prefill_tokens=3))
+
+    assert addresses(buffers.prepare(decodes(3, 7), pad_to=4)) == all_padding
+    assert addresses(buffers.prepare(decodes(5, 2, 9, 4), pad_to=4)) == all_padding
+
+
+def test_batches_the_buffers_cannot_hold_are_refused_with_their_sizes() -> None:
+    buffers = InputBuffers(4, 2, max_model_len=8, block_size=4, device=torch.device("cpu"))
+    prompt = Batch([scheduled([1] * 5, start=0, block_table=[0, 1])], num_prefill_tokens=5)
+
+    with pytest.raises(ValueError, match="5 tokens in 1 sequences exceeds the input buffers"):
+        buffers.prepare(prompt)
+    with pytest.raises(ValueError, match="block table of 3 blocks exceeds"):
+        buffers.prepare(decodes(9), pad_to=1)
+    with pytest.raises(ValueError, match="only a decode-only batch of at most 2 pads to 2"):
+        buffers.prepare(Batch([scheduled([1, 2], start=0, block_table=[0])]), pad_to=2)
