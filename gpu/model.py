@@ -2,7 +2,8 @@
 
 Every scheduled token of every sequence runs as one [T, hidden] tensor. Each attention layer
 writes its new K/V into the paged cache by slot mapping and then reads all K/V back from the
-cache, so the cache is the only source of keys and values.
+cache, so the cache is the only source of keys and values. Every kernel comes from
+`kernels.ops`: Triton on CUDA tensors, the plain-torch references on the CPU.
 """
 
 from __future__ import annotations
@@ -13,11 +14,8 @@ from torch import nn
 
 from core.model_config import ModelConfig
 from gpu.input_batch import AttentionMetadata
-from kernels.activation import silu_and_mul_ref
-from kernels.kv_cache import write_kv_cache_ref
-from kernels.paged_attention import paged_attention_ref
-from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-from kernels.rotary import apply_rotary_ref, build_cos_sin_cache
+from kernels import ops
+from kernels.rotary import build_cos_sin_cache
 
 # One layer's keys and values: [2, num_blocks, block_size, num_kv_heads, head_dim].
 LayerKVCache = torch.Tensor
@@ -30,13 +28,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm_ref(x, self.weight, self.eps)
+        return ops.rms_norm(x, self.weight, self.eps)
 
     def add_and_norm(
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Add `x` to the residual stream and normalize: (normed, new_residual)."""
-        return fused_add_rms_norm_ref(x, residual, self.weight, self.eps)
+        return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -73,17 +71,11 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary_ref(q, k, positions, self.cos_sin_cache)
+        # Triton rotates q and k in place: strided views into the qkv output are fine.
+        q, k = ops.apply_rotary(q, k, positions, self.cos_sin_cache)
 
-        write_kv_cache_ref(k, v, kv_cache, attn_metadata.slot_mapping)
-        out = paged_attention_ref(
-            q,
-            kv_cache,
-            attn_metadata.block_tables,
-            attn_metadata.query_start_loc,
-            attn_metadata.seq_lens,
-            self.scale,
-        )
+        ops.write_kv_cache(k, v, kv_cache, attn_metadata.slot_mapping)
+        out = ops.paged_attention(q, kv_cache, attn_metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
@@ -96,7 +88,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul_ref(self.gate_up_proj(x)))
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

@@ -1,11 +1,17 @@
 """Kernel dispatch: Triton on CUDA tensors, the plain-torch references everywhere else.
 
-The model can call these in place of the references; on the CPU they are the references
-themselves, and triton is imported only once a CUDA tensor arrives.
+The model calls only these. On the CPU they are the references themselves, and triton is
+imported only once a CUDA tensor arrives. `force_triton()` runs the Triton kernels on CPU tensors
+too (under `TRITON_INTERPRET=1`), `force_reference()` the references on CUDA tensors, for tests.
+
+The Triton path may be captured in a CUDA graph: it reads only tensors and the batch's scalars
+fixed per graph bucket (`max_query_len`, `max_seq_len`), never its Python lists, and never syncs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Protocol
 
@@ -20,6 +26,11 @@ from kernels.rotary import apply_rotary_ref
 # Flash-decoding pays for its second kernel only when the plain grid (one program per sequence
 # and KV head) leaves SMs idle and each sequence has several partitions to spread.
 SPLIT_KV_PARTITION_SIZE = 512
+# Forced Triton on CPU tensors has no GPU to ask its SM count: it decides as on an H100.
+STAND_IN_NUM_SMS = 132
+
+# None: by device; True: Triton for every tensor; False: the references for every tensor.
+_forced: bool | None = None
 
 
 class PackedAttentionBatch(Protocol):
@@ -43,13 +54,45 @@ def triton_available() -> bool:
     return True
 
 
+@contextmanager
+def _forcing(value: bool) -> Iterator[None]:
+    global _forced
+    previous, _forced = _forced, value
+    try:
+        yield
+    finally:
+        _forced = previous
+
+
+@contextmanager
+def force_triton() -> Iterator[None]:
+    """Within: the Triton kernels for every tensor. CPU tensors need `TRITON_INTERPRET=1` set
+    before the kernel modules are imported (the jit decorator reads it)."""
+    with _forcing(True):
+        yield
+
+
+@contextmanager
+def force_reference() -> Iterator[None]:
+    """Within: the plain-torch references for every tensor, CUDA ones included."""
+    with _forcing(False):
+        yield
+
+
 def uses_triton(x: torch.Tensor) -> bool:
+    if _forced is not None:
+        return _forced
     return x.is_cuda and triton_available()
 
 
 @cache
-def _num_sms(device: torch.device) -> int:
+def _cuda_num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def device_num_sms(device: torch.device) -> int:
+    """The device's SM count; the H100 stand-in for CPU tensors under `force_triton()`."""
+    return _cuda_num_sms(device) if device.type == "cuda" else STAND_IN_NUM_SMS
 
 
 def use_split_kv(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> bool:
@@ -68,10 +111,11 @@ def paged_attention(
     from kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
     from kernels.paged_attention_triton import paged_attention_triton
 
-    num_seqs = len(batch.seq_lens)
+    # Shapes and per-bucket scalars only: a graph replay must take the same branch.
+    num_seqs = batch.seq_lens_tensor.shape[0]
     decode_only = batch.max_query_len == 1 and q.shape[0] == num_seqs
     if decode_only and use_split_kv(
-        num_seqs, kv_cache.shape[3], batch.max_seq_len, _num_sms(q.device)
+        num_seqs, kv_cache.shape[3], batch.max_seq_len, device_num_sms(q.device)
     ):
         return paged_decode_split_kv_triton(
             q,
