@@ -1,0 +1,151 @@
+"""CUDA-graph decode steps on the CPU: bucket choice, and the padded forward run eagerly in
+place of a replay, which must give what the unpadded path gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.cli import build_parser, engine_config_from
+from app.llm import LLM
+from core.batch import Batch, ScheduledSequence
+from core.config import EngineConfig
+from core.model_config import ModelConfig
+from core.sampling_params import SamplingParams
+from gpu.cuda_graph import DecodeGraphs, graph_batch_sizes, padded_batch_size
+from gpu.executor import TorchExecutor
+
+
+def test_batch_sizes_step_finely_to_32_then_by_16_up_to_max_num_seqs() -> None:
+    assert graph_batch_sizes(1) == [1]
+    assert graph_batch_sizes(5) == [1, 2, 4, 5]
+    assert graph_batch_sizes(32) == [1, 2, 4, 8, 16, 24, 32]
+    assert graph_batch_sizes(50) == [1, 2, 4, 8, 16, 24, 32, 48, 50]
+    assert graph_batch_sizes(256)[6:] == [32, *range(48, 257, 16)]
+
+
+def test_a_batch_pads_to_the_smallest_size_that_holds_it() -> None:
+    sizes = graph_batch_sizes(50)
+
+    chosen = {n: padded_batch_size(n, sizes) for n in (1, 3, 4, 5, 17, 25, 33, 48, 49, 50, 51)}
+
+    assert chosen == {
+        1: 1,
+        3: 4,
+        4: 4,
+        5: 8,
+        17: 24,
+        25: 32,
+        33: 48,
+        48: 48,
+        49: 50,
+        50: 50,
+        51: None,
+    }
+
+
+def step(request_id: str, token_ids: list[int], start: int, table: list[int]) -> ScheduledSequence:
+    return ScheduledSequence(
+        request_id=request_id,
+        token_ids=token_ids,
+        start_position=start,
+        block_table=table,
+        sample=True,
+        sampling_params=SamplingParams(temperature=0.0),
+        all_token_ids=[1] * start + token_ids,
+        num_prompt_tokens=start + len(token_ids),
+    )
+
+
+@pytest.fixture(scope="module")
+def executor(make_checkpoint) -> TorchExecutor:
+    config = ModelConfig.from_pretrained(make_checkpoint("qwen3"))
+    engine = EngineConfig(max_model_len=64, max_num_seqs=6, block_size=4, num_kv_blocks=40)
+    return TorchExecutor(config, engine, device="cpu")
+
+
+def test_the_cpu_executor_runs_every_step_eagerly(executor: TorchExecutor) -> None:
+    assert not executor.engine_config.enforce_eager
+    assert executor.graphs is None
+
+
+def test_only_decode_only_batches_within_the_largest_size_take_the_graph_path(
+    executor: TorchExecutor,
+) -> None:
+    graphs = DecodeGraphs(executor.model, executor.kv_caches, executor.buffers, [1, 2, 4])
+    decode = step("d", [5], 7, [1, 2])
+
+    assert graphs.padded_size(Batch([decode] * 3)) == 4
+    assert graphs.padded_size(Batch([decode] * 5)) is None
+    assert graphs.padded_size(Batch([decode, step("p", [5, 6], 0, [3])])) is None
+    assert graphs.padded_size(Batch()) is None
+
+
+@torch.inference_mode()
+def test_padded_decode_gives_the_real_rows_the_unpadded_hidden_states_and_writes_no_padding(
+    executor: TorchExecutor,
+) -> None:
+    model, kv_caches, buffers = executor.model, executor.kv_caches, executor.buffers
+    graphs = DecodeGraphs(model, kv_caches, buffers, [1, 2, 4, 6])
+    tables = {"a": [3, 9, 4], "b": [7], "c": [11, 12]}
+    prompts = {"a": list(range(20, 29)), "b": [5, 6, 7], "c": [40, 41, 42, 43, 44]}
+    history = Batch([step(r, p, 0, tables[r]) for r, p in prompts.items()], num_prefill_tokens=17)
+    executor.execute(history)
+    decodes = Batch([step(r, [60], len(p), tables[r]) for r, p in prompts.items()])
+
+    unpadded = buffers.prepare(decodes)
+    expected = model(unpadded.input_ids, unpadded.positions, unpadded.attn_metadata, kv_caches)
+    expected_kv = [cache.clone() for cache in kv_caches]
+    for cache in kv_caches:
+        # The padding rows read slot 0 of block 0 (no sequence's here): a write would show.
+        cache[:, 0].fill_(0.25)
+    actual = graphs.run(buffers.prepare(decodes, pad_to=4))
+
+    assert actual.shape[0] == 4
+    torch.testing.assert_close(actual[:3], expected, rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(actual).all()
+    for cache, unpadded_cache in zip(kv_caches, expected_kv, strict=True):
+        assert (cache[:, 0] == 0.25).all()
+        torch.testing.assert_close(cache[:, 1:], unpadded_cache[:, 1:], rtol=1e-5, atol=1e-5)
+        cache[:, 0].zero_()
+
+
+def test_generation_through_padded_decode_steps_matches_the_eager_path(make_checkpoint) -> None:
+    llm = LLM(
+        make_checkpoint("llama"),
+        device="cpu",
+        max_model_len=96,
+        max_num_seqs=6,
+        max_num_batched_tokens=24,
+        block_size=4,
+        num_kv_blocks=160,
+        enable_prefix_caching=False,
+    )
+    prompts = [[7 + i, *range(30 + 3 * i, 40 + 7 * i)] for i in range(5)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=6 + 2 * i, ignore_eos=True) for i in range(4)
+    ]
+    params.append(SamplingParams(temperature=0.9, seed=3, max_tokens=9, ignore_eos=True))
+    executor = llm.engine.executor
+    eager = [r.token_ids for r in llm.generate(prompts, params)]
+    assert executor.num_graph_steps == 0
+
+    executor.graphs = DecodeGraphs(
+        executor.model, executor.kv_caches, executor.buffers, graph_batch_sizes(6)
+    )
+    padded = [r.token_ids for r in llm.generate(prompts, params)]
+
+    assert padded == eager
+    assert executor.num_graph_steps > 0
+    assert executor.host_time_s < executor.step_time_s
+    assert executor.num_steps > executor.num_graph_steps
+
+
+@pytest.mark.parametrize("command", ["serve", "generate"])
+def test_enforce_eager_flag_reaches_the_engine_config(command: str) -> None:
+    extra = ["--prompt", "hi"] if command == "generate" else []
+
+    default = engine_config_from(build_parser().parse_args([command, *extra]))
+    eager = engine_config_from(build_parser().parse_args([command, "--enforce-eager", *extra]))
+
+    assert (default.enforce_eager, eager.enforce_eager) == (False, True)
