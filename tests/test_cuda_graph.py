@@ -1,10 +1,17 @@
 """CUDA-graph decode steps on the CPU: bucket choice, and the padded forward run eagerly in
-place of a replay, which must give what the unpadded path gives."""
+place of a replay, which must give what the unpadded path gives (through the torch references,
+and through the Triton kernels in the interpreter, `TRITON_INTERPRET=1` set before any kernel
+module is imported)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from app.cli import build_parser, engine_config_from
 from app.llm import LLM
@@ -14,6 +21,7 @@ from core.model_config import ModelConfig
 from core.sampling_params import SamplingParams
 from gpu.cuda_graph import DecodeGraphs, graph_batch_sizes, padded_batch_size
 from gpu.executor import TorchExecutor
+from kernels import ops
 
 
 def test_batch_sizes_step_finely_to_32_then_by_16_up_to_max_num_seqs() -> None:
@@ -81,24 +89,27 @@ def test_only_decode_only_batches_within_the_largest_size_take_the_graph_path(
     assert graphs.padded_size(Batch()) is None
 
 
-@torch.inference_mode()
-def test_padded_decode_gives_the_real_rows_the_unpadded_hidden_states_and_writes_no_padding(
-    executor: TorchExecutor,
-) -> None:
-    model, kv_caches, buffers = executor.model, executor.kv_caches, executor.buffers
-    graphs = DecodeGraphs(model, kv_caches, buffers, [1, 2, 4, 6])
+def decode_after_prefill(executor: TorchExecutor) -> Batch:
+    """Prefill three prompts through `executor`, then the batch of their next decodes."""
     tables = {"a": [3, 9, 4], "b": [7], "c": [11, 12]}
     prompts = {"a": list(range(20, 29)), "b": [5, 6, 7], "c": [40, 41, 42, 43, 44]}
     history = Batch([step(r, p, 0, tables[r]) for r, p in prompts.items()], num_prefill_tokens=17)
     executor.execute(history)
-    decodes = Batch([step(r, [60], len(p), tables[r]) for r, p in prompts.items()])
+    return Batch([step(r, [60], len(p), tables[r]) for r, p in prompts.items()])
 
+
+@torch.inference_mode()
+def assert_padded_decode_matches_unpadded(executor: TorchExecutor, decodes: Batch) -> None:
+    """The padded forward gives the real rows the unpadded hidden states and K/V, and its
+    padding rows write nothing (they read slot 0 of block 0, which no sequence here owns)."""
+    model, kv_caches, buffers = executor.model, executor.kv_caches, executor.buffers
+    graphs = DecodeGraphs(model, kv_caches, buffers, [1, 2, 4, 6])
     unpadded = buffers.prepare(decodes)
     expected = model(unpadded.input_ids, unpadded.positions, unpadded.attn_metadata, kv_caches)
     expected_kv = [cache.clone() for cache in kv_caches]
     for cache in kv_caches:
-        # The padding rows read slot 0 of block 0 (no sequence's here): a write would show.
         cache[:, 0].fill_(0.25)
+
     actual = graphs.run(buffers.prepare(decodes, pad_to=4))
 
     assert actual.shape[0] == 4
@@ -108,6 +119,19 @@ def test_padded_decode_gives_the_real_rows_the_unpadded_hidden_states_and_writes
         assert (cache[:, 0] == 0.25).all()
         torch.testing.assert_close(cache[:, 1:], unpadded_cache[:, 1:], rtol=1e-5, atol=1e-5)
         cache[:, 0].zero_()
+
+
+def test_padded_decode_through_the_references_matches_the_unpadded_one(
+    executor: TorchExecutor,
+) -> None:
+    assert_padded_decode_matches_unpadded(executor, decode_after_prefill(executor))
+
+
+def test_padded_decode_through_the_triton_kernels_matches_the_unpadded_one(
+    executor: TorchExecutor,
+) -> None:
+    with ops.force_triton():
+        assert_padded_decode_matches_unpadded(executor, decode_after_prefill(executor))
 
 
 def test_generation_through_padded_decode_steps_matches_the_eager_path(make_checkpoint) -> None:
