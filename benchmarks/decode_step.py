@@ -6,14 +6,17 @@
 Random weights from a config alone (`--load-format dummy`'s loader), every sequence at
 `--context` cached tokens decoding one more. A decode step must read every weight once and every
 sequence's K/V once, so `(weight bytes + KV bytes) / copy bandwidth` bounds it from below; the
-script reports the step as a multiple of that bound, and the host's share: building the step's
-inputs (`prepare_inputs`) on the CPU. It times the model as gpu.model wires its kernels.
+script reports the step as a multiple of that bound. Steps run through `TorchExecutor.execute`
+(inputs, forward, LM head, greedy sampling, reading the tokens back): on CUDA once replaying the
+decode CUDA graphs and once eagerly, and the host's share of a step (building its inputs, from
+the executor's counters).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import platform
 import tempfile
 from pathlib import Path
@@ -22,13 +25,12 @@ import torch
 from kernel_timing import copy_bandwidth_gbs, describe, time_ms
 
 from core.batch import Batch, ScheduledSequence
+from core.config import EngineConfig
 from core.model_config import ModelConfig
 from core.sampling_params import SamplingParams
-from gpu.input_batch import prepare_inputs
-from gpu.kv_cache import allocate_kv_caches, kv_cache_bytes_per_block
-from gpu.loader import load_model
+from gpu.executor import DTYPES, TorchExecutor
+from gpu.kv_cache import kv_cache_bytes_per_block
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LLAMA_8B = Path(__file__).parent / "configs" / "llama-3.1-8b.json"
 TINY = {
     "architectures": ["LlamaForCausalLM"],
@@ -50,6 +52,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="the graphs size attention grids for it (default: context + block size)",
+    )
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--bandwidth-gbs", type=float, default=None, help="skip measuring it")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape for a CPU smoke run")
@@ -98,53 +106,80 @@ def weight_bytes_read(model: torch.nn.Module, batch_size: int) -> int:
     return total
 
 
-def main() -> None:
-    args = parse_args()
-    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+def build_executor(args: argparse.Namespace, blocks_per_seq: int) -> TorchExecutor:
     with tempfile.TemporaryDirectory() as folder:
         config = load_config(args, Path(folder))
-    model = load_model(config, device, dtype, args.context + 8, load_format="dummy")
-    blocks_per_seq = -(-(args.context + 1) // args.block_size)
-    kv_caches = allocate_kv_caches(
-        config, max(args.batches) * blocks_per_seq, args.block_size, dtype, device
+    engine = EngineConfig(
+        max_model_len=args.max_model_len or args.context + args.block_size,
+        max_num_seqs=max(args.batches),
+        max_num_batched_tokens=max(args.batches),
+        block_size=args.block_size,
+        num_kv_blocks=max(args.batches) * blocks_per_seq,
     )
+    return TorchExecutor(config, engine, args.device, args.dtype, load_format="dummy")
+
+
+def time_steps(executor: TorchExecutor, batch: Batch, iters: int) -> dict[str, float]:
+    """Median step ms (device events on CUDA), and per step from the executor's counters: host
+    ms, wall ms and the share of steps that replayed a graph."""
+    before = (executor.num_steps, executor.num_graph_steps)
+    host, wall = executor.host_time_s, executor.step_time_s
+    step_ms = time_ms(lambda: executor.execute(batch), executor.device, iters)
+    num_steps = executor.num_steps - before[0]
+    return dict(
+        step_ms=step_ms,
+        host_ms=(executor.host_time_s - host) / num_steps * 1e3,
+        wall_ms=(executor.step_time_s - wall) / num_steps * 1e3,
+        graph_share=(executor.num_graph_steps - before[1]) / num_steps,
+    )
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    blocks_per_seq = -(-(args.context + 1) // args.block_size)
+    executor = build_executor(args, blocks_per_seq)
+    device, dtype, model = executor.device, executor.dtype, executor.model
+    config = executor.model_config
     kv_bytes_per_token = kv_cache_bytes_per_block(config, args.block_size, dtype) // args.block_size
     bandwidth = args.bandwidth_gbs or copy_bandwidth_gbs(device, 64 if args.tiny else 1024)
+    graphs = executor.graphs
     print(
         f"{describe(device)}: {config.architecture} shape from "
         f"{'the tiny preset' if args.tiny else args.config}, {args.dtype}, context {args.context}, "
-        f"copy bandwidth {bandwidth:.1f} GB/s"
+        f"copy bandwidth {bandwidth:.1f} GB/s, CUDA graphs {'on' if graphs else 'off'}"
     )
-    print(f"{'batch':>5} {'step ms':>9} {'roofline':>9} {'x roof':>7} {'host ms':>8} {'host %':>7}")
+    print(
+        f"{'batch':>5} {'graph ms':>9} {'eager ms':>9} {'roofline':>9} {'x roof':>7} "
+        f"{'host ms':>8} {'host %':>7}"
+    )
     rows = []
     for batch_size in args.batches:
         batch = decode_batch(batch_size, args.context, blocks_per_seq)
-        inputs = prepare_inputs(batch, args.block_size, device)
-
-        @torch.inference_mode()
-        def step(inputs=inputs):
-            hidden = model(inputs.input_ids, inputs.positions, inputs.attn_metadata, kv_caches)
-            return model.compute_logits(hidden[inputs.logits_indices]).argmax(-1)
-
-        step_ms = time_ms(step, device, args.iters)
-        host_ms = time_ms(
-            lambda b=batch: prepare_inputs(b, args.block_size, device), torch.device("cpu"), 20
-        )
+        graph = time_steps(executor, batch, args.iters) if graphs is not None else None
+        # The same executor with its graphs set aside: every step then runs eagerly.
+        executor.graphs = None
+        eager = time_steps(executor, batch, args.iters)
+        executor.graphs = graphs
+        best = graph or eager
         read = weight_bytes_read(model, batch_size) + batch_size * args.context * kv_bytes_per_token
         roofline_ms = read / (bandwidth * 1e9) * 1e3
         rows.append(
             dict(
                 batch=batch_size,
-                step_ms=step_ms,
+                graph=graph,
+                eager=eager,
                 roofline_ms=roofline_ms,
-                times_roofline=step_ms / roofline_ms,
-                host_prepare_ms=host_ms,
+                times_roofline=best["step_ms"] / roofline_ms,
+                host_share=best["host_ms"] / best["wall_ms"],
                 bytes_read=read,
             )
         )
+        graph_ms = f"{graph['step_ms']:>9.3f}" if graph else f"{'-':>9}"
         print(
-            f"{batch_size:>5} {step_ms:>9.3f} {roofline_ms:>9.3f} {step_ms / roofline_ms:>7.2f} "
-            f"{host_ms:>8.3f} {host_ms / step_ms:>7.1%}"
+            f"{batch_size:>5} {graph_ms} {eager['step_ms']:>9.3f} {roofline_ms:>9.3f} "
+            f"{best['step_ms'] / roofline_ms:>7.2f} {best['host_ms']:>8.3f} "
+            f"{best['host_ms'] / best['wall_ms']:>7.1%}"
         )
     if args.json:
         meta = dict(device=describe(device), host=platform.node(), copy_gb_per_s=bandwidth)
