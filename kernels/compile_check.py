@@ -85,7 +85,11 @@ def kernels_to_compile(dtype: str):
                 DOT_PRECISION=precision,
             ),
         )
-        yield _split_kv_reduce_kernel, partials, dict(BLOCK_P=256, HEAD_DIM=head_dim)
+        yield (
+            _split_kv_reduce_kernel,
+            partials,
+            dict(PARTITION_SIZE=512, BLOCK_P=16, HEAD_DIM=head_dim),
+        )
     yield (
         _write_kv_cache_kernel,
         dict(key_ptr=ptr, value_ptr=ptr, kv_ptr=ptr, slot_mapping_ptr="*i64"),

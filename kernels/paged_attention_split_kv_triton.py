@@ -4,9 +4,10 @@ The grid is (sequence, KV head, partition of `partition_size` keys), so a batch 
 long context still occupies every SM. Each program folds its partition into a softmax state with
 `paged_attention_triton`'s tile loop and writes, per query head, the partial max `m_p`, sum
 `l_p` and normalised output `o_p` in float32; the reduce kernel merges them with weights
-`2^(m_p - max_p m_p) * l_p`. A partition past a sequence's end keeps `l_p = 0` and weighs
-nothing, so the grid may be sized for the longest sequence the model serves (a fixed grid, as
-CUDA graphs need).
+`2^(m_p - max_p m_p) * l_p`. The grid may be sized for the longest sequence the model serves
+(a fixed grid, as CUDA graphs need): a program whose partition starts past its sequence's end
+returns at once, and the reduce reads only the partitions that hold keys, `BLOCK_P` at a time,
+so the static bound costs empty programs, not memory traffic.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def _split_kv_partial_kernel(
     part = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     tok_start = part * PARTITION_SIZE
+    if tok_start >= seq_len:
+        return
     tok_end = tl.minimum(tok_start + PARTITION_SIZE, seq_len)
 
     rows = tl.arange(0, BLOCK_M)
@@ -91,7 +94,7 @@ def _split_kv_partial_kernel(
         HEAD_DIM,
         DOT_PRECISION,
     )
-    # Partials are [seq, head, partition]; a partition past the sequence's end leaves sum 0.
+    # Partials are [seq, head, partition]; partitions past the sequence's end stay unwritten.
     stat = (seq * num_heads + heads).to(tl.int64) * num_partitions + part
     tl.store(partial_max_ptr + stat, m_i, mask=row_valid)
     tl.store(partial_sum_ptr + stat, l_i, mask=row_valid)
@@ -107,31 +110,43 @@ def _split_kv_reduce_kernel(
     partial_out_ptr,
     partial_max_ptr,
     partial_sum_ptr,
+    seq_lens_ptr,
     stride_o_tok,
     stride_o_head,
     num_heads,
     num_partitions,
+    PARTITION_SIZE: tl.constexpr,
     BLOCK_P: tl.constexpr,
     HEAD_DIM: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    parts = tl.arange(0, BLOCK_P)
-    in_range = parts < num_partitions
+    num_used = tl.cdiv(tl.load(seq_lens_ptr + seq), PARTITION_SIZE)
     base = (seq * num_heads + head).to(tl.int64) * num_partitions
-    part_max = tl.load(partial_max_ptr + base + parts, mask=in_range, other=NEG_START)
-    part_sum = tl.load(partial_sum_ptr + base + parts, mask=in_range, other=0.0)
+    global_max = NEG_START
+    for start in range(0, num_used, BLOCK_P):
+        parts = start + tl.arange(0, BLOCK_P)
+        part_max = tl.load(partial_max_ptr + base + parts, mask=parts < num_used, other=NEG_START)
+        global_max = tl.maximum(global_max, tl.max(part_max, axis=0))
     # Rescale each partition's normalised output by its share of the global softmax mass.
-    weights = tl.exp2(part_max - tl.max(part_max, axis=0)) * part_sum
     offs_d = tl.arange(0, HEAD_DIM)
-    part_out = tl.load(
-        partial_out_ptr + (base + parts)[:, None] * HEAD_DIM + offs_d[None, :],
-        mask=in_range[:, None],
-        other=0.0,
-    )
-    out = tl.sum(part_out * weights[:, None], axis=0) / tl.sum(weights, axis=0)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    total = 0.0
+    for start in range(0, num_used, BLOCK_P):
+        parts = start + tl.arange(0, BLOCK_P)
+        in_range = parts < num_used
+        part_max = tl.load(partial_max_ptr + base + parts, mask=in_range, other=NEG_START)
+        part_sum = tl.load(partial_sum_ptr + base + parts, mask=in_range, other=0.0)
+        weights = tl.exp2(part_max - global_max) * part_sum
+        part_out = tl.load(
+            partial_out_ptr + (base + parts)[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=in_range[:, None],
+            other=0.0,
+        )
+        acc += tl.sum(part_out * weights[:, None], axis=0)
+        total += tl.sum(weights, axis=0)
     o_offsets = seq.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
-    tl.store(out_ptr + o_offsets, out.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + o_offsets, (acc / total).to(out_ptr.dtype.element_ty))
 
 
 def paged_decode_split_kv_triton(
@@ -144,12 +159,13 @@ def paged_decode_split_kv_triton(
     *,
     partition_size: int = 512,
     block_n: int = 64,
+    block_p: int = 16,
 ) -> torch.Tensor:
     """Flash-decoding: one query token per sequence (q is [B, Hq, D]), KV split in partitions.
 
-    Each of the `ceil(max_seq_len / partition_size)` partitions of a sequence writes its
-    softmax max, sum and normalised output in float32; the reduce kernel weighs them by
-    `exp(max - global max) * sum`.
+    Each of the `ceil(max_seq_len / partition_size)` partitions of a sequence that holds keys
+    writes its softmax max, sum and normalised output in float32; the reduce kernel weighs them
+    by `exp(max - global max) * sum`, reading `block_p` partitions at a time.
     """
     group, block_size, head_dim = check_layouts(q, kv_cache)
     if partition_size % block_n:
@@ -195,11 +211,13 @@ def paged_decode_split_kv_triton(
         partial_out,
         partial_max,
         partial_sum,
+        seq_lens,
         out.stride(0),
         out.stride(1),
         num_heads,
         num_partitions,
-        BLOCK_P=triton.next_power_of_2(num_partitions),
+        PARTITION_SIZE=partition_size,
+        BLOCK_P=min(block_p, triton.next_power_of_2(num_partitions)),
         HEAD_DIM=head_dim,
     )
     return out

@@ -147,7 +147,8 @@ def test_paged_attention_mixed_decode_and_prefill_matches_reference(
     )
     scale = head_dim**-0.5
     expected = paged_attention_ref(q, kv_cache, tables, query_start_loc, MIXED_SEQ_LENS, scale)
-    # 16-row tiles split the longer chunks across programs; 8-token KV tiles span two blocks.
+    # 16-row tiles split the longer chunks across programs; 16-token KV tiles span four blocks
+    # (16 is the smallest tile `tl.dot` compiles for natively).
     actual = paged_attention_triton(
         q,
         kv_cache,
@@ -157,7 +158,7 @@ def test_paged_attention_mixed_decode_and_prefill_matches_reference(
         max(MIXED_QUERY_LENS),
         scale,
         block_m=16,
-        block_n=8,
+        block_n=16,
     )
     close(actual, expected, torch.float32)
 
@@ -178,8 +179,8 @@ def test_paged_attention_in_half_precision_matches_reference(dtype):
 )
 def test_split_kv_decode_merges_partitions_like_one_pass(num_heads, num_kv_heads, head_dim):
     torch.manual_seed(0)
-    # With 8-token partitions: 5, 3, 1 and 1 partitions hold keys; the rest of each sequence's
-    # row of partitions is empty, which the merge must weigh zero.
+    # With 16-token partitions: 3, 2, 1 and 1 partitions hold keys; the rest of each sequence's
+    # row of partitions is empty, which the merge must skip. The merge reads 2 at a time.
     seq_lens = [37, 17, 8, 1]
     q, kv_cache, tables, query_start_loc = packed_batch(
         [1] * 4, seq_lens, num_heads, (num_kv_heads, head_dim), torch.float32
@@ -187,9 +188,17 @@ def test_split_kv_decode_merges_partitions_like_one_pass(num_heads, num_kv_heads
     scale = head_dim**-0.5
     expected = paged_attention_ref(q, kv_cache, tables, query_start_loc, seq_lens, scale)
     # A grid sized past the longest sequence (as a CUDA graph fixes it) changes nothing.
-    grid_len = max(seq_lens) + 11
+    grid_len = max(seq_lens) + 40
     actual = paged_decode_split_kv_triton(
-        q, kv_cache, tables, int32(seq_lens), grid_len, scale, partition_size=8, block_n=8
+        q,
+        kv_cache,
+        tables,
+        int32(seq_lens),
+        grid_len,
+        scale,
+        partition_size=16,
+        block_n=16,
+        block_p=2,
     )
     close(actual, expected, torch.float32)
 
