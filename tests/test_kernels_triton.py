@@ -203,31 +203,59 @@ def test_split_kv_decode_merges_partitions_like_one_pass(num_heads, num_kv_heads
     close(actual, expected, torch.float32)
 
 
-def test_ops_pick_the_reference_off_cuda_and_triton_on_cuda():
+def test_ops_pick_the_reference_off_cuda_and_triton_on_cuda_unless_forced():
     x = torch.randn(2, 8, device=DEVICE)
+    assert ops.uses_triton(x) == (DEVICE == "cuda")
+    with ops.force_triton():
+        assert ops.uses_triton(x)
+        with ops.force_reference():
+            assert not ops.uses_triton(x)
+        assert ops.uses_triton(x)
     assert ops.uses_triton(x) == (DEVICE == "cuda")
     # The CPU path stays the reference itself, bit for bit.
     cpu = torch.randn(2, 16)
     assert torch.equal(ops.silu_and_mul(cpu), silu_and_mul_ref(cpu))
 
 
-def test_ops_paged_attention_reads_the_packed_batch_metadata():
+class Unreadable(list):
+    """A Python list of the batch that the graph-safe Triton path must never read."""
+
+    def _refuse(self, *args, **kwargs):
+        raise AssertionError("the Triton path read a Python list of the batch")
+
+    __len__ = __iter__ = __getitem__ = _refuse
+
+
+def test_ops_paged_attention_triton_path_reads_only_the_batch_tensors():
     torch.manual_seed(0)
-    query_lens, seq_lens = [1, 3], [6, 3]
+    query_lens, seq_lens = [1, 3, 1], [6, 3, 2]
     q, kv_cache, tables, query_start_loc = packed_batch(
         query_lens, seq_lens, 4, (2, 16), torch.float32
     )
     batch = SimpleNamespace(
         block_tables=tables,
-        query_start_loc=query_start_loc,
-        seq_lens=seq_lens,
+        query_start_loc=Unreadable(),
+        seq_lens=Unreadable(),
         query_start_loc_tensor=int32(query_start_loc),
         seq_lens_tensor=int32(seq_lens),
         max_query_len=3,
         max_seq_len=6,
     )
     expected = paged_attention_ref(q, kv_cache, tables, query_start_loc, seq_lens, 0.25)
-    close(ops.paged_attention(q, kv_cache, batch, 0.25), expected, torch.float32)
+    with ops.force_triton():
+        close(ops.paged_attention(q, kv_cache, batch, 0.25), expected, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32])
+def test_split_kv_decode_in_half_precision_matches_reference(dtype):
+    torch.manual_seed(0)
+    seq_lens = [21, 5]
+    q, kv_cache, tables, query_start_loc = packed_batch([1, 1], seq_lens, 4, (2, 64), dtype)
+    expected = paged_attention_ref(q, kv_cache, tables, query_start_loc, seq_lens, 0.125)
+    actual = paged_decode_split_kv_triton(
+        q, kv_cache, tables, int32(seq_lens), 64, 0.125, partition_size=16, block_n=16
+    )
+    close(actual, expected, dtype)
 
 
 def test_split_kv_only_for_long_contexts_that_leave_sms_idle():

@@ -26,6 +26,7 @@ from gpu.input_batch import ModelInputs, prepare_inputs
 from gpu.kv_cache import allocate_kv_caches
 from gpu.model import CausalLM
 from kernels import ops
+from tests.test_kernels_triton import Unreadable
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BLOCK_SIZE = 4
@@ -144,15 +145,6 @@ def test_mixed_prefill_and_decode_forward_through_triton_matches_reference(name)
         torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
     for got, want in zip(triton_caches, reference_caches, strict=True):
         torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
-
-
-class Unreadable(list):
-    """A Python list of the batch that the graph-safe kernel path must never read."""
-
-    def _refuse(self, *args, **kwargs):
-        raise AssertionError("the Triton path read a Python list of the batch")
-
-    __len__ = __iter__ = __getitem__ = _refuse
 
 
 def padded_to_bucket(inputs: ModelInputs, bucket: int, max_seq_len: int) -> ModelInputs:
