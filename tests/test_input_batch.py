@@ -195,3 +195,34 @@ def test_batches_the_buffers_cannot_hold_are_refused_with_their_sizes() -> None:
         buffers.prepare(decodes(9), pad_to=1)
     with pytest.raises(ValueError, match="only a decode-only batch of at most 2 pads to 2"):
         buffers.prepare(Batch([scheduled([1, 2], start=0, block_table=[0])]), pad_to=2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_padded_rows_follow_the_unpadded_batch_then_the_padding_convention(data) -> None:
+    block_size = data.draw(st.sampled_from([1, 4, 16]))
+    buffers = InputBuffers(16, 16, 64 * block_size, block_size, torch.device("cpu"))
+    batch, _ = data.draw(batches(block_size))
+    for seq in batch.sequences:
+        seq.start_position += len(seq.token_ids) - 1
+        seq.token_ids = seq.token_ids[-1:]
+    num_seqs = len(batch)
+    pad_to = data.draw(st.integers(num_seqs, 16))
+
+    expected = prepare_inputs(batch, block_size, "cpu")
+    padded = buffers.prepare(batch, pad_to=pad_to)
+
+    num_padding = pad_to - num_seqs
+    got, want = padded.attn_metadata, expected.attn_metadata
+    assert padded.input_ids.tolist() == expected.input_ids.tolist() + [0] * num_padding
+    assert padded.positions.tolist() == expected.positions.tolist() + [0] * num_padding
+    assert got.slot_mapping.tolist() == want.slot_mapping.tolist() + [-1] * num_padding
+    assert got.seq_lens == got.seq_lens_tensor.tolist() == want.seq_lens + [1] * num_padding
+    assert got.query_start_loc == got.query_start_loc_tensor.tolist() == list(range(pad_to + 1))
+    width = want.block_tables.shape[1]
+    assert got.block_tables.shape == (pad_to, buffers.max_blocks_per_seq)
+    assert got.block_tables[:num_seqs, :width].tolist() == want.block_tables.tolist()
+    assert not got.block_tables[:num_seqs, width:].any()
+    assert not got.block_tables[num_seqs:].any()
+    assert padded.logits_indices.tolist() == expected.logits_indices.tolist()
+    assert (got.max_query_len, got.max_seq_len) == (1, 64 * block_size)
