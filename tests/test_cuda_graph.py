@@ -134,6 +134,69 @@ def test_padded_decode_through_the_triton_kernels_matches_the_unpadded_one(
         assert_padded_decode_matches_unpadded(executor, decode_after_prefill(executor))
 
 
+def test_capture_warms_up_then_captures_each_size_largest_first_into_one_pool(
+    executor: TorchExecutor, monkeypatch
+) -> None:
+    events: list[tuple] = []
+    pool = object()
+
+    class RecordedGraph:
+        """Stands in for torch.cuda.CUDAGraph on the CPU."""
+
+        def __init__(self) -> None:
+            events.append(("new", self))
+
+        def replay(self) -> None:
+            events.append(("replay", self))
+
+    class Capture:
+        def __init__(self, graph: RecordedGraph, pool: object) -> None:
+            self.graph, self.pool = graph, pool
+
+        def __enter__(self) -> None:
+            events.append(("capture", self.graph, self.pool))
+
+        def __exit__(self, *exc) -> None:
+            events.append(("end", self.graph))
+
+    def model(input_ids, positions, attn_metadata, kv_caches) -> torch.Tensor:
+        # All padding rows: token 0 at position 0, nothing written to the cache.
+        assert not input_ids.any() and not positions.any()
+        assert (attn_metadata.slot_mapping == -1).all()
+        events.append(("forward", len(input_ids)))
+        return torch.full((len(input_ids), 8), float(len(events)))
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", RecordedGraph)
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: pool)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    graphs = DecodeGraphs(model, executor.kv_caches, executor.buffers, [1, 2, 4])
+
+    graphs.capture()
+
+    new = [event[1] for event in events if event[0] == "new"]
+    assert graphs.captured_sizes == [1, 2, 4]
+    assert events == [
+        event
+        for size, graph in zip((4, 2, 1), new, strict=True)
+        for event in (
+            ("forward", size),
+            ("new", graph),
+            ("capture", graph, pool),
+            ("forward", size),
+            ("end", graph),
+        )
+    ]
+
+    decode = step("d", [5], 7, [1, 2])
+    num_captured = len(events)
+    hidden = graphs.run(executor.buffers.prepare(Batch([decode] * 3), pad_to=4))
+
+    assert events[num_captured:] == [("replay", new[0])]
+    # The output captured for size 4: the forward inside its capture was the 4th event.
+    assert hidden.shape == (4, 8) and (hidden == 4.0).all()
+
+
 def test_generation_through_padded_decode_steps_matches_the_eager_path(make_checkpoint) -> None:
     llm = LLM(
         make_checkpoint("llama"),
