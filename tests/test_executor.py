@@ -119,3 +119,13 @@ def test_unknown_dtype_is_refused_with_the_choices(make_checkpoint) -> None:
 
     with pytest.raises(ValueError, match="--dtype must be auto or one of float32, bfloat16"):
         TorchExecutor(config, EngineConfig(num_kv_blocks=4), device="cpu", dtype="int8")
+
+
+def test_startup_logs_the_kv_capacity_in_blocks_tokens_and_bytes(make_checkpoint, caplog) -> None:
+    config = ModelConfig.from_pretrained(make_checkpoint("llama"))
+    num_bytes = 5 * kv_cache_bytes_per_block(config, 8, torch.float32)
+
+    with caplog.at_level("INFO", logger="gpu.executor"):
+        TorchExecutor(config, EngineConfig(num_kv_blocks=5, block_size=8), device="cpu")
+
+    assert f"KV cache: 5 blocks of 8 tokens = 40 tokens, {num_bytes / 2**30:.2f} GiB" in caplog.text
