@@ -133,13 +133,12 @@ def _numpy_views(buffers: _FlatBuffers) -> _FlatBuffers:
 
 
 def _pack(
-    batch: Batch, block_size: int, out: _FlatBuffers, num_rows: int, table_width: int | None
+    batch: Batch, block_size: int, out: _FlatBuffers, num_rows: int, max_table_width: int
 ) -> _Packed:
     """Write `batch` into the numpy arrays of `out`; rows past the batch's are graph padding.
 
     A padding row is one token at position 0 of a one-token sequence: input id 0, slot -1 (its
-    K/V is not stored), an all-zero block-table row. `table_width=None` makes the tables as wide
-    as the batch's longest; a fixed width (a CUDA graph's) must hold every table.
+    K/V is not stored), an all-zero block-table row. The tables are as wide as the longest.
     """
     seqs = batch.sequences
     num_seqs = len(seqs)
@@ -170,11 +169,11 @@ def _pack(
 
     table_lengths = np.zeros(num_rows, np.int64)
     table_lengths[:num_seqs] = np.fromiter((len(s.block_table) for s in seqs), np.int64, num_seqs)
-    longest = int(table_lengths.max(initial=0))
-    width = max(longest, 1) if table_width is None else table_width
-    if longest > width or width * num_rows > len(out.block_tables):
+    width = max(1, int(table_lengths.max(initial=0)))
+    if width > max_table_width:
         raise ValueError(
-            f"a block table of {longest} blocks exceeds the input buffers' {width} per sequence"
+            f"a block table of {width} blocks exceeds the input buffers' {max_table_width} "
+            "per sequence"
         )
     block_tables = out.block_tables[: num_rows * width].reshape(num_rows, width)
     _fill_block_tables(block_tables, [s.block_table for s in seqs], table_lengths)
@@ -219,7 +218,7 @@ def prepare_inputs(batch: Batch, block_size: int, device: torch.device | str) ->
     num_seqs = len(batch.sequences)
     width = max(1, max(len(s.block_table) for s in batch.sequences))
     host = _FlatBuffers.allocate(num_tokens, num_seqs, width, "cpu")
-    packed = _pack(batch, block_size, _numpy_views(host), num_seqs, None)
+    packed = _pack(batch, block_size, _numpy_views(host), num_seqs, width)
     on_device = _FlatBuffers(
         **{f.name: getattr(host, f.name).to(device, non_blocking=True) for f in fields(host)}
     )
@@ -239,8 +238,12 @@ class InputBuffers:
     recorded after the previous copies. A step that samples synchronizes anyway when it reads the
     tokens back, so the wait is free there; it matters for steps that sample nothing.
 
-    Padded steps (`pad_to`, for CUDA graphs) always use the same views: tables as wide as
-    `max_model_len` needs, `max_seq_len = max_model_len` and `max_query_len = 1`.
+    Padded steps (`pad_to`, for CUDA graphs) always use the same views: `max_query_len = 1`,
+    `max_seq_len = max_model_len` and block tables [pad_to, blocks for max_model_len] in a
+    buffer of their own, into which the step's tables (as wide as its longest) are copied on the
+    device. The columns past them keep earlier steps' block ids: kernels read only a sequence's
+    own blocks, and those are valid block ids anyway. So a step copies its tables' size, not
+    `max_model_len`'s.
     """
 
     def __init__(
@@ -259,22 +262,29 @@ class InputBuffers:
         self.host = _FlatBuffers.allocate(*sizes, "cpu", pin_memory=on_cuda)
         self._host_arrays = _numpy_views(self.host)
         self.device = _FlatBuffers.allocate(*sizes, device) if on_cuda else self.host
+        self.graph_block_tables = torch.zeros(
+            (max_num_seqs, self.max_blocks_per_seq), dtype=torch.int32, device=device
+        )
         self._copied = torch.cuda.Event() if on_cuda else None
 
     def prepare(self, batch: Batch, pad_to: int | None = None) -> ModelInputs:
         """The forward inputs of `batch`, or of `batch` padded to `pad_to` one-token rows."""
         if self._copied is not None:
             self._copied.synchronize()
-        if pad_to is None:
-            packed = _pack(batch, self.block_size, self._host_arrays, len(batch), None)
-        else:
-            if any(len(s.token_ids) != 1 for s in batch.sequences) or len(batch) > pad_to:
-                raise ValueError(f"only a decode-only batch of at most {pad_to} pads to {pad_to}")
-            packed = _pack(
-                batch, self.block_size, self._host_arrays, pad_to, self.max_blocks_per_seq
-            )
-            packed.max_query_len, packed.max_seq_len = 1, self.max_model_len
+        if pad_to is not None and (
+            len(batch) > pad_to or any(len(s.token_ids) != 1 for s in batch.sequences)
+        ):
+            raise ValueError(f"only a decode-only batch of at most {pad_to} pads to {pad_to}")
+        num_rows = len(batch) if pad_to is None else pad_to
+        packed = _pack(batch, self.block_size, self._host_arrays, num_rows, self.max_blocks_per_seq)
         if self._copied is not None:
             self.device.used(packed).copy_from(self.host.used(packed))
             self._copied.record()
-        return self.device.model_inputs(packed)
+        inputs = self.device.model_inputs(packed)
+        if pad_to is not None:
+            metadata = inputs.attn_metadata
+            graph_tables = self.graph_block_tables[:pad_to]
+            graph_tables[:, : packed.table_width].copy_(metadata.block_tables)
+            metadata.block_tables = graph_tables
+            metadata.max_query_len, metadata.max_seq_len = 1, self.max_model_len
+        return inputs

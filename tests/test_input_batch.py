@@ -226,3 +226,14 @@ def test_padded_rows_follow_the_unpadded_batch_then_the_padding_convention(data)
     assert not got.block_tables[num_seqs:].any()
     assert padded.logits_indices.tolist() == expected.logits_indices.tolist()
     assert (got.max_query_len, got.max_seq_len) == (1, 64 * block_size)
+
+
+def test_a_padded_step_copies_only_as_many_table_columns_as_its_longest_table() -> None:
+    buffers = InputBuffers(16, 8, max_model_len=32, block_size=4, device=torch.device("cpu"))
+    buffers.prepare(decodes(30, 25), pad_to=2)
+
+    tables = buffers.prepare(decodes(9, 2), pad_to=4).attn_metadata.block_tables
+
+    # Columns 0-2 are this step's; past them, the earlier step's ids stay (nobody reads them).
+    assert tables[:, :3].tolist() == [[0, 1, 2], [10, 0, 0], [0, 0, 0], [0, 0, 0]]
+    assert tables[:2, 3:].tolist() == [[3, 4, 5, 6, 7], [13, 14, 15, 16, 0]]
