@@ -59,6 +59,7 @@ class Engine:
             self.length_predictor,
             config.max_wait_ms / 1000,
             config.max_num_batched_tokens,
+            config.max_num_seqs,
         )
         self.scheduler = Scheduler(
             self.kv_cache,

@@ -24,12 +24,13 @@ UNLIMITED = sys.maxsize
 class PolicyContext:
     """What a policy may consult besides the queues: the step-cost model and the output-length
     predictor (both learning online in the engine), the starvation bound and the scheduler's
-    budgets."""
+    budgets (tokens per step, sequences in the batch)."""
 
     cost_model: StepCostModel = field(default_factory=StepCostModel)
     length_predictor: LengthPredictor = field(default_factory=LengthPredictor)
     max_wait_s: float = 20.0
     max_num_batched_tokens: int = 2048
+    max_num_seqs: int = UNLIMITED
 
 
 class SchedulingPolicy(ABC):

@@ -104,7 +104,9 @@ def simulate(
     full = engine_config.max_num_batched_tokens
     warm_up(cost_model, config.cost.predict, profile_shapes(full, engine_config.max_num_seqs, 8192))
     predictor = LengthPredictor()
-    context = PolicyContext(cost_model, predictor, engine_config.max_wait_ms / 1000, full)
+    context = PolicyContext(
+        cost_model, predictor, engine_config.max_wait_ms / 1000, full, engine_config.max_num_seqs
+    )
     kv_cache = KVCacheManager(
         config.num_kv_blocks, engine_config.block_size, engine_config.enable_prefix_caching
     )

@@ -34,11 +34,12 @@ latest arrival.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 
 from core.policy import PolicyContext, SchedulingPolicy
-from core.request import Request
+from core.request import Request, RequestStatus
 from core.step_cost import prefill_seconds
 
 # A request is promoted ahead of every deadline when what is left of the starvation bound only
@@ -58,6 +59,9 @@ FUTURE_CREDIT_SHARE = 0.5
 # The TPOT cap shrinks by the step-cost model's mean relative error, up to this much.
 MAX_ERROR_HEADROOM = 0.25
 
+# Weight of the newest step in the running mean of the measured step time.
+STEP_TIME_EMA_WEIGHT = 0.05
+
 # Where requests without a deadline and those that will miss theirs sort, after the rest.
 _NO_DEADLINE, _LATE = 0, 1
 
@@ -75,6 +79,12 @@ class SLOPolicy(SchedulingPolicy):
         self._per_token_s = self.context.cost_model.prefill_token_s()
         self._capped = False
         self._overdue_waiting = False
+        # Places in the batch: how many are free and, when none is, seconds between two places
+        # freeing; the mean step time measured on the clock turns tokens into seconds.
+        self._free_places = self.context.max_num_seqs
+        self._place_gap_s = 0.0
+        self._step_s = self._decode_s
+        self._last_step: float | None = None
 
     def prefill_time_s(self, num_tokens: int) -> float:
         """Predicted seconds until `num_tokens` of prefill are done at the current pace."""
@@ -88,16 +98,19 @@ class SLOPolicy(SchedulingPolicy):
         full = self.context.max_num_batched_tokens
         full_step_s = self.context.cost_model.predict_step(full, 0, full)
         earliest = now - AGING_EARLIEST_SHARE * bound
+        margin_s = AGING_MARGIN_STEPS * full_step_s
         overdue: set[str] = set()
-        tokens = 0
+        tokens = places = 0
         for request in sorted(waiting, key=_arrival):
             if request.first_token_time is not None:
                 continue
             tokens += _prefill_left(request)
+            places += _needs_place(request)
             if request.arrival_time > earliest:
                 break
-            steps = -(-tokens // full) + AGING_MARGIN_STEPS
-            if now - request.arrival_time >= bound - steps * full_step_s:
+            # A full batch delays the start too: the request needs a place after the older ones.
+            need_s = max(-(-tokens // full) * full_step_s, self.place_wait_s(places - 1))
+            if now - request.arrival_time >= bound - need_s - margin_s:
                 overdue.add(request.request_id)
         return overdue
 
@@ -114,35 +127,82 @@ class SLOPolicy(SchedulingPolicy):
                 with_deadline.append(((deadline, *_arrival(request)), request))
         self._overdue_waiting = any(r.first_token_time is None for r in first)
         first.sort(key=_arrival)
-        tokens_ahead = sum(_prefill_left(r) for r in first)
-        on_time, late = [], []
+        with_deadline.sort(key=lambda item: item[0])
+        ahead = (sum(_prefill_left(r) for r in first), sum(_needs_place(r) for r in first))
+        on_time, late = self._split_by_deadline(with_deadline, ahead, now)
         slack = math.inf  # the least slack among the requests on time
-        # Earliest deadline first, dropping each request that would miss given the work ahead:
-        # serving it would spend the time of those behind it, which can still make theirs.
-        for (deadline, *_), request in sorted(with_deadline, key=lambda item: item[0]):
-            own = _prefill_left(request)
-            spare = deadline - now - self.prefill_time_s(tokens_ahead + own)
-            if spare >= 0:
-                on_time.append(request)
-                tokens_ahead += own
-                slack = min(slack, spare)
-            else:
-                late.append(request)
+        tokens, places = ahead
+        for deadline, request in on_time:
+            tokens += _prefill_left(request)
+            places += _needs_place(request)
+            slack = min(slack, deadline - now - self.first_token_s(request, tokens, places))
         # Slack stealing: late requests go ahead of the on-time ones as far as a share of the
-        # least slack among those allows, so a missed deadline is not also a long wait.
+        # least slack among those allows, so a missed deadline is not also a long wait. One
+        # that needs a place in a full batch also puts each on-time request a place later.
         late.sort(key=lambda r: (r.priority, *_arrival(r)))
         budget_s = STEAL_SHARE * slack
         per_token_s = self.prefill_time_s(self._pace_tokens) / self._pace_tokens
+        place_s = self._place_gap_s if places >= self._free_places else 0.0
         stolen = []
         for request in late:
-            cost_s = _prefill_left(request) * per_token_s
+            cost_s = _prefill_left(request) * per_token_s + _needs_place(request) * place_s
             if cost_s <= budget_s:
                 stolen.append(request)
                 budget_s -= cost_s
             else:
                 rest.append(((_LATE, request.priority, *_arrival(request)), request))
         rest.sort(key=lambda item: item[0])
-        return first + stolen + on_time + [request for _, request in rest]
+        ordered = first + stolen + [request for _, request in on_time]
+        return ordered + [request for _, request in rest]
+
+    def _split_by_deadline(
+        self, with_deadline: list, ahead: tuple[int, int], now: float
+    ) -> tuple[list[tuple[float, Request]], list[Request]]:
+        """Earliest deadline first, setting aside requests until every one kept is predicted to
+        make its deadline: when one would miss, the waiting request with the most prefill among
+        those kept so far (it included) goes, as in Moore-Hodgson's rule, which keeps the most
+        deadlines met; serving a hopeless request would only spend the time of those behind."""
+        tokens, places = ahead
+        kept: list[tuple[float, Request]] = []
+        largest: list[tuple[int, float, int, Request]] = []  # heap of waiting ones kept
+        dropped: set[str] = set()
+        late = []
+        for (deadline, *_), request in with_deadline:
+            own = _prefill_left(request)
+            tokens += own
+            places += _needs_place(request)
+            kept.append((deadline, request))
+            if _needs_place(request):
+                heapq.heappush(largest, (-own, -deadline, len(kept), request))
+            while deadline - now < self.first_token_s(request, tokens, places):
+                while largest and largest[0][3].request_id in dropped:
+                    heapq.heappop(largest)  # set aside earlier, when it was the one missing
+                bigger = bool(largest) and -largest[0][0] > own
+                victim = heapq.heappop(largest)[3] if bigger else request
+                dropped.add(victim.request_id)
+                late.append(victim)
+                tokens -= _prefill_left(victim)
+                places -= _needs_place(victim)
+                if victim is request:
+                    break
+        on_time = [(d, r) for d, r in kept if r.request_id not in dropped]
+        return on_time, late
+
+    def first_token_s(self, request: Request, tokens: int, places: int) -> float:
+        """Predicted seconds until `request`'s first token, with `tokens` of prefill queued up
+        to and including its own and `places` requests (it included, if it needs one) wanting
+        a place in the batch: the prefill ahead at the current pace, or its own prefill after
+        its place frees, whichever is later."""
+        prefill_s = self.prefill_time_s(tokens)
+        if not _needs_place(request):
+            return prefill_s
+        own_s = self.prefill_time_s(_prefill_left(request))
+        return max(prefill_s, self.place_wait_s(places - 1) + own_s)
+
+    def place_wait_s(self, index: int) -> float:
+        """Predicted seconds until the `index`-th request (from 0) waiting for a place in the
+        batch gets one: at once while places are free, then one per place gap."""
+        return max(0, index + 1 - self._free_places) * self._place_gap_s
 
     def slack_s(self, request: Request, now: float) -> float:
         """Seconds to spare before the request's next deadline; infinite without a target.
@@ -205,7 +265,26 @@ class SLOPolicy(SchedulingPolicy):
         self._pace_tokens = max(1, min(budget, self.context.max_num_batched_tokens))
         self._decode_s = decode_s
         self._per_token_s = per_token_s
+        self._track_places(running, now)
         return budget
+
+    def _track_places(self, running: Sequence[Request], now: float) -> None:
+        """Measure the mean step time on the clock, and from it and the predicted output
+        lengths the pace at which a full batch frees places."""
+        if self._last_step is not None and now > self._last_step:
+            self._step_s += STEP_TIME_EMA_WEIGHT * (now - self._last_step - self._step_s)
+        # The gap to the next call is a step only if this one runs something.
+        self._last_step = now if running else None
+        self._free_places = self.context.max_num_seqs - len(running)
+        if not running:
+            self._place_gap_s = 0.0
+            return
+        # In a batch kept full, a place frees every mean lifetime / batch size (renewal): the
+        # remaining tokens of the requests running now would mislead, since one past its
+        # predicted length looks about to finish while it is as likely as not to go on.
+        predict = self.context.length_predictor.predict
+        mean_length = sum(predict(r) for r in running) / len(running)
+        self._place_gap_s = mean_length * self._step_s / len(running)
 
     def chunk_overhead(self, request: Request, start_position: int) -> int:
         if not self._capped:
@@ -227,6 +306,11 @@ class SLOPolicy(SchedulingPolicy):
 
 def _prefill_left(request: Request) -> int:
     return max(0, request.num_tokens - request.num_computed_tokens)
+
+
+def _needs_place(request: Request) -> int:
+    """1 if the request must be admitted into the batch before its prefill can run."""
+    return int(request.status is not RequestStatus.RUNNING)
 
 
 def _arrival(request: Request) -> tuple[float, str]:

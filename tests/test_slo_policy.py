@@ -16,6 +16,7 @@ from core.policy import PolicyContext, make_policy
 from core.request import SLO, Request
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
+from core.slo_policy import SLOPolicy
 from core.step_cost import CostCoefficients, StepShape, profile_shapes, warm_up
 
 VOCAB = 1000
@@ -216,6 +217,44 @@ def test_requests_that_cannot_make_their_deadline_go_after_those_that_can():
     untargeted = Request("none", [1] * 10, SamplingParams(max_tokens=4), 0.0, 0, SLO())
     order = policy.order_waiting([untargeted, hopeless, loose, tight], 0.0)
     assert [r.request_id for r in order] == ["tight", "loose", "none", "hopeless"]
+
+
+def full_batch_queue(max_num_seqs: int) -> tuple[SLOPolicy, list[Request]]:
+    """A policy whose batch holds two long decodes, and two requests waiting for a place: a
+    long prompt due first and a short one due just after. In a full batch they cannot both
+    make it: whichever goes second waits for the second place to free."""
+    policy = make_policy("slo", PolicyContext(max_num_seqs=max_num_seqs))
+    running = []
+    for request_id in ("a", "b"):
+        request = Request(request_id, [1] * 10, SamplingParams(max_tokens=500), 0.0, 0, SLO())
+        request.append_token(2)
+        request.num_computed_tokens = 10
+        request.first_token_time = 0.0
+        running.append(request)
+    policy.prefill_budget(running, 2046, 0.0)
+    full = make_policy("slo", PolicyContext(max_num_seqs=2))
+    full.prefill_budget(running, 2046, 0.0)
+    earliest = full.place_wait_s(0) + full.prefill_time_s(1500)  # the long one, going first
+    latest = full.place_wait_s(1) + full.prefill_time_s(20)  # the short one, going second
+    assert 0 < earliest < latest
+    due_long = earliest + (latest - earliest) / 3
+    due_short = earliest + 2 * (latest - earliest) / 3
+    long = Request("long", [1] * 1500, SamplingParams(max_tokens=4), 0.0, 1, SLO(due_long * 1e3))
+    short = Request("short", [1] * 20, SamplingParams(max_tokens=4), 0.0, 0, SLO(due_short * 1e3))
+    return policy, [long, short]
+
+
+def test_a_full_batch_sets_the_long_prompt_aside_so_the_short_one_makes_its_deadline():
+    # Earliest deadline first would give the long prompt the first place to free and the
+    # short request would miss; setting aside the one with the most prefill (Moore-Hodgson)
+    # keeps one deadline either way and frees the most time.
+    policy, waiting = full_batch_queue(max_num_seqs=2)
+    assert [r.request_id for r in policy.order_waiting(waiting, 0.0)] == ["short", "long"]
+
+
+def test_with_places_free_both_deadlines_hold_in_deadline_order():
+    policy, waiting = full_batch_queue(max_num_seqs=4)
+    assert [r.request_id for r in policy.order_waiting(waiting, 0.0)] == ["long", "short"]
 
 
 @pytest.mark.parametrize("policy", POLICIES)
