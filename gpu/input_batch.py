@@ -231,7 +231,9 @@ class InputBuffers:
     `prepare` packs a batch with numpy into host arrays, then on CUDA enqueues one non-blocking
     copy per tensor of the used prefix into device buffers and returns views of those; on the CPU
     the host arrays are the tensors the forward reads, with no copy at all. The views stay valid
-    until the next `prepare`, which overwrites them.
+    until the next `prepare`, which overwrites them. A step larger than the buffers (the `static`
+    policy prefills whole prompts past the token budget) gets tensors of its own, as from
+    `prepare_inputs`: rare, and small next to such a step's compute.
 
     The host arrays are pinned on CUDA, so a copy reads them after `prepare` has returned. The
     next `prepare` must not overwrite them before that copy has run: it first waits on an event
@@ -255,6 +257,8 @@ class InputBuffers:
         device: torch.device,
     ) -> None:
         self.block_size = block_size
+        self.max_num_tokens = max_num_tokens
+        self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         on_cuda = device.type == "cuda"
@@ -275,6 +279,11 @@ class InputBuffers:
             len(batch) > pad_to or any(len(s.token_ids) != 1 for s in batch.sequences)
         ):
             raise ValueError(f"only a decode-only batch of at most {pad_to} pads to {pad_to}")
+        if pad_to is None and (
+            len(batch) > self.max_num_seqs
+            or sum(len(s.token_ids) for s in batch.sequences) > self.max_num_tokens
+        ):
+            return prepare_inputs(batch, self.block_size, self.graph_block_tables.device)
         num_rows = len(batch) if pad_to is None else pad_to
         packed = _pack(batch, self.block_size, self._host_arrays, num_rows, self.max_blocks_per_seq)
         if self._copied is not None:

@@ -185,16 +185,32 @@ def test_a_padded_step_uses_the_same_memory_whatever_the_batch() -> None:
     assert addresses(buffers.prepare(decodes(5, 2, 9, 4), pad_to=4)) == all_padding
 
 
-def test_batches_the_buffers_cannot_hold_are_refused_with_their_sizes() -> None:
+def test_a_step_past_the_buffers_gets_tensors_of_its_own_and_leaves_the_buffers_alone() -> None:
     buffers = InputBuffers(4, 2, max_model_len=8, block_size=4, device=torch.device("cpu"))
+    buffers.prepare(decodes(3, 6))
+    before = [t.clone() for t in buffer_tensors(buffers)]
     prompt = Batch([scheduled([1] * 5, start=0, block_table=[0, 1])], num_prefill_tokens=5)
+    many = decodes(1, 2, 3)
 
-    with pytest.raises(ValueError, match="5 tokens in 1 sequences exceeds the input buffers"):
-        buffers.prepare(prompt)
+    for batch in (prompt, many):
+        inputs = buffers.prepare(batch)
+        assert_same_inputs(inputs, prepare_inputs(batch, 4, "cpu"))
+        assert inputs.input_ids.data_ptr() != buffers.host.input_ids.data_ptr()
+
+    assert all(
+        torch.equal(t, saved) for t, saved in zip(buffer_tensors(buffers), before, strict=True)
+    )
+
+
+def test_batches_the_buffers_must_not_hold_are_refused() -> None:
+    buffers = InputBuffers(4, 2, max_model_len=8, block_size=4, device=torch.device("cpu"))
+
     with pytest.raises(ValueError, match="block table of 3 blocks exceeds"):
         buffers.prepare(decodes(9), pad_to=1)
     with pytest.raises(ValueError, match="only a decode-only batch of at most 2 pads to 2"):
         buffers.prepare(Batch([scheduled([1, 2], start=0, block_table=[0])]), pad_to=2)
+    with pytest.raises(ValueError, match="only a decode-only batch of at most 2 pads to 2"):
+        buffers.prepare(decodes(1, 2, 3), pad_to=2)
 
 
 @settings(max_examples=40, deadline=None)
