@@ -1,0 +1,81 @@
+"""The CPU path's paged attention (decodes batched by length bucket) against the reference and
+against itself alone: same attention, and a decode's result does not depend on its company."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kernels.paged_attention import DECODE_GROUP, paged_attention_cpu, paged_attention_ref
+
+HEAD_DIM = 32
+
+
+def packed_batch(
+    sequences: list[tuple[int, int]], block_size: int, num_heads: int, num_kv_heads: int, seed: int
+):
+    """Random K/V cached for each (seq_len, query_len) in shuffled blocks, and packed queries.
+
+    Block tables are padded with block 0 to the longest sequence, as the packed batch pads them.
+    """
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    num_blocks = sum(-(-seq_len // block_size) for seq_len, _ in sequences) + 3
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, HEAD_DIM)
+    free_blocks = list(range(num_blocks))
+    rng.shuffle(free_blocks)
+    max_blocks = max(-(-seq_len // block_size) for seq_len, _ in sequences)
+    block_tables = torch.zeros(len(sequences), max_blocks, dtype=torch.int32)
+    for i, (seq_len, _) in enumerate(sequences):
+        table = [free_blocks.pop() for _ in range(-(-seq_len // block_size))]
+        block_tables[i, : len(table)] = torch.tensor(table)
+    query_start_loc = [0]
+    for _, query_len in sequences:
+        query_start_loc.append(query_start_loc[-1] + query_len)
+    q = torch.randn(query_start_loc[-1], num_heads, HEAD_DIM)
+    seq_lens = [seq_len for seq_len, _ in sequences]
+    return q, kv_cache, block_tables, query_start_loc, seq_lens
+
+
+# Decodes on and off block and bucket edges (64 tokens), some longer than the table width lets
+# a short bucket read, a 1-token sequence, prefill chunks in between, and an empty slot.
+MIXED = [(1, 1), (37, 1), (64, 1), (65, 1), (40, 7), (128, 1), (9, 1), (50, 18), (70, 0), (200, 1)]
+
+
+@pytest.mark.parametrize("block_size", [4, 16, 128])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (8, 2), (8, 1)])
+def test_cpu_path_matches_reference_on_a_mixed_packed_batch(
+    block_size: int, num_heads: int, num_kv_heads: int
+) -> None:
+    batch = packed_batch(MIXED, block_size, num_heads, num_kv_heads, seed=block_size + num_heads)
+    expected = paged_attention_ref(*batch, scale=HEAD_DIM**-0.5)
+    actual = paged_attention_cpu(*batch, scale=HEAD_DIM**-0.5)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_output_is_bitwise_the_same_alone_and_in_a_batch() -> None:
+    # More same-bucket decodes than one SDPA call takes, so the tracked one shares a group.
+    rng = random.Random(0)
+    others = [(rng.randint(1, 300), 1) for _ in range(3 * DECODE_GROUP)]
+    tracked = (100, 1)
+    q, kv_cache, block_tables, query_start_loc, seq_lens = packed_batch(
+        [*others, tracked, (30, 12)], 16, 8, 2, seed=1
+    )
+    batched = paged_attention_cpu(q, kv_cache, block_tables, query_start_loc, seq_lens, 0.2)
+    row = query_start_loc[len(others)]
+    alone = paged_attention_cpu(
+        q[row : row + 1], kv_cache, block_tables[len(others) :][:1], [0, 1], [tracked[0]], 0.2
+    )
+    assert torch.equal(batched[row : row + 1], alone)
+
+
+def test_cpu_path_runs_in_and_out_of_inference_mode_alike() -> None:
+    # Longer than any other test's decodes, so the gather buffer is made inside inference mode.
+    batch = packed_batch([(2000, 1)] * 4, 16, 4, 2, seed=3)
+    expected = paged_attention_ref(*batch, scale=0.25)
+    with torch.inference_mode():
+        inside = paged_attention_cpu(*batch, scale=0.25)
+    torch.testing.assert_close(paged_attention_cpu(*batch, scale=0.25), expected)
+    torch.testing.assert_close(inside, expected)
