@@ -42,7 +42,7 @@ class SchedulingPolicy(ABC):
     @abstractmethod
     def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
         """Requests still owed prefill (waiting, preempted, partly prefilled) in the order the
-        step should serve them."""
+        step should serve them; a waiting request left out is held back this step."""
 
     def prefill_budget(self, running: Sequence[Request], token_budget: int, now: float) -> int:
         """Prefill tokens this step may carry, given the token budget left after decodes."""

@@ -5,12 +5,23 @@ Ordering. Every request still owed prefill has a TTFT deadline (arrival + its ta
 resuming after a preemption, and those about to break the starvation bound (`--max-wait-ms`:
 no request waits longer than that for its first token, as long as the older work and its own
 prefill fit in it), go first, oldest first. The rest are taken earliest deadline first, and
-each one's time to first token is predicted with the step-cost model from the prefill work
-queued ahead of it plus its own; one that would miss its deadline even so is set aside (it
-would only make others miss too). Slack = deadline − now − predicted time to first token. Late
-requests still go ahead of the on-time ones as far as half the least slack among those allows
-(slack stealing, from real-time scheduling), so a missed deadline is not also a long wait; the
-rest of them follow the requests with no TTFT target.
+each one's time to first token is predicted from the prefill queued ahead of it plus its own
+(the step-cost model) and, when the batch is full (`--max-num-seqs`), from when a place frees
+for it: a full batch frees one every mean request lifetime / batch size (predicted lengths,
+measured step time). When one would miss its deadline, the waiting request with the most
+prefill among those kept so far is set aside (Moore-Hodgson's rule: it keeps the most deadlines
+met, and serving a hopeless request would only make others miss too). Slack = deadline − now −
+predicted time to first token. Late requests still go ahead of the on-time ones as far as half
+the least slack among those allows (slack stealing, from real-time scheduling), so a missed
+deadline is not also a long wait; the rest of them follow the requests with no TTFT target.
+
+Places. A request holds its place in the batch from admission to its last token, so a full
+batch makes an urgent arrival wait for one to free, however it is ordered. Patient requests
+(those with a second of slack or more, no TTFT target, or a long one already missed) do not take
+the last free places: enough are kept for the requests with short targets expected to arrive
+before the next place frees (their measured rate × the place gap, at the Poisson 99th
+percentile): trunk reservation, as telephone exchanges keep guard channels for handed-over
+calls.
 
 Prefill budget. A step's duration grows with the prefill it carries, and every running decode
 waits for the whole step. A TPOT target is a per-token average (what goodput measures: time from
@@ -38,6 +49,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
+from core.arrival_rate import ArrivalRate, poisson_quantile
 from core.policy import PolicyContext, SchedulingPolicy
 from core.request import Request, RequestStatus
 from core.step_cost import prefill_seconds
@@ -61,6 +73,12 @@ MAX_ERROR_HEADROOM = 0.25
 
 # Weight of the newest step in the running mean of the measured step time.
 STEP_TIME_EMA_WEIGHT = 0.05
+# A request with this much slack can wait for a place: in a full batch it leaves the last free
+# places to urgent ones (those whose TTFT target is shorter than this).
+PATIENCE_S = 1.0
+# The places kept free cover the urgent requests arriving before the next place frees with
+# this probability (Poisson arrivals).
+GUARD_PROBABILITY = 0.99
 
 # Where requests without a deadline and those that will miss theirs sort, after the rest.
 _NO_DEADLINE, _LATE = 0, 1
@@ -85,6 +103,7 @@ class SLOPolicy(SchedulingPolicy):
         self._place_gap_s = 0.0
         self._step_s = self._decode_s
         self._last_step: float | None = None
+        self.arrivals = ArrivalRate()
 
     def prefill_time_s(self, num_tokens: int) -> float:
         """Predicted seconds until `num_tokens` of prefill are done at the current pace."""
@@ -115,6 +134,7 @@ class SLOPolicy(SchedulingPolicy):
         return overdue
 
     def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
+        self.arrivals.observe(waiting, now)
         first, with_deadline, rest = [], [], []
         overdue = self.overdue(waiting, now)
         for request in waiting:
@@ -132,10 +152,14 @@ class SLOPolicy(SchedulingPolicy):
         on_time, late = self._split_by_deadline(with_deadline, ahead, now)
         slack = math.inf  # the least slack among the requests on time
         tokens, places = ahead
+        urgent = {r.request_id for r in first}  # those no place is kept from
         for deadline, request in on_time:
             tokens += _prefill_left(request)
             places += _needs_place(request)
-            slack = min(slack, deadline - now - self.first_token_s(request, tokens, places))
+            own_slack = deadline - now - self.first_token_s(request, tokens, places)
+            slack = min(slack, own_slack)
+            if own_slack < PATIENCE_S:
+                urgent.add(request.request_id)
         # Slack stealing: late requests go ahead of the on-time ones as far as a share of the
         # least slack among those allows, so a missed deadline is not also a long wait. One
         # that needs a place in a full batch also puts each on-time request a place later.
@@ -145,6 +169,8 @@ class SLOPolicy(SchedulingPolicy):
         place_s = self._place_gap_s if places >= self._free_places else 0.0
         stolen = []
         for request in late:
+            if request.slo.ttft_ms / 1000 < PATIENCE_S:
+                urgent.add(request.request_id)
             cost_s = _prefill_left(request) * per_token_s + _needs_place(request) * place_s
             if cost_s <= budget_s:
                 stolen.append(request)
@@ -153,7 +179,25 @@ class SLOPolicy(SchedulingPolicy):
                 rest.append(((_LATE, request.priority, *_arrival(request)), request))
         rest.sort(key=lambda item: item[0])
         ordered = first + stolen + [request for _, request in on_time]
-        return ordered + [request for _, request in rest]
+        return self._keep_places(ordered + [request for _, request in rest], urgent)
+
+    def _keep_places(self, ordered: list[Request], urgent: set[str]) -> list[Request]:
+        """Hold back the patient requests that would take one of the last free places, keeping
+        those for urgent requests arriving before the next place frees (trunk reservation, as
+        guard channels keep lines free for handed-over calls)."""
+        rate_s = self.arrivals.per_s_below(PATIENCE_S)
+        guard = poisson_quantile(rate_s * self._place_gap_s, GUARD_PROBABILITY)
+        if guard == 0 or self._free_places > guard + len(ordered):
+            return ordered
+        free = self._free_places
+        kept = []
+        for request in ordered:
+            if _needs_place(request):
+                if free <= guard and request.request_id not in urgent:
+                    continue
+                free -= 1
+            kept.append(request)
+        return kept
 
     def _split_by_deadline(
         self, with_deadline: list, ahead: tuple[int, int], now: float

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from core.arrival_rate import poisson_quantile
 from core.batch import Batch
 from core.config import POLICIES, EngineConfig
 from core.engine import Engine
@@ -255,6 +256,53 @@ def test_a_full_batch_sets_the_long_prompt_aside_so_the_short_one_makes_its_dead
 def test_with_places_free_both_deadlines_hold_in_deadline_order():
     policy, waiting = full_batch_queue(max_num_seqs=4)
     assert [r.request_id for r in policy.order_waiting(waiting, 0.0)] == ["long", "short"]
+
+
+def nearly_full_batch(urgent_per_s: float) -> SLOPolicy:
+    """A policy with three of its four places taken by long decodes, having seen urgent
+    requests (300 ms TTFT target) arrive at `urgent_per_s` over the last two seconds."""
+    policy = make_policy("slo", PolicyContext(max_num_seqs=4))
+    seen = [
+        Request(f"seen-{i}", [1] * 10, SamplingParams(max_tokens=4), i / urgent_per_s, 0, SLO(300))
+        for i in range(int(2 * urgent_per_s))
+    ]
+    policy.order_waiting(seen, 2.0)
+    running = []
+    for request_id in ("a", "b", "c"):
+        request = Request(request_id, [1] * 10, SamplingParams(max_tokens=100), 0.0, 0, SLO())
+        request.append_token(2)
+        request.num_computed_tokens = 10
+        request.first_token_time = 0.0
+        running.append(request)
+    policy.prefill_budget(running, 2045, 2.0)
+    return policy
+
+
+def patient_and_urgent() -> tuple[Request, Request]:
+    patient = Request("patient", [1] * 500, SamplingParams(max_tokens=4), 2.0, 1, SLO(60_000))
+    urgent = Request("urgent", [1] * 20, SamplingParams(max_tokens=4), 2.0, 0, SLO(300))
+    return patient, urgent
+
+
+def test_a_nearly_full_batch_keeps_its_last_place_for_urgent_arrivals():
+    policy = nearly_full_batch(urgent_per_s=20)
+    patient, urgent = patient_and_urgent()
+    # Urgent requests are expected before a place frees: the patient one is held back, and
+    # an urgent one still gets the place.
+    assert policy.order_waiting([patient], 2.0) == []
+    assert policy.order_waiting([patient, urgent], 2.0) == [urgent]
+
+
+def test_without_urgent_arrivals_the_last_place_goes_to_whoever_waits():
+    policy = nearly_full_batch(urgent_per_s=0)
+    patient, _ = patient_and_urgent()
+    assert policy.order_waiting([patient], 2.0) == [patient]
+
+
+def test_guard_covers_the_arrivals_expected_before_a_place_frees_with_99_percent():
+    assert poisson_quantile(0.0, 0.99) == 0
+    assert poisson_quantile(0.65, 0.99) == 3  # P(N <= 2) = 0.972, P(N <= 3) = 0.996
+    assert poisson_quantile(1000.0, 0.99) > 1000
 
 
 @pytest.mark.parametrize("policy", POLICIES)

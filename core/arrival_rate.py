@@ -1,0 +1,58 @@
+"""How fast requests with a short TTFT target arrive, over a sliding window: the `slo` policy
+keeps enough places free in a full batch for those expected before the next place frees."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+
+from core.request import Request
+
+# Seconds of arrivals the rate is measured over.
+WINDOW_S = 10.0
+# The rate is never measured over less than this, so the first arrivals do not read as a flood.
+MIN_SPAN_S = 1.0
+
+
+class ArrivalRate:
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        self._arrivals: deque[tuple[float, float]] = deque()  # (arrival time, TTFT target s)
+        self._newest = -math.inf
+        self._since = math.inf
+        self._now = 0.0
+
+    def observe(self, requests: Sequence[Request], now: float) -> None:
+        """Record the requests with a TTFT target that arrived since the last call (every
+        request waits, and is seen, at least once before it is admitted)."""
+        newest = self._newest
+        for request in requests:
+            if request.arrival_time > self._newest and request.slo.ttft_ms is not None:
+                self._arrivals.append((request.arrival_time, request.slo.ttft_ms / 1000))
+                self._since = min(self._since, request.arrival_time)
+            newest = max(newest, request.arrival_time)
+        self._newest = newest
+        while self._arrivals and self._arrivals[0][0] < now - self.window_s:
+            self._arrivals.popleft()
+        self._now = now
+
+    def per_s_below(self, ttft_s: float) -> float:
+        """Requests per second arriving with a TTFT target shorter than `ttft_s`."""
+        if not self._arrivals:
+            return 0.0
+        span = max(MIN_SPAN_S, min(self.window_s, self._now - self._since))
+        return sum(1 for _, target_s in self._arrivals if target_s < ttft_s) / span
+
+
+def poisson_quantile(mean: float, probability: float) -> int:
+    """The smallest n with P(Poisson(mean) <= n) >= probability."""
+    if mean > 100:  # exp(-mean) would underflow; the normal approximation is close there
+        return math.ceil(mean + 3 * math.sqrt(mean))
+    term = cumulative = math.exp(-mean)
+    n = 0
+    while cumulative < probability:
+        n += 1
+        term *= mean / n
+        cumulative += term
+    return n
