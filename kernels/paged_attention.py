@@ -10,6 +10,7 @@ arithmetic at CPU sizes.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -21,13 +22,36 @@ DECODE_BUCKET_TOKENS = 64
 DECODE_GROUP = 16
 
 
-class _GatherWorkspace(threading.local):
-    """One reused buffer per thread for the gathered K and V of a group of decodes.
+@dataclass(slots=True)
+class _DecodeGroup:
+    """Decodes that share one gather and one SDPA call: same padded length, at most
+    DECODE_GROUP of them."""
+
+    rows: torch.Tensor  # their rows of the packed q
+    blocks: torch.Tensor  # the blocks to gather, `padded_len // block_size` per sequence
+    visible: torch.Tensor  # [num_seqs, 1, 1, padded_len]: key j < seq_len
+    padded_len: int
+
+
+@dataclass(slots=True)
+class _StepPlan:
+    """How a packed batch splits into prefill chunks and decode groups: the same for every layer
+    of a step, so it is worked out once per step."""
+
+    key: tuple[int, tuple[int, ...], tuple[int, ...]]  # block_size, query_start_loc, seq_lens
+    block_tables: torch.Tensor
+    prefills: list[tuple[int, int, int]]  # (sequence, first row, end row)
+    decode_groups: list[_DecodeGroup]
+
+
+class _Scratch(threading.local):
+    """Per thread: the latest step's plan and one reused buffer for gathered K and V.
 
     Gathering into fresh memory of that size pays a page fault per page (measured: 2-3x slower
-    than into reused memory); its contents live only until the group's SDPA call returns.
+    than into reused memory); the buffer's contents live only until a group's SDPA returns.
     """
 
+    plan: _StepPlan | None = None
     buffer: torch.Tensor | None = None
 
     def take(self, numel: int, like: torch.Tensor) -> torch.Tensor:
@@ -46,7 +70,7 @@ class _GatherWorkspace(threading.local):
         return buffer[:numel]
 
 
-_workspace = _GatherWorkspace()
+_scratch = _Scratch()
 
 
 def paged_attention_ref(
@@ -84,32 +108,59 @@ def paged_attention_cpu(
     scale: float,
 ) -> torch.Tensor:
     """`paged_attention_ref`'s contract, with single-query sequences batched by length bucket."""
-    # Both are powers of two, so the larger is a multiple of the smaller.
-    bucket_tokens = max(DECODE_BUCKET_TOKENS, kv_cache.shape[2])
+    plan = _step_plan(block_tables, query_start_loc, seq_lens, kv_cache.shape[2])
     out = torch.empty_like(q)
-    buckets: dict[int, list[int]] = {}
+    for i, start, end in plan.prefills:
+        out[start:end] = _attend_sequence(
+            q[start:end], kv_cache, block_tables[i], seq_lens[i], scale
+        )
+    for group in plan.decode_groups:
+        out.index_copy_(0, group.rows, _attend_decode_group(q, kv_cache, group, scale))
+    return out
+
+
+def _step_plan(
+    block_tables: torch.Tensor, query_start_loc: list[int], seq_lens: list[int], block_size: int
+) -> _StepPlan:
+    """The plan for this batch: the previous call's when every layer of a step asks in turn."""
+    # Compared by value: a step may refill the same buffers in place.
+    key = (block_size, tuple(query_start_loc), tuple(seq_lens))
+    plan = _scratch.plan
+    if (
+        plan is not None
+        and plan.key == key
+        and plan.block_tables.shape == block_tables.shape
+        and torch.equal(plan.block_tables, block_tables)
+    ):
+        return plan
+    # Both are powers of two, so the larger is a multiple of the smaller.
+    bucket_tokens = max(DECODE_BUCKET_TOKENS, block_size)
+    prefills, buckets = [], {}
     for i, seq_len in enumerate(seq_lens):
         start, end = query_start_loc[i], query_start_loc[i + 1]
         if end - start == 1:
             buckets.setdefault(-(-seq_len // bucket_tokens), []).append(i)
         elif start < end:
-            out[start:end] = _attend_sequence(
-                q[start:end], kv_cache, block_tables[i], seq_len, scale
+            prefills.append((i, start, end))
+    device = block_tables.device
+    groups = []
+    for num_chunks, bucket in buckets.items():
+        padded_len = num_chunks * bucket_tokens
+        width = padded_len // block_size
+        for first in range(0, len(bucket), DECODE_GROUP):
+            seqs = bucket[first : first + DECODE_GROUP]
+            tables = block_tables[torch.tensor(seqs, device=device), :width]
+            if tables.shape[1] < width:
+                tables = F.pad(tables, (0, width - tables.shape[1]))
+            lens = torch.tensor([seq_lens[i] for i in seqs], device=device)
+            visible = torch.arange(padded_len, device=device) < lens[:, None]
+            rows = torch.tensor([query_start_loc[i] for i in seqs], device=device)
+            groups.append(
+                _DecodeGroup(rows, tables.reshape(-1), visible[:, None, None], padded_len)
             )
-    groups = [
-        (num_chunks * bucket_tokens, bucket[first : first + DECODE_GROUP])
-        for num_chunks, bucket in buckets.items()
-        for first in range(0, len(bucket), DECODE_GROUP)
-    ]
-    for padded_len, seqs in groups:
-        rows = torch.tensor([query_start_loc[i] for i in seqs], device=q.device)
-        lens = torch.tensor([seq_lens[i] for i in seqs], device=q.device)
-        tables = block_tables.index_select(0, torch.tensor(seqs, device=q.device))
-        attended = _attend_padded_decodes(
-            q.index_select(0, rows), kv_cache, tables, lens, padded_len, scale
-        )
-        out.index_copy_(0, rows, attended)
-    return out
+    plan = _StepPlan(key, block_tables.clone(), prefills, groups)
+    _scratch.plan = plan
+    return plan
 
 
 def _attend_sequence(
@@ -143,15 +194,10 @@ def _attend_sequence(
     return out[0].transpose(0, 1)
 
 
-def _attend_padded_decodes(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    padded_len: int,
-    scale: float,
+def _attend_decode_group(
+    q: torch.Tensor, kv_cache: torch.Tensor, group: _DecodeGroup, scale: float
 ) -> torch.Tensor:
-    """Single queries q [B, Hq, D] of B sequences, each over its first `seq_lens[b]` tokens.
+    """The group's single queries [B, Hq, D], each over its first `seq_len` tokens.
 
     All B sequences gather `padded_len` tokens' blocks in one `index_select`. Table entries past a
     sequence's own blocks must be valid block ids (the packed batch pads its tables with block 0)
@@ -159,27 +205,19 @@ def _attend_padded_decodes(
     length mask hides them exactly. Each KV head's group of query heads stands as that head's
     queries in one SDPA call, so GQA needs no copies of K and V.
     """
-    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    num_seqs = q.shape[0]
-    width = padded_len // block_size
-    tables = block_tables[:, :width]
-    if tables.shape[1] < width:
-        tables = F.pad(tables, (0, width - tables.shape[1]))
-    used = tables.reshape(-1)
+    _, num_blocks, _, num_kv_heads, head_dim = kv_cache.shape
+    num_seqs, num_rows = group.rows.numel(), group.blocks.numel()
     k_rows = kv_cache[0].view(num_blocks, -1)
     v_rows = kv_cache[1].view(num_blocks, -1)
-    gathered = _workspace.take(2 * used.numel() * k_rows.shape[1], kv_cache)
-    k_out, v_out = gathered.view(2, used.numel(), -1).unbind(0)
-    k = torch.index_select(k_rows, 0, used, out=k_out)
-    v = torch.index_select(v_rows, 0, used, out=v_out)
-    k = k.view(num_seqs, padded_len, num_kv_heads, head_dim).transpose(1, 2)
-    v = v.view(num_seqs, padded_len, num_kv_heads, head_dim).transpose(1, 2)
-    visible = torch.arange(padded_len, device=q.device) < seq_lens[:, None]
+    k_out, v_out = _scratch.take(2 * num_rows * k_rows.shape[1], kv_cache).view(2, num_rows, -1)
+    k = torch.index_select(k_rows, 0, group.blocks, out=k_out)
+    v = torch.index_select(v_rows, 0, group.blocks, out=v_out)
+    shape = (num_seqs, group.padded_len, num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(
-        q.view(num_seqs, num_kv_heads, -1, head_dim),
-        k,
-        v,
-        attn_mask=visible[:, None, None, :],
+        q.index_select(0, group.rows).view(num_seqs, num_kv_heads, -1, head_dim),
+        k.view(shape).transpose(1, 2),
+        v.view(shape).transpose(1, 2),
+        attn_mask=group.visible,
         scale=scale,
     )
     return out.view(num_seqs, -1, head_dim)

@@ -79,3 +79,15 @@ def test_cpu_path_runs_in_and_out_of_inference_mode_alike() -> None:
         inside = paged_attention_cpu(*batch, scale=0.25)
     torch.testing.assert_close(paged_attention_cpu(*batch, scale=0.25), expected)
     torch.testing.assert_close(inside, expected)
+
+
+def test_a_block_table_refilled_in_place_is_not_served_a_stale_plan() -> None:
+    # Same lengths and the same table tensor with other blocks, as when a step refills
+    # persistent input buffers: the plan made for the old blocks must not be reused.
+    batch = packed_batch([(40, 1), (40, 1), (9, 3)], 16, 4, 2, seed=5)
+    block_tables = batch[2]
+    before = paged_attention_cpu(*batch, scale=0.25)
+    block_tables[:2] = block_tables[:2].flip(0).clone()
+    after = paged_attention_cpu(*batch, scale=0.25)
+    torch.testing.assert_close(after, paged_attention_ref(*batch, scale=0.25))
+    assert not torch.allclose(after[:2], before[:2])
