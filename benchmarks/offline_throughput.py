@@ -153,8 +153,8 @@ def run_generate(hf, prompts, outputs, args) -> float:
 
     generate_batch(prompts[:2], 2)  # warm-up
     start = time.perf_counter()
-    for i in range(0, len(prompts), args.batch_size):
-        batch = slice(i, i + args.batch_size)
+    for i in range(0, len(prompts), args.static_batch_size):
+        batch = slice(i, i + args.static_batch_size)
         generate_batch(prompts[batch], max(outputs[batch]))
     synchronize(args.device)
     return time.perf_counter() - start
@@ -205,6 +205,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, nargs=2, metavar=("MIN", "MAX"))
     parser.add_argument("--output-len", type=int, nargs=2, metavar=("MIN", "MAX"))
     parser.add_argument("--batch-size", type=int, help="max_num_seqs = the static batch size")
+    parser.add_argument(
+        "--static-batch-size", type=int, help="generate's batch, if not --batch-size (memory)"
+    )
     parser.add_argument("--max-num-batched-tokens", type=int)
     parser.add_argument("--max-model-len", type=int, help="default: the checkpoint's")
     parser.add_argument("--device")
@@ -221,6 +224,7 @@ def parse_args() -> argparse.Namespace:
         if getattr(args, name, None) is None:
             setattr(args, name, value)
     args.load_format = args.load_format or "auto"
+    args.static_batch_size = args.static_batch_size or args.batch_size
     args.contenders = args.contenders.split(",")
     unknown = set(args.contenders) - set(CONTENDERS)
     if unknown:
@@ -245,7 +249,12 @@ def main() -> None:
             args.num_requests, args.input_len, args.output_len, vocab_size, args.seed
         )
         tokens = sum(outputs)
-        report.update(requests=args.num_requests, batch_size=args.batch_size, output_tokens=tokens)
+        report.update(
+            requests=args.num_requests,
+            batch_size=args.batch_size,
+            static_batch_size=args.static_batch_size,
+            output_tokens=tokens,
+        )
         seconds = {}
         if "baton" in args.contenders:
             seconds["baton"], num_params = run_baton(model, prompts, outputs, args)
