@@ -3,8 +3,8 @@
 `paged_attention_ref` is the reference the Triton kernels are tested against: one SDPA call per
 sequence, decodes (one query) and prefill chunks (many) alike, with GQA/MQA.
 `paged_attention_cpu` is the CPU execution path: the same attention with the decodes of a step
-batched into a few padded SDPA calls, because per-sequence calls cost more in dispatch than in
-arithmetic at CPU sizes.
+batched into a few padded SDPA calls, because at CPU sizes a call per sequence costs more in
+dispatch, per-head programs and fresh gather memory than in arithmetic.
 """
 
 from __future__ import annotations
