@@ -29,7 +29,9 @@ class _DecodeGroup:
 
     rows: torch.Tensor  # their rows of the packed q
     blocks: torch.Tensor  # the blocks to gather, `padded_len // block_size` per sequence
-    visible: torch.Tensor  # [num_seqs, 1, 1, padded_len]: key j < seq_len
+    # [num_seqs, 1, 1, padded_len]: 0 for key j < seq_len, else -inf. SDPA turns a boolean
+    # mask into this on every call; made once per step here.
+    key_bias: torch.Tensor
     padded_len: int
 
 
@@ -38,7 +40,8 @@ class _StepPlan:
     """How a packed batch splits into prefill chunks and decode groups: the same for every layer
     of a step, so it is worked out once per step."""
 
-    key: tuple[int, tuple[int, ...], tuple[int, ...]]  # block_size, query_start_loc, seq_lens
+    # block_size, dtype, query_start_loc, seq_lens
+    key: tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...]]
     block_tables: torch.Tensor
     prefills: list[tuple[int, int, int]]  # (sequence, first row, end row)
     decode_groups: list[_DecodeGroup]
@@ -108,7 +111,7 @@ def paged_attention_cpu(
     scale: float,
 ) -> torch.Tensor:
     """`paged_attention_ref`'s contract, with single-query sequences batched by length bucket."""
-    plan = _step_plan(block_tables, query_start_loc, seq_lens, kv_cache.shape[2])
+    plan = _step_plan(block_tables, query_start_loc, seq_lens, kv_cache.shape[2], q.dtype)
     out = torch.empty_like(q)
     for i, start, end in plan.prefills:
         out[start:end] = _attend_sequence(
@@ -120,11 +123,15 @@ def paged_attention_cpu(
 
 
 def _step_plan(
-    block_tables: torch.Tensor, query_start_loc: list[int], seq_lens: list[int], block_size: int
+    block_tables: torch.Tensor,
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    block_size: int,
+    dtype: torch.dtype,
 ) -> _StepPlan:
     """The plan for this batch: the previous call's when every layer of a step asks in turn."""
     # Compared by value: a step may refill the same buffers in place.
-    key = (block_size, tuple(query_start_loc), tuple(seq_lens))
+    key = (block_size, dtype, tuple(query_start_loc), tuple(seq_lens))
     plan = _scratch.plan
     if (
         plan is not None
@@ -153,10 +160,12 @@ def _step_plan(
             if tables.shape[1] < width:
                 tables = F.pad(tables, (0, width - tables.shape[1]))
             lens = torch.tensor([seq_lens[i] for i in seqs], device=device)
-            visible = torch.arange(padded_len, device=device) < lens[:, None]
+            hidden = torch.arange(padded_len, device=device) >= lens[:, None]
+            key_bias = torch.zeros(hidden.shape, dtype=dtype, device=device)
+            key_bias.masked_fill_(hidden, float("-inf"))
             rows = torch.tensor([query_start_loc[i] for i in seqs], device=device)
             groups.append(
-                _DecodeGroup(rows, tables.reshape(-1), visible[:, None, None], padded_len)
+                _DecodeGroup(rows, tables.reshape(-1), key_bias[:, None, None], padded_len)
             )
     plan = _StepPlan(key, block_tables.clone(), prefills, groups)
     _scratch.plan = plan
@@ -217,7 +226,7 @@ def _attend_decode_group(
         q.index_select(0, group.rows).view(num_seqs, num_kv_heads, -1, head_dim),
         k.view(shape).transpose(1, 2),
         v.view(shape).transpose(1, 2),
-        attn_mask=group.visible,
+        attn_mask=group.key_bias,
         scale=scale,
     )
     return out.view(num_seqs, -1, head_dim)
