@@ -211,8 +211,9 @@ def _attend_decode_group(
     All B sequences gather `padded_len` tokens' blocks in one `index_select`. Table entries past a
     sequence's own blocks must be valid block ids (the packed batch pads its tables with block 0)
     and columns past the table's width read block 0: the cache holds only finite values (it is
-    allocated zeroed and written with real K/V), so the length mask hides them exactly. Each KV head's group of query heads stands as that head's
-    queries in one SDPA call, so GQA needs no copies of K and V.
+    allocated zeroed and written with real K/V), so the length mask hides them exactly. Each KV
+    head's group of query heads stands as that head's queries in one SDPA call, so GQA needs no
+    copies of K and V.
     """
     _, num_blocks, _, num_kv_heads, head_dim = kv_cache.shape
     num_seqs, num_rows = group.rows.numel(), group.blocks.numel()
