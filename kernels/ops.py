@@ -1,8 +1,10 @@
 """Kernel dispatch: Triton on CUDA tensors, the plain-torch references everywhere else.
 
-The model calls only these. On the CPU they are the references themselves, and triton is
-imported only once a CUDA tensor arrives. `force_triton()` runs the Triton kernels on CPU tensors
-too (under `TRITON_INTERPRET=1`), `force_reference()` the references on CUDA tensors, for tests.
+The model calls only these. On the CPU they are the references themselves, attention excepted:
+`paged_attention_cpu` batches a step's decodes by length bucket (the reference's results up to
+float rounding, and batch-invariant). Triton is imported only once a CUDA tensor arrives.
+`force_triton()` runs the Triton kernels on CPU tensors too (under `TRITON_INTERPRET=1`),
+`force_reference()` the references on CUDA tensors, for tests.
 
 The Triton path may be captured in a CUDA graph: it reads only tensors and the batch's scalars
 fixed per graph bucket (`max_query_len`, `max_seq_len`), never its Python lists, and never syncs.
@@ -19,7 +21,7 @@ import torch
 
 from kernels.activation import silu_and_mul_ref
 from kernels.kv_cache import write_kv_cache_ref
-from kernels.paged_attention import paged_attention_ref
+from kernels.paged_attention import paged_attention_cpu, paged_attention_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rotary import apply_rotary_ref
 
@@ -105,9 +107,9 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of packed queries [T, Hq, D] over one layer's paged cache."""
     if not uses_triton(q):
-        return paged_attention_ref(
-            q, kv_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens, scale
-        )
+        # The CPU serves decodes batched by length bucket; forced references stay one per sequence.
+        attend = paged_attention_cpu if _forced is None and not q.is_cuda else paged_attention_ref
+        return attend(q, kv_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens, scale)
     from kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
     from kernels.paged_attention_triton import paged_attention_triton
 
