@@ -97,8 +97,7 @@ def check_slo(state: ServerState, request: AdmittedRequest) -> None:
     if factor <= 0 or ttft_ms is None or state.engine.engine.config.scheduling_policy != "slo":
         return
     forecast = state.engine.forecast_ttft(request.num_prompt_tokens, ttft_ms)
-    target_s = ttft_ms / 1000
-    if forecast.ttft_s <= factor * target_s or forecast.alone_s > target_s:
+    if not forecast.refuses(ttft_ms, factor):
         return
     retry_after = max(1, math.ceil(forecast.drain_s))
     raise APIError(

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 
+from app.settings import ServerSettings
 from core.config import POLICIES, EngineConfig
 from core.simulator import DEFAULT_COST, SimulationConfig, simulate, summarize
 from core.step_cost import CostCoefficients, profile_executor
@@ -81,6 +82,13 @@ def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--num-kv-blocks", type=int, default=8192)
     parser.add_argument("--block-size", type=int, default=defaults.block_size)
     parser.add_argument("--max-wait-ms", type=float, default=defaults.max_wait_ms)
+    parser.add_argument(
+        "--slo-admission-factor",
+        type=float,
+        default=ServerSettings().slo_admission_factor,
+        help="with the slo policy, refuse an arrival whose predicted TTFT exceeds its target by "
+        "this factor because of the queue, as baton serve does (0: off)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
 
@@ -92,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--policy takes a comma-separated list of {', '.join(POLICIES)}")
     if args.num_requests < 1:
         raise ValueError("--num-requests must be >= 1")
+    if args.slo_admission_factor < 0:
+        raise ValueError(f"--slo-admission-factor must be >= 0, got {args.slo_admission_factor}")
     config = SimulationConfig(
         engine=EngineConfig(
             max_num_seqs=args.max_num_seqs,
@@ -105,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         noise=args.noise,
         seed=args.seed,
         slo_scale=args.slo_scale,
+        slo_admission_factor=args.slo_admission_factor,
     )
     saturation = None
     rate = args.rate
@@ -249,7 +260,7 @@ def print_table(
     )
     header = (
         f"{'policy':<18}{'goodput/s':>10}{'SLO met':>9}{'TTFT p50':>10}{'TTFT p99':>10}"
-        f"{'TPOT p99':>10}{'max wait':>10}{'preempt':>9}"
+        f"{'TPOT p99':>10}{'max wait':>10}{'preempt':>9}{'rejected':>10}"
     )
     print(header)
     print("-" * len(header))
@@ -258,10 +269,12 @@ def print_table(
             f"{policy:<18}{row['goodput_rps']:>10.2f}{row['slo_attainment']:>9.1%}"
             f"{row['ttft_p50_ms']:>8.0f}ms{row['ttft_p99_ms']:>8.0f}ms"
             f"{row['tpot_p99_ms']:>8.0f}ms{row['max_wait_ms']:>8.0f}ms{row['num_preemptions']:>9}"
+            f"{row['rejected']:>10}"
         )
         for name, cls in row["classes"].items():
             print(
                 f"  {name:<16}{cls['goodput_rps']:>10.2f}{cls['slo_attainment']:>9.1%}"
                 f"{cls['ttft_p50_ms']:>8.0f}ms{cls['ttft_p99_ms']:>8.0f}ms"
-                f"{cls['tpot_p99_ms']:>8.0f}ms{cls['max_wait_ms']:>8.0f}ms"
+                f"{cls['tpot_p99_ms']:>8.0f}ms{cls['max_wait_ms']:>8.0f}ms{'':>9}"
+                f"{cls['rejected']:>10}"
             )

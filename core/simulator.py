@@ -4,7 +4,8 @@ model gives it. No model runs, so thousands of requests simulate in seconds.
 
 The policies see what they would see in a server: their own step-cost model, seeded by the
 same warm-up profile and refitted to every simulated step, and an output-length predictor
-learning from finished requests; the "machine" is the true cost coefficients.
+learning from finished requests; the "machine" is the true cost coefficients. With the `slo`
+policy, arrivals pass the server's SLO admission control first, on the simulated clock.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from core.step_cost import (
     profile_shapes,
     warm_up,
 )
+from core.ttft_forecast import TTFTForecast
 from core.workloads import WorkloadRequest
 
 # Roughly an 8B model on one H100-class GPU: 10 ms per step, 16k prefill tokens/s, 0.2 ms per
@@ -48,6 +50,9 @@ class SimulationConfig:
     seed: int = 0
     # Multiplies every class's SLO targets (a slow machine needs looser ones).
     slo_scale: float = 1.0
+    # With the `slo` policy, refuse an arrival predicted to miss its TTFT target by this factor
+    # because of the queue, as `baton serve --slo-admission-factor` (same default); 0: off.
+    slo_admission_factor: float = 3.0
 
 
 @dataclass(slots=True)
@@ -62,6 +67,8 @@ class RequestRecord:
     first_scheduled_s: float
     first_token_s: float
     finish_s: float
+    # Refused by SLO admission control at arrival (its times are then its arrival time).
+    rejected: bool = False
 
     @property
     def ttft_ms(self) -> float:
@@ -79,6 +86,8 @@ class RequestRecord:
 
     @property
     def slo_met(self) -> bool:
+        if self.rejected:
+            return False
         ttft_ok = self.ttft_ms_target is None or self.ttft_ms <= self.ttft_ms_target
         tpot_ok = self.tpot_ms_target is None or self.tpot_ms <= self.tpot_ms_target
         return ttft_ok and tpot_ok
@@ -116,6 +125,9 @@ def simulate(
         engine_config.max_num_seqs,
         engine_config.max_num_batched_tokens,
     )
+    admission = None
+    if policy == "slo" and config.slo_admission_factor > 0:
+        admission = SLOAdmission(cost_model, full, config.slo_admission_factor)
     noise = random.Random(config.seed)
     specs = sorted(enumerate(workload), key=lambda item: item[1].arrival_s)
     targets: dict[str, WorkloadRequest] = {}
@@ -126,10 +138,15 @@ def simulate(
     while next_arrival < len(specs) or scheduler.has_unfinished_requests:
         while next_arrival < len(specs) and specs[next_arrival][1].arrival_s <= now:
             index, spec = specs[next_arrival]
+            next_arrival += 1
             request = _request(index, spec, config.slo_scale)
+            if admission is not None and not admission.admit(request, spec.arrival_s):
+                records.append(_rejected_record(request, spec))
+                continue
             targets[request.request_id] = spec
             scheduler.add_request(request)
-            next_arrival += 1
+        if admission is not None:
+            admission.settle()
         batch = scheduler.schedule(now)
         if not batch.sequences:
             if next_arrival >= len(specs):
@@ -153,6 +170,8 @@ def simulate(
         for request, _, _ in scheduler.update(batch, ExecutorOutput([0] * num_samples)):
             if request.first_token_time is None:
                 request.first_token_time = now
+                if admission is not None:
+                    admission.output(request.request_id, finished=False)
             spec = targets[request.request_id]
             if request.num_output_tokens >= spec.output_len:
                 reason = (
@@ -161,6 +180,8 @@ def simulate(
                 scheduler.finish_request(request, reason, now)
                 predictor.observe(request)
                 records.append(_record(request, spec))
+                if admission is not None:
+                    admission.output(request.request_id, finished=True)
     return SimulationResult(
         policy,
         records,
@@ -169,6 +190,42 @@ def simulate(
         cost_model.mean_abs_error_ratio,
         predictor.mean_abs_error_ratio,
     )
+
+
+class SLOAdmission:
+    """`baton serve`'s SLO admission control (app/admission.py) on the simulated clock: the
+    same `TTFTForecast` ledger and rule, fed as the server's event loop feeds it (added at
+    arrival, settled at the first token, dropped at the finish)."""
+
+    def __init__(self, cost_model: StepCostModel, max_num_batched_tokens: int, factor: float):
+        self.forecast = TTFTForecast(cost_model, max_num_batched_tokens)
+        self.factor = factor
+        # The event loop receives a step's outputs when the step ends, so a request arriving
+        # during a step is judged on the ledger as of the step before: the outputs of the step
+        # just simulated wait here until that step's arrivals are judged.
+        self._pending: list[tuple[str, bool]] = []
+
+    def admit(self, request: Request, now: float) -> bool:
+        """Whether the server would accept `request` arriving at `now`; if so it is in flight."""
+        ttft_ms = request.slo.ttft_ms
+        num_prompt_tokens = request.num_prompt_tokens
+        if ttft_ms is not None:
+            forecast = self.forecast.predict(num_prompt_tokens, ttft_ms, now)
+            if forecast.refuses(ttft_ms, self.factor):
+                return False
+        self.forecast.add(request.request_id, num_prompt_tokens, request.slo, now)
+        return True
+
+    def output(self, request_id: str, *, finished: bool) -> None:
+        self._pending.append((request_id, finished))
+
+    def settle(self) -> None:
+        for request_id, finished in self._pending:
+            if finished:
+                self.forecast.remove(request_id)
+            else:
+                self.forecast.first_token(request_id)
+        self._pending.clear()
 
 
 def _request(index: int, spec: WorkloadRequest, slo_scale: float) -> Request:
@@ -203,28 +260,46 @@ def _record(request: Request, spec: WorkloadRequest) -> RequestRecord:
     )
 
 
+def _rejected_record(request: Request, spec: WorkloadRequest) -> RequestRecord:
+    arrival = spec.arrival_s
+    return RequestRecord(
+        spec.request_class.name,
+        arrival,
+        0,
+        request.slo.ttft_ms,
+        request.slo.tpot_ms,
+        arrival,
+        arrival,
+        arrival,
+        rejected=True,
+    )
+
+
 def summarize(records: list[RequestRecord]) -> dict[str, float | int | None]:
-    """The figures `baton simulate` reports for a set of requests."""
+    """The figures `baton simulate` reports for a set of requests. Goodput and attainment count
+    every arrival, a rejected one as missing its SLO; latencies are of the served ones."""
     if not records:
         return {"num_requests": 0}
+    served = [r for r in records if not r.rejected]
     start = min(r.arrival_s for r in records)
     end = max(r.finish_s for r in records)
     duration = max(end - start, 1e-9)
     met = sum(r.slo_met for r in records)
-    ttfts = sorted(r.ttft_ms for r in records)
-    tpots = sorted(r.tpot_ms for r in records)
+    ttfts = sorted(r.ttft_ms for r in served)
+    tpots = sorted(r.tpot_ms for r in served)
     return {
         "num_requests": len(records),
+        "rejected": len(records) - len(served),
         "duration_s": duration,
-        "throughput_rps": len(records) / duration,
+        "throughput_rps": len(served) / duration,
         "goodput_rps": met / duration,
         "slo_attainment": met / len(records),
         "ttft_p50_ms": percentile(ttfts, 50),
         "ttft_p99_ms": percentile(ttfts, 99),
-        "ttft_max_ms": ttfts[-1],
+        "ttft_max_ms": ttfts[-1] if ttfts else math.nan,
         "tpot_p50_ms": percentile(tpots, 50),
         "tpot_p99_ms": percentile(tpots, 99),
-        "max_wait_ms": max(r.wait_ms for r in records),
+        "max_wait_ms": max((r.wait_ms for r in served), default=math.nan),
     }
 
 

@@ -33,6 +33,14 @@ class Forecast:
     alone_s: float
     drain_s: float
 
+    def refuses(self, ttft_ms: float, factor: float) -> bool:
+        """SLO admission control's rule: refuse a request whose first token is predicted later
+        than `factor` times its target because of the queue (it would fit its target on an
+        idle engine, so it is the queue, not the request, that makes it hopeless). A factor of
+        0 refuses nothing."""
+        target_s = ttft_ms / 1000
+        return factor > 0 and self.ttft_s > factor * target_s and self.alone_s <= target_s
+
 
 class TTFTForecast:
     """Not thread-safe: one thread (the event loop) calls every method."""

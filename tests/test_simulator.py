@@ -1,5 +1,6 @@
-"""`baton simulate`: the JSON report's schema, repeatable runs, arrival processes, and the
-ordering of policies on a loaded mixed workload."""
+"""`baton simulate`: the JSON report's schema, repeatable runs, arrival processes, the
+ordering of policies on a loaded mixed workload, and SLO admission control on the simulated
+clock."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ import pytest
 
 from app.cli import main
 from core.simulator import SimulationConfig, simulate, summarize
-from core.workloads import arrival_times, sample_requests
+from core.workloads import (
+    LengthDistribution,
+    RequestClass,
+    WorkloadRequest,
+    arrival_times,
+    sample_requests,
+)
 
 FIELDS = (
     "goodput_rps",
@@ -95,6 +102,47 @@ def test_slo_beats_fcfs_and_keeps_interactive_ttft_at_full_load():
     assert interactive["ttft_p99_ms"] <= 500
     assert slo_summary["max_wait_ms"] <= config.engine.max_wait_ms
     assert slo.step_cost_error < 0.1
+
+
+LONG_PROMPT = RequestClass(
+    "long",
+    LengthDistribution(2000, 0.0, 2000),
+    LengthDistribution(4, 0.0, 4),
+    4,
+    ttft_ms=1000,
+    tpot_ms=None,
+    priority=0,
+)
+
+
+def long_prompt_overload() -> list[WorkloadRequest]:
+    """Ten seconds at one long prompt a second (the engine keeps up), then 200 arriving at 20 a
+    second, about three times what it can prefill."""
+    times = [float(i) for i in range(10)] + [10 + i * 0.05 for i in range(200)]
+    return [WorkloadRequest(t, 2000, 4, 4, LONG_PROMPT) for t in times]
+
+
+def test_simulated_admission_rejects_under_overload_only_behind_a_long_queue():
+    workload = long_prompt_overload()
+    admitted = simulate("slo", workload, SimulationConfig(slo_admission_factor=3.0)).records
+    accepted = simulate("slo", workload, SimulationConfig(slo_admission_factor=0.0)).records
+    rejected = [r for r in admitted if r.rejected]
+    served = [r for r in admitted if not r.rejected]
+    assert len(admitted) == len(accepted) == len(workload)
+    assert not any(r.rejected for r in accepted)
+    assert len(rejected) > 50
+    assert all(r.arrival_s >= 10 for r in rejected)  # never while the engine keeps up
+    for refused in rejected:
+        # Each 2,000-token prompt is a ~0.14 s step, so 3 x the 1 s target is ~21 owed ahead.
+        owed = sum(1 for r in served if r.arrival_s < refused.arrival_s <= r.first_token_s)
+        assert owed >= 20
+        assert not refused.slo_met
+    summary = summarize(admitted)
+    assert summary["rejected"] == len(rejected)
+    assert summary["num_requests"] == len(workload)  # goodput still counts every arrival
+    assert summary["goodput_rps"] > summarize(accepted)["goodput_rps"]
+    other = simulate("fcfs", workload, SimulationConfig(slo_admission_factor=3.0)).records
+    assert not any(r.rejected for r in other)  # as the server: the slo policy only
 
 
 def test_simulate_calibrates_the_cost_to_a_real_model(llama_checkpoint, capsys):
