@@ -1,6 +1,6 @@
-"""Workload definitions for the load tests: prompt and output-length distributions drawn with a
-fixed seed, shared or randomized system-prompt prefixes, and the user-count profiles behind the
-load shapes (constant, step ramp, spike).
+"""Workloads for the load tests: requests drawn with a fixed seed from `core.workloads`' request
+classes (the simulator's and `baton bench`'s), shared or randomized system-prompt prefixes, and
+the user-count profiles behind the load shapes (constant, step ramp, spike).
 
 Prompt lengths are counted in words, which most BPE tokenizers map to about one token each; the
 server's `usage.prompt_tokens` is the exact figure.
@@ -12,6 +12,8 @@ import math
 import random
 from dataclasses import dataclass
 from typing import Any
+
+from core.workloads import WORKLOADS
 
 # Common English words: each is one token in most vocabularies, so word count ≈ token count.
 _WORD_TEXT = (
@@ -30,27 +32,9 @@ QUESTIONS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Workload:
-    """Log-normal prompt and output lengths (median, spread as sigma of the log), clipped."""
-
-    name: str
-    prompt_median: int
-    prompt_sigma: float
-    output_median: int
-    output_sigma: float
-    max_prompt: int
-    max_output: int
-
-
-WORKLOADS: dict[str, Workload] = {
-    "chat": Workload("chat", 64, 0.6, 128, 0.6, 512, 512),
-    "rag": Workload("rag", 1536, 0.3, 128, 0.5, 4096, 512),
-    "long-generation": Workload("long-generation", 64, 0.5, 1024, 0.3, 512, 2048),
-}
-# "mixed" draws one of the above per request with these weights.
-MIXED_WEIGHTS = {"chat": 0.7, "rag": 0.2, "long-generation": 0.1}
-WORKLOAD_NAMES = (*WORKLOADS, "mixed")
+# The request classes (lengths, output caps) and their mixes are the simulator's and `baton
+# bench`'s, so a locust run, a simulation and a bench run of one workload draw alike.
+WORKLOAD_NAMES = tuple(WORKLOADS)
 PREFIX_MODES = ("none", "shared", "random")
 
 
@@ -86,26 +70,16 @@ class RequestSampler:
         self.shared_prefix = words(random.Random(config.seed), config.prefix_tokens)
 
     def sample(self) -> RequestSpec:
-        workload = self._pick_workload()
-        prompt_len = self.config.prompt_tokens or self._draw(
-            workload.prompt_median, workload.prompt_sigma, workload.max_prompt
-        )
-        max_tokens = self.config.max_tokens or self._draw(
-            workload.output_median, workload.output_sigma, workload.max_output
+        classes, weights = zip(*WORKLOADS[self.config.workload], strict=True)
+        request_class = self.rng.choices(classes, weights)[0]
+        prompt_len = self.config.prompt_tokens or request_class.prompt.draw(self.rng)
+        max_tokens = self.config.max_tokens or min(
+            request_class.output.draw(self.rng), request_class.max_tokens
         )
         messages = self._system_messages()
         question = self.rng.choice(QUESTIONS)
         messages.append({"role": "user", "content": f"{words(self.rng, prompt_len)}\n{question}"})
         return RequestSpec(messages, max_tokens)
-
-    def _pick_workload(self) -> Workload:
-        if self.config.workload != "mixed":
-            return WORKLOADS[self.config.workload]
-        names, weights = zip(*MIXED_WEIGHTS.items(), strict=True)
-        return WORKLOADS[self.rng.choices(names, weights)[0]]
-
-    def _draw(self, median: int, sigma: float, ceiling: int) -> int:
-        return max(1, min(ceiling, round(self.rng.lognormvariate(math.log(median), sigma))))
 
     def _system_messages(self) -> list[dict[str, str]]:
         if self.config.prefix == "shared":
