@@ -546,6 +546,24 @@ def test_chat_fits_a_phone_screen(server, open_page):
     screenshot(page, "chat-settings-dark-phone")
 
 
+def test_theme_follows_the_system_until_chosen(server, open_page):
+    page = open_page(base_url(server), color_scheme="dark")
+    html, toggle = page.locator("html"), page.locator("#theme-toggle")
+    expect(html).to_have_attribute("data-theme", "dark")
+    expect(toggle).to_have_attribute("aria-pressed", "true")
+    dark_background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    page.emulate_media(color_scheme="light")
+    expect(html).to_have_attribute("data-theme", "light")
+    expect(toggle).to_have_attribute("aria-pressed", "false")
+    assert page.evaluate("getComputedStyle(document.body).backgroundColor") != dark_background
+    # Once chosen, the choice stays whatever the system does.
+    toggle.click()
+    page.emulate_media(color_scheme="light")
+    page.emulate_media(color_scheme="dark")
+    page.emulate_media(color_scheme="light")
+    expect(html).to_have_attribute("data-theme", "dark")
+
+
 def test_theme_toggle_switches_and_is_remembered(server, open_page):
     page = open_page(base_url(server), color_scheme="light")
     toggle = page.locator("#theme-toggle")

@@ -1,11 +1,11 @@
 // Light and dark: the system's choice (prefers-color-scheme) until the toggle picks one, which
-// is remembered. The choice is applied before the page paints by theme-boot.js.
+// is remembered. theme-boot.js applies either as `data-theme` before the page paints.
 
 const THEME_KEY = "baton.theme";
 const systemDark = window.matchMedia("(prefers-color-scheme: dark)");
 
 function effectiveTheme() {
-  return document.documentElement.dataset.theme ?? (systemDark.matches ? "dark" : "light");
+  return document.documentElement.dataset.theme === "dark" ? "dark" : "light";
 }
 
 /** Wire `button` to switch between light and dark. */
