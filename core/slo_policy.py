@@ -100,7 +100,8 @@ class SLOPolicy(SchedulingPolicy):
         # Places in the batch: how many are free and, when none is, seconds between two places
         # freeing; the mean step time measured on the clock turns tokens into seconds.
         self._free_places = self.context.max_num_seqs
-        self._place_gap_s = 0.0
+        self._running: tuple[Request, ...] = ()
+        self._place_gap: float | None = 0.0
         self._step_s = self._decode_s
         self._last_step: float | None = None
         self.arrivals = ArrivalRate()
@@ -166,7 +167,7 @@ class SLOPolicy(SchedulingPolicy):
         late.sort(key=lambda r: (r.priority, *_arrival(r)))
         budget_s = STEAL_SHARE * slack
         per_token_s = self.prefill_time_s(self._pace_tokens) / self._pace_tokens
-        place_s = self._place_gap_s if places >= self._free_places else 0.0
+        place_s = self._place_gap_s if late and places >= self._free_places else 0.0
         stolen = []
         for request in late:
             if request.slo.ttft_ms / 1000 < PATIENCE_S:
@@ -186,6 +187,8 @@ class SLOPolicy(SchedulingPolicy):
         those for urgent requests arriving before the next place frees (trunk reservation, as
         guard channels keep lines free for handed-over calls)."""
         rate_s = self.arrivals.per_s_below(PATIENCE_S)
+        if not ordered or rate_s == 0:
+            return ordered  # nothing to hold back, or no urgent arrival to keep a place for
         guard = poisson_quantile(rate_s * self._place_gap_s, GUARD_PROBABILITY)
         if guard == 0 or self._free_places > guard + len(ordered):
             return ordered
@@ -246,7 +249,8 @@ class SLOPolicy(SchedulingPolicy):
     def place_wait_s(self, index: int) -> float:
         """Predicted seconds until the `index`-th request (from 0) waiting for a place in the
         batch gets one: at once while places are free, then one per place gap."""
-        return max(0, index + 1 - self._free_places) * self._place_gap_s
+        gaps = index + 1 - self._free_places
+        return gaps * self._place_gap_s if gaps > 0 else 0.0
 
     def slack_s(self, request: Request, now: float) -> float:
         """Seconds to spare before the request's next deadline; infinite without a target.
@@ -320,15 +324,26 @@ class SLOPolicy(SchedulingPolicy):
         # The gap to the next call is a step only if this one runs something.
         self._last_step = now if running else None
         self._free_places = self.context.max_num_seqs - len(running)
-        if not running:
-            self._place_gap_s = 0.0
-            return
-        # In a batch kept full, a place frees every mean lifetime / batch size (renewal): the
-        # remaining tokens of the requests running now would mislead, since one past its
-        # predicted length looks about to finish while it is as likely as not to go on.
-        predict = self.context.length_predictor.predict
-        mean_length = sum(predict(r) for r in running) / len(running)
-        self._place_gap_s = mean_length * self._step_s / len(running)
+        # The gap is worked out when a waiting request first needs it: a step with nobody
+        # waiting (the common case in a busy decode phase) predicts no lengths at all.
+        self._running = tuple(running)
+        self._place_gap = None
+
+    @property
+    def _place_gap_s(self) -> float:
+        """Seconds between two places freeing in the batch as it stood at `prefill_budget`."""
+        if self._place_gap is None:
+            running = self._running
+            if not running:
+                self._place_gap = 0.0
+            else:
+                # In a batch kept full, a place frees every mean lifetime / batch size (renewal):
+                # the remaining tokens of the requests running now would mislead, since one past
+                # its predicted length looks about to finish while it is as likely as not to go on.
+                predict = self.context.length_predictor.predict
+                mean_length = sum(predict(r) for r in running) / len(running)
+                self._place_gap = mean_length * self._step_s / len(running)
+        return self._place_gap
 
     def chunk_overhead(self, request: Request, start_position: int) -> int:
         if not self._capped:
