@@ -58,7 +58,13 @@ class AsyncEngine:
         self._dispatched = threading.Event()
         self._dispatched.set()
         # Prefill owed by the requests in flight, kept on the event loop for admission control.
-        self.forecast = TTFTForecast(engine.step_cost_model, engine.config.max_num_batched_tokens)
+        config = engine.config
+        self.forecast = TTFTForecast(
+            engine.step_cost_model,
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            config.max_wait_ms / 1000,
+        )
 
     @property
     def healthy(self) -> bool:
@@ -137,7 +143,7 @@ class AsyncEngine:
                 yield item
         finally:
             self._streams.pop(request_id, None)
-            self.forecast.remove(request_id)
+            self.forecast.remove(request_id, time.monotonic())
             if not finished:
                 self._step_loop.abort(request_id)
 
@@ -170,14 +176,15 @@ class AsyncEngine:
             loop.call_soon_threadsafe(callback, argument)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        now = time.monotonic()
         for output in outputs:
             queue = self._streams.get(output.request_id)
             if queue is not None:
                 queue.put_nowait(output)
                 if output.new_token_ids:
-                    self.forecast.first_token(output.request_id)
+                    self.forecast.first_token(output.request_id, now)
             if output.finished:
-                self._finish_times.append(time.monotonic())
+                self._finish_times.append(now)
         self._dispatched.set()
 
     def _fail_all(self, error: Exception) -> None:

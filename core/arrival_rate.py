@@ -37,6 +37,28 @@ class ArrivalRate:
             self._arrivals.popleft()
         self._now = now
 
+    def add(self, arrival_s: float, ttft_s: float | None) -> None:
+        """Record one request as it arrives (for a caller that sees each arrival once)."""
+        if ttft_s is not None:
+            self._arrivals.append((arrival_s, ttft_s))
+            self._since = min(self._since, arrival_s)
+        self._newest = max(self._newest, arrival_s)
+        self._now = max(self._now, arrival_s)
+        while self._arrivals and self._arrivals[0][0] < self._now - self.window_s:
+            self._arrivals.popleft()
+
+    def expected_ahead(self, within_s: float, deadline_s: float) -> float:
+        """Requests expected to arrive in the next `within_s` seconds with a TTFT deadline
+        earlier than `deadline_s` seconds from now (one with target τ must come before
+        `deadline_s` − τ), at the measured rates."""
+        if not self._arrivals or within_s <= 0:
+            return 0.0
+        span = max(MIN_SPAN_S, min(self.window_s, self._now - self._since))
+        total = sum(
+            max(0.0, min(within_s, deadline_s - target_s)) for _, target_s in self._arrivals
+        )
+        return total / span
+
     def per_s_below(self, ttft_s: float) -> float:
         """Requests per second arriving with a TTFT target shorter than `ttft_s`."""
         if not self._arrivals:

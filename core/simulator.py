@@ -127,7 +127,7 @@ def simulate(
     )
     admission = None
     if policy == "slo" and config.slo_admission_factor > 0:
-        admission = SLOAdmission(cost_model, full, config.slo_admission_factor)
+        admission = SLOAdmission(context, config.slo_admission_factor)
     noise = random.Random(config.seed)
     specs = sorted(enumerate(workload), key=lambda item: item[1].arrival_s)
     targets: dict[str, WorkloadRequest] = {}
@@ -146,7 +146,7 @@ def simulate(
             targets[request.request_id] = spec
             scheduler.add_request(request)
         if admission is not None:
-            admission.settle()
+            admission.settle(now)
         batch = scheduler.schedule(now)
         if not batch.sequences:
             if next_arrival >= len(specs):
@@ -197,8 +197,13 @@ class SLOAdmission:
     same `TTFTForecast` ledger and rule, fed as the server's event loop feeds it (added at
     arrival, settled at the first token, dropped at the finish)."""
 
-    def __init__(self, cost_model: StepCostModel, max_num_batched_tokens: int, factor: float):
-        self.forecast = TTFTForecast(cost_model, max_num_batched_tokens)
+    def __init__(self, context: PolicyContext, factor: float):
+        self.forecast = TTFTForecast(
+            context.cost_model,
+            context.max_num_batched_tokens,
+            context.max_num_seqs,
+            context.max_wait_s,
+        )
         self.factor = factor
         # The event loop receives a step's outputs when the step ends, so a request arriving
         # during a step is judged on the ledger as of the step before: the outputs of the step
@@ -219,12 +224,12 @@ class SLOAdmission:
     def output(self, request_id: str, *, finished: bool) -> None:
         self._pending.append((request_id, finished))
 
-    def settle(self) -> None:
+    def settle(self, now: float) -> None:
         for request_id, finished in self._pending:
             if finished:
-                self.forecast.remove(request_id)
+                self.forecast.remove(request_id, now)
             else:
-                self.forecast.first_token(request_id)
+                self.forecast.first_token(request_id, now)
         self._pending.clear()
 
 

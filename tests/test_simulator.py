@@ -133,9 +133,10 @@ def test_simulated_admission_rejects_under_overload_only_behind_a_long_queue():
     assert len(rejected) > 50
     assert all(r.arrival_s >= 10 for r in rejected)  # never while the engine keeps up
     for refused in rejected:
-        # Each 2,000-token prompt is a ~0.14 s step, so 3 x the 1 s target is ~21 owed ahead.
+        # Each 2,000-token prompt is a ~0.14 s step, so with 7 owed ahead it would miss its 1 s
+        # target: the policy would set it aside until the starvation bound.
         owed = sum(1 for r in served if r.arrival_s < refused.arrival_s <= r.first_token_s)
-        assert owed >= 20
+        assert owed >= 7
         assert not refused.slo_met
     summary = summarize(admitted)
     assert summary["rejected"] == len(rejected)
