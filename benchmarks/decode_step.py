@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import tempfile
 from pathlib import Path
 
 import torch
-from kernel_timing import copy_bandwidth_gbs, describe, time_ms
+from kernel_timing import copy_bandwidth_gbs, describe, time_ms, write_report
 
 from core.batch import Batch, ScheduledSequence
 from core.config import EngineConfig
@@ -182,9 +181,7 @@ def main() -> None:
             f"{best['host_ms'] / best['wall_ms']:>7.1%}"
         )
     if args.json:
-        meta = dict(device=describe(device), host=platform.node(), copy_gb_per_s=bandwidth)
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "args": vars(args), "rows": rows}, f, indent=1)
+        write_report(args.json, device, bandwidth, args, rows)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,10 @@ only prove the script works: the kernels run in Triton's interpreter.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 
 import torch
-from kernel_timing import copy_bandwidth_gbs, describe, time_ms
+from kernel_timing import copy_bandwidth_gbs, describe, time_ms, write_report
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -140,9 +138,7 @@ def main() -> None:
             rows += measure(args, batch, context, bandwidth, num_sms)
     print("* = what kernels.ops.paged_attention picks for this shape")
     if args.json:
-        meta = dict(device=describe(device), host=platform.node(), copy_gb_per_s=bandwidth)
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "args": vars(args), "rows": rows}, f, indent=1)
+        write_report(args.json, device, bandwidth, args, rows)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ gaps count but Python setup does not; on the CPU, from the wall clock.
 
 from __future__ import annotations
 
+import json
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -53,3 +55,10 @@ def describe(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"CPU ({torch.get_num_threads()} threads)"
+
+
+def write_report(path: str, device: torch.device, bandwidth_gbs: float, args, rows: list) -> None:
+    """The rows as JSON with what produced them: device, host, measured copy bandwidth, flags."""
+    meta = dict(device=describe(device), host=platform.node(), copy_gb_per_s=bandwidth_gbs)
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "args": vars(args), "rows": rows}, f, indent=1)
