@@ -102,11 +102,17 @@ def completion(ttft_ms: float | None, prompt_len: int = 1500) -> dict:
     return body
 
 
+SLOWDOWN = 5
+
+
 def test_server_refuses_hopeless_ttft_with_429_and_serves_the_rest(llama_checkpoint):
     vocab_size = Tokenizer.from_pretrained(llama_checkpoint).vocab_size
     executor = GatedExecutor(vocab_size)
     engine = simulated_engine(llama_checkpoint, executor, scheduling_policy="slo", max_num_seqs=64)
-    engine.step_cost_model.coefficients[:] = COST.as_tuple()
+    # Steps 5x slower than COST's and 5 s targets: the same queue as 1 s at COST, but a request
+    # still counts as on time ahead of the next one however slowly the test sends them (a slow
+    # machine took over 1 s for a dozen, and requests past their deadline do not count ahead).
+    engine.step_cost_model.coefficients[:] = [SLOWDOWN * c for c in COST.as_tuple()]
     with running_server(engine, slo_admission_factor=2.0) as state:
         url = base_url(state)
         statuses: list[int] = []
@@ -131,21 +137,20 @@ def test_server_refuses_hopeless_ttft_with_429_and_serves_the_rest(llama_checkpo
             threads.append(thread)
             wait_for(lambda: state.engine.num_in_flight > in_flight or refusals)
 
-        # Tight-deadline requests queue up (no step runs) until the next one would miss its 1 s
-        # target (some 7 prompts of 1,500 tokens at 2,048 per 0.215 s step; fewer count ahead
-        # as the first ones run late): the slo policy would set it aside until the starvation
-        # bound, 20 times its target.
+        # Tight-deadline requests queue up (no step runs) until the next one would miss its 5 s
+        # target (some 7 prompts of 1,500 tokens at 2,048 per 1.075 s step): the slo policy
+        # would set it aside until the starvation bound, 4 times its target.
         while not refusals and len(threads) < 30:
-            send(completion(1000))
+            send(completion(1000 * SLOWDOWN))
         assert refusals and 6 <= state.engine.num_in_flight <= 14
         error, headers = refusals[0]
         assert error["error"]["type"] == "rate_limit_error" and "TTFT" in error["error"]["message"]
-        # The queue's predicted drain time: 6 to 14 prompts of 1,500 tokens, 1 to 3 s.
-        assert 1 <= int(headers["retry-after"]) <= 3
+        # The queue's predicted drain time: 6 to 14 prompts of 1,500 tokens, 5 to 15 s.
+        assert SLOWDOWN <= int(headers["retry-after"]) <= 3 * SLOWDOWN
 
         # Not hopeless, so served even now: no target, a target looser than the queue, a prompt
         # too long for its target even on an idle engine (refusing it would not help).
-        for body in (completion(None), completion(60_000), completion(100, prompt_len=3000)):
+        for body in (completion(None), completion(300_000), completion(100, prompt_len=3000)):
             send(body)
         assert len(refusals) == 1
         executor.gate.set()
