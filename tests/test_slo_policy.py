@@ -189,11 +189,21 @@ def test_tightest_target_wins_and_no_target_means_no_cap():
     assert 0 < budget_tight < budget_loose
 
 
-def decoding(request_id: str, slo: SLO, arrival: float = 0.0, priority: int = 0) -> Request:
-    request = Request(request_id, [1] * 10, SamplingParams(max_tokens=50), arrival, priority, slo)
+def decoding(
+    request_id: str,
+    slo: SLO,
+    arrival: float = 0.0,
+    priority: int = 0,
+    max_tokens: int = 50,
+    first_token_time: float | None = None,
+) -> Request:
+    """A request of 10 prompt tokens, prefilled, with its first output token (at
+    `first_token_time`, by default 0.1 s after arrival)."""
+    params = SamplingParams(max_tokens=max_tokens)
+    request = Request(request_id, [1] * 10, params, arrival, priority, slo)
     request.append_token(2)
     request.num_computed_tokens = 10
-    request.first_token_time = arrival + 0.1
+    request.first_token_time = arrival + 0.1 if first_token_time is None else first_token_time
     return request
 
 
@@ -225,13 +235,10 @@ def full_batch_queue(max_num_seqs: int) -> tuple[SLOPolicy, list[Request]]:
     long prompt due first and a short one due just after. In a full batch they cannot both
     make it: whichever goes second waits for the second place to free."""
     policy = make_policy("slo", PolicyContext(max_num_seqs=max_num_seqs))
-    running = []
-    for request_id in ("a", "b"):
-        request = Request(request_id, [1] * 10, SamplingParams(max_tokens=500), 0.0, 0, SLO())
-        request.append_token(2)
-        request.num_computed_tokens = 10
-        request.first_token_time = 0.0
-        running.append(request)
+    running = [
+        decoding(request_id, SLO(), max_tokens=500, first_token_time=0.0)
+        for request_id in ("a", "b")
+    ]
     policy.prefill_budget(running, 2046, 0.0)
     full = make_policy("slo", PolicyContext(max_num_seqs=2))
     full.prefill_budget(running, 2046, 0.0)
@@ -267,13 +274,10 @@ def nearly_full_batch(urgent_per_s: float) -> SLOPolicy:
         for i in range(int(2 * urgent_per_s))
     ]
     policy.order_waiting(seen, 2.0)
-    running = []
-    for request_id in ("a", "b", "c"):
-        request = Request(request_id, [1] * 10, SamplingParams(max_tokens=100), 0.0, 0, SLO())
-        request.append_token(2)
-        request.num_computed_tokens = 10
-        request.first_token_time = 0.0
-        running.append(request)
+    running = [
+        decoding(request_id, SLO(), max_tokens=100, first_token_time=0.0)
+        for request_id in ("a", "b", "c")
+    ]
     policy.prefill_budget(running, 2045, 2.0)
     return policy
 
