@@ -81,6 +81,8 @@ class TorchExecutor:
         self.model = load_model(
             model_config, self.device, self.dtype, self.max_model_len, load_format
         )
+        if self.model.pack_linear_weights(rows_hint=engine_config.max_num_seqs):
+            logger.info("linear layers run through oneDNN over packed weights")
         # A padded graph batch may hold more tokens than the budget when max_num_seqs exceeds it.
         self.buffers = InputBuffers(
             max(engine_config.max_num_batched_tokens, engine_config.max_num_seqs),

@@ -15,10 +15,30 @@ from torch import nn
 from core.model_config import ModelConfig
 from gpu.input_batch import AttentionMetadata
 from kernels import ops
+from kernels.linear import onednn_linear, onednn_linear_available, pack_linear_weight
 from kernels.rotary import build_cos_sin_cache
 
 # One layer's keys and values: [2, num_blocks, block_size, num_kv_heads, head_dim].
 LayerKVCache = torch.Tensor
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` that can run over a oneDNN-packed copy of its weight (kernels.linear).
+
+    Once packed, the float weight is dropped (left as a meta tensor of the same shape, so the
+    parameter count stands): the packed copy is the only one, not a second one in memory.
+    """
+
+    packed_weight: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed_weight is None:
+            return F.linear(x, self.weight, self.bias)
+        return onednn_linear(x, self.packed_weight, self.bias)
+
+    def pack(self, rows_hint: int) -> None:
+        self.packed_weight = pack_linear_weight(self.weight, rows_hint)
+        self.weight = nn.Parameter(self.weight.to("meta"), requires_grad=False)
 
 
 class RMSNorm(nn.Module):
@@ -48,10 +68,10 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
-        self.qkv_proj = nn.Linear(
+        self.qkv_proj = Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias
         )
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         # Shared by all layers and kept in float32: not a parameter, so never cast or reloaded.
@@ -84,8 +104,8 @@ class MLP(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
@@ -149,10 +169,11 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if tie_word_embeddings is None:
             tie_word_embeddings = config.tie_word_embeddings
+        self.packed_logits_weight: torch.Tensor | None = None
         self.lm_head = (
             None
             if tie_word_embeddings
-            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
 
     def forward(
@@ -172,5 +193,24 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits [N, vocab_size] for the hidden states [N, hidden_size] given."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight)
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        if self.packed_logits_weight is not None:
+            return onednn_linear(hidden, self.packed_logits_weight, None)
+        return F.linear(hidden, self.embed_tokens.weight)
+
+    def pack_linear_weights(self, rows_hint: int) -> bool:
+        """Run every linear layer through oneDNN over packed weights (float32 on the CPU only;
+        see kernels.linear). Tied embeddings keep their table for lookups and get a packed copy
+        for the LM head. Returns whether it packed; the weights are loaded by then."""
+        embed = self.embed_tokens.weight
+        if embed.device.type != "cpu" or embed.dtype != torch.float32:
+            return False
+        if not onednn_linear_available():
+            return False
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack(rows_hint)
+        if self.lm_head is None:
+            self.packed_logits_weight = pack_linear_weight(embed, rows_hint)
+        return True

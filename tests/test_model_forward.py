@@ -82,11 +82,14 @@ def prompt(seed: int, length: int = PROMPT_LENGTH) -> tuple[int, ...]:
 
 class PagedModel:
     """Baton's model with its own KV cache, fed step by step as the engine would, with block
-    tables drawn from a shuffled pool so no sequence's blocks are contiguous."""
+    tables drawn from a shuffled pool so no sequence's blocks are contiguous. `packed`: its
+    linear layers run through oneDNN over packed weights, as the executor runs them on the CPU."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, packed: bool = False) -> None:
         self.config = ModelConfig.from_pretrained(path)
         self.model = load_model(self.config, "cpu", torch.float32)
+        if packed:
+            assert self.model.pack_linear_weights(rows_hint=8)
         self.kv_caches = allocate_kv_caches(
             self.config, NUM_BLOCKS, BLOCK_SIZE, torch.float32, "cpu"
         )
@@ -139,6 +142,15 @@ def test_prefill_in_one_chunk_matches_transformers_logits(checkpoint: Path) -> N
     token_ids = prompt(seed=1)
 
     ours = PagedModel(checkpoint).run_in_chunks(token_ids, [len(token_ids)])
+
+    expected = transformers_logits(checkpoint, token_ids)
+    torch.testing.assert_close(ours, expected, atol=ATOL, rtol=RTOL)
+
+
+def test_packed_linear_weights_match_transformers_logits(checkpoint: Path) -> None:
+    token_ids = prompt(seed=1)
+
+    ours = PagedModel(checkpoint, packed=True).run_in_chunks(token_ids, [16, 1, 24])
 
     expected = transformers_logits(checkpoint, token_ids)
     torch.testing.assert_close(ours, expected, atol=ATOL, rtol=RTOL)
