@@ -21,6 +21,7 @@ from gpu.kv_cache import (
 )
 from gpu.loader import load_model
 from gpu.sampler import Sampler
+from kernels.cpu_extension import cpu_kernels_available
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ class TorchExecutor:
         )
         if self.model.pack_linear_weights(rows_hint=engine_config.max_num_seqs):
             logger.info("linear layers run through oneDNN over packed weights")
+        # Built (or loaded from torch's cache) here, not inside the first step.
+        if self.device.type == "cpu" and cpu_kernels_available():
+            logger.info("decode attention runs in Baton's C++ CPU kernel")
         # A padded graph batch may hold more tokens than the budget when max_num_seqs exceeds it.
         self.buffers = InputBuffers(
             max(engine_config.max_num_batched_tokens, engine_config.max_num_seqs),

@@ -2,24 +2,54 @@
 
 `paged_attention_ref` is the reference the Triton kernels are tested against: one SDPA call per
 sequence, decodes (one query) and prefill chunks (many) alike, with GQA/MQA.
-`paged_attention_cpu` is the CPU execution path: the same attention with the decodes of a step
-batched into a few padded SDPA calls, because at CPU sizes a call per sequence costs more in
-dispatch, per-head programs and fresh gather memory than in arithmetic.
+`paged_attention_cpu` is the CPU execution path: prefill chunks as the reference, and a step's
+decodes in one call of the C++ kernel that reads the cache where it lies
+(kernels/csrc/paged_decode_cpu.cpp). Where that kernel cannot build, or for other dtypes than
+float32, the decodes are batched into a few padded SDPA calls instead, because at CPU sizes a
+call per sequence costs more in dispatch, per-head programs and fresh gather memory than in
+arithmetic.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from kernels.cpu_extension import cpu_kernels_available
 
 # Decodes are padded up to a multiple of this many tokens and run together per multiple, at
 # most DECODE_GROUP sequences per SDPA call. The padded length depends only on a sequence's own
 # length, so its result is the same alone and in any batch.
 DECODE_BUCKET_TOKENS = 64
 DECODE_GROUP = 16
+
+# False within `plain_torch_decodes()`: the padded-SDPA path even where the C++ kernel builds.
+_decode_kernel_allowed = True
+
+
+@contextmanager
+def plain_torch_decodes() -> Iterator[None]:
+    """Within: decodes take the padded-SDPA path, as on a machine where the kernel cannot build."""
+    global _decode_kernel_allowed
+    previous, _decode_kernel_allowed = _decode_kernel_allowed, False
+    try:
+        yield
+    finally:
+        _decode_kernel_allowed = previous
+
+
+def _use_decode_kernel(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    return (
+        _decode_kernel_allowed
+        and q.dtype == kv_cache.dtype == torch.float32
+        and kv_cache.is_contiguous()
+        and cpu_kernels_available()
+    )
 
 
 @dataclass(slots=True)
@@ -40,10 +70,15 @@ class _StepPlan:
     """How a packed batch splits into prefill chunks and decode groups: the same for every layer
     of a step, so it is worked out once per step."""
 
-    # block_size, dtype, query_start_loc, seq_lens
-    key: tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...]]
+    # block_size, dtype, whether decodes take the C++ kernel, query_start_loc, seq_lens
+    key: tuple[int, torch.dtype, bool, tuple[int, ...], tuple[int, ...]]
     block_tables: torch.Tensor
     prefills: list[tuple[int, int, int]]  # (sequence, first row, end row)
+    # For the C++ kernel: each decode's row of q and its sequence, and every sequence's length.
+    decode_rows: torch.Tensor
+    decode_seqs: torch.Tensor
+    seq_lens: torch.Tensor
+    # For the padded-SDPA path (empty when the kernel serves the decodes).
     decode_groups: list[_DecodeGroup]
 
 
@@ -110,12 +145,27 @@ def paged_attention_cpu(
     seq_lens: list[int],
     scale: float,
 ) -> torch.Tensor:
-    """`paged_attention_ref`'s contract, with single-query sequences batched by length bucket."""
-    plan = _step_plan(block_tables, query_start_loc, seq_lens, kv_cache.shape[2], q.dtype)
-    out = torch.empty_like(q)
+    """`paged_attention_ref`'s contract: single-query sequences in one C++ kernel call (or
+    batched by length bucket into padded SDPA calls), prefill chunks one SDPA call each."""
+    use_kernel = _use_decode_kernel(q, kv_cache)
+    plan = _step_plan(
+        block_tables, query_start_loc, seq_lens, kv_cache.shape[2], q.dtype, use_kernel
+    )
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     for i, start, end in plan.prefills:
         out[start:end] = _attend_sequence(
             q[start:end], kv_cache, block_tables[i], seq_lens[i], scale
+        )
+    if use_kernel and plan.decode_rows.numel():
+        torch.ops.baton_cpu.paged_decode(
+            out,
+            q,
+            kv_cache,
+            plan.block_tables,
+            plan.seq_lens,
+            plan.decode_rows,
+            plan.decode_seqs,
+            scale,
         )
     for group in plan.decode_groups:
         out.index_copy_(0, group.rows, _attend_decode_group(q, kv_cache, group, scale))
@@ -128,10 +178,11 @@ def _step_plan(
     seq_lens: list[int],
     block_size: int,
     dtype: torch.dtype,
+    use_kernel: bool,
 ) -> _StepPlan:
     """The plan for this batch: the previous call's when every layer of a step asks in turn."""
     # Compared by value: a step may refill the same buffers in place.
-    key = (block_size, dtype, tuple(query_start_loc), tuple(seq_lens))
+    key = (block_size, dtype, use_kernel, tuple(query_start_loc), tuple(seq_lens))
     plan = _scratch.plan
     if (
         plan is not None
@@ -142,11 +193,13 @@ def _step_plan(
         return plan
     # Both are powers of two, so the larger is a multiple of the smaller.
     bucket_tokens = max(DECODE_BUCKET_TOKENS, block_size)
-    prefills, buckets = [], {}
+    prefills, decodes, buckets = [], [], {}
     for i, seq_len in enumerate(seq_lens):
         start, end = query_start_loc[i], query_start_loc[i + 1]
         if end - start == 1:
-            buckets.setdefault(-(-seq_len // bucket_tokens), []).append(i)
+            decodes.append(i)
+            if not use_kernel:
+                buckets.setdefault(-(-seq_len // bucket_tokens), []).append(i)
         elif start < end:
             prefills.append((i, start, end))
     device = block_tables.device
@@ -167,7 +220,15 @@ def _step_plan(
             groups.append(
                 _DecodeGroup(rows, tables.reshape(-1), key_bias[:, None, None], padded_len)
             )
-    plan = _StepPlan(key, block_tables.clone(), prefills, groups)
+    plan = _StepPlan(
+        key,
+        block_tables.clone(),
+        prefills,
+        decode_rows=torch.tensor([query_start_loc[i] for i in decodes], dtype=torch.int64),
+        decode_seqs=torch.tensor(decodes, dtype=torch.int64),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+        decode_groups=groups,
+    )
     _scratch.plan = plan
     return plan
 

@@ -1,5 +1,7 @@
-"""The CPU path's paged attention (decodes batched by length bucket) against the reference and
-against itself alone: same attention, and a decode's result does not depend on its company."""
+"""The CPU path's paged attention against the reference and against itself alone: same
+attention, and a decode's result does not depend on its company. Every test runs both decode
+paths: the C++ kernel (kernels/csrc) and the padded SDPA calls by length bucket that machines
+without a compiler run."""
 
 from __future__ import annotations
 
@@ -8,13 +10,35 @@ import random
 import pytest
 import torch
 
-from kernels.paged_attention import DECODE_GROUP, paged_attention_cpu, paged_attention_ref
+from kernels.cpu_extension import cpu_kernels_available
+from kernels.paged_attention import (
+    DECODE_GROUP,
+    paged_attention_cpu,
+    paged_attention_ref,
+    plain_torch_decodes,
+)
 
 HEAD_DIM = 32
 
 
+@pytest.fixture(autouse=True, params=["kernel", "plain-torch"])
+def decode_path(request):
+    if request.param == "kernel":
+        # scripts/setup installs the compiler: a failed build is a failure here, not a skip.
+        assert cpu_kernels_available()
+        yield
+    else:
+        with plain_torch_decodes():
+            yield
+
+
 def packed_batch(
-    sequences: list[tuple[int, int]], block_size: int, num_heads: int, num_kv_heads: int, seed: int
+    sequences: list[tuple[int, int]],
+    block_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    seed: int,
+    head_dim: int = HEAD_DIM,
 ):
     """Random K/V cached for each (seq_len, query_len) in shuffled blocks, and packed queries.
 
@@ -23,7 +47,7 @@ def packed_batch(
     rng = random.Random(seed)
     torch.manual_seed(seed)
     num_blocks = sum(-(-seq_len // block_size) for seq_len, _ in sequences) + 3
-    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, HEAD_DIM)
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim)
     free_blocks = list(range(num_blocks))
     rng.shuffle(free_blocks)
     max_blocks = max(-(-seq_len // block_size) for seq_len, _ in sequences)
@@ -34,7 +58,7 @@ def packed_batch(
     query_start_loc = [0]
     for _, query_len in sequences:
         query_start_loc.append(query_start_loc[-1] + query_len)
-    q = torch.randn(query_start_loc[-1], num_heads, HEAD_DIM)
+    q = torch.randn(query_start_loc[-1], num_heads, head_dim)
     seq_lens = [seq_len for seq_len, _ in sequences]
     return q, kv_cache, block_tables, query_start_loc, seq_lens
 
@@ -91,3 +115,47 @@ def test_a_block_table_refilled_in_place_is_not_served_a_stale_plan() -> None:
     after = paged_attention_cpu(*batch, scale=0.25)
     torch.testing.assert_close(after, paged_attention_ref(*batch, scale=0.25))
     assert not torch.allclose(after[:2], before[:2])
+
+
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+def test_real_head_sizes_and_int64_tables_match_reference(head_dim: int) -> None:
+    q, kv_cache, block_tables, query_start_loc, seq_lens = packed_batch(
+        [(300, 1), (17, 1), (64, 5), (513, 1)], 16, 8, 2, seed=head_dim, head_dim=head_dim
+    )
+    batch = (q, kv_cache, block_tables.long(), query_start_loc, seq_lens)
+    torch.testing.assert_close(
+        paged_attention_cpu(*batch, scale=head_dim**-0.5),
+        paged_attention_ref(*batch, scale=head_dim**-0.5),
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_sharp_scores_late_in_a_sequence_stay_exact() -> None:
+    # Scores span hundreds: the running maximum of the online softmax jumps in a late block,
+    # so everything accumulated before must be rescaled, not overflow or vanish.
+    q, kv_cache, block_tables, query_start_loc, seq_lens = packed_batch(
+        [(200, 1), (33, 1)], 16, 4, 4, seed=9
+    )
+    kv_cache[0, block_tables[0, 11]] *= 40.0
+    batch = (q * 10.0, kv_cache, block_tables, query_start_loc, seq_lens)
+    expected = paged_attention_ref(*batch, scale=HEAD_DIM**-0.5)
+    actual = paged_attention_cpu(*batch, scale=HEAD_DIM**-0.5)
+    assert torch.isfinite(actual).all()
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_kernel_refuses_a_length_past_its_block_table_with_a_clear_error() -> None:
+    assert cpu_kernels_available()
+    q, kv_cache, block_tables, _, seq_lens = packed_batch([(40, 1), (20, 1)], 16, 4, 2, seed=2)
+    out = torch.empty_like(q)
+    rows = torch.tensor([0, 1])
+    with pytest.raises(RuntimeError, match="exceeds its block table"):
+        torch.ops.baton_cpu.paged_decode(
+            out, q, kv_cache, block_tables, torch.tensor([40, 49]), rows, rows, 0.25
+        )
+    block_tables[1, 0] = kv_cache.shape[1]
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        torch.ops.baton_cpu.paged_decode(
+            out, q, kv_cache, block_tables, torch.tensor(seq_lens), rows, rows, 0.25
+        )

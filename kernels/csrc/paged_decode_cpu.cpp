@@ -1,0 +1,258 @@
+// Decode attention read straight from the paged KV cache, for the CPU.
+//
+// A decode step's attention is memory traffic: every cached key and value of every running
+// sequence is read once per layer, for a handful of flops each. The plain-torch path reads the
+// cache, writes a contiguous copy (index_select) and reads that copy again in SDPA; this kernel
+// reads each block where it lies, once. One task per (sequence, KV head) runs that head's group
+// of query heads together (GQA: each key is loaded once for all of them), block by block with
+// an online softmax. A task reads only its own sequence, in a fixed order, so a sequence's
+// result has the same bits alone and in any batch.
+//
+// Layouts (as kernels/paged_attention.py documents): q [T, Hq, D]; kv_cache [2, num_blocks,
+// block_size, Hkv, D] contiguous; block_tables [num_seqs, width] int32 or int64; seq_lens
+// [num_seqs]. `rows[i]` is the row of q (and of out) of the decode of sequence `seqs[i]`, which
+// attends to the first seq_lens[seqs[i]] tokens of its blocks.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+struct CacheView {
+  const float* keys;
+  const float* values;
+  int64_t block_size;
+  int64_t num_kv_heads;
+  int64_t head_dim;
+};
+
+// e^x for x <= 0 (the softmax's exponents, taken after subtracting the maximum), within a few
+// parts in 1e8: x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^7, 2^n built in
+// the exponent bits. Plain arithmetic, so the compiler vectorizes a loop of them, which it
+// cannot do with calls to expf.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);  // e^-87 is near the smallest normal float; below, 0 is as good
+  const float n = std::floor(x * 1.44269504f + 0.5f);
+  // ln2 split in two so n * ln2_hi is exact in float (Cody-Waite).
+  const float r = (x - n * 0.693145751953125f) - n * 1.42860677e-6f;
+  float p = 1.98412698e-4f;
+  p = p * r + 1.38888889e-3f;
+  p = p * r + 8.33333333e-3f;
+  p = p * r + 4.16666667e-2f;
+  p = p * r + 1.66666667e-1f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// q . k over D floats for four keys at once: four independent sums the compiler keeps in four
+// vector registers, instead of one dependent chain of fused multiply-adds per key.
+inline void dot4(const float* q, const float* k0, const float* k1, const float* k2,
+                 const float* k3, int64_t D, float* out) {
+  float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+  for (int64_t d = 0; d < D; ++d) {
+    s0 += q[d] * k0[d];
+    s1 += q[d] * k1[d];
+    s2 += q[d] * k2[d];
+    s3 += q[d] * k3[d];
+  }
+  out[0] = s0;
+  out[1] = s1;
+  out[2] = s2;
+  out[3] = s3;
+}
+
+// The online softmax of one query row: its running maximum, sum and weighted values.
+struct RowState {
+  float max = -std::numeric_limits<float>::infinity();
+  float sum = 0.0f;
+};
+
+// One sequence, KV heads [first_head, end_head): each head's `group` query rows at
+// q + head * group * D, results to out at the same offsets. Block by block, every head of the
+// block in turn, so each block is read once, front to back.
+template <typename Index>
+void attend_sequence(const CacheView& cache, const Index* table, int64_t seq_len,
+                     const float* q, float* out, int64_t group, int64_t first_head,
+                     int64_t end_head, float scale) {
+  const int64_t D = cache.head_dim;
+  const int64_t bs = cache.block_size;
+  const int64_t stride = cache.num_kv_heads * D;  // from one token to the next in a block
+  const int64_t num_rows = (end_head - first_head) * group;
+  std::vector<float> acc(num_rows * D, 0.0f);
+  std::vector<RowState> state(num_rows);
+  std::vector<float> scores(bs);
+
+  for (int64_t first = 0; first < seq_len; first += bs) {
+    const int64_t block = static_cast<int64_t>(table[first / bs]);
+    const int64_t n = std::min(bs, seq_len - first);
+    for (int64_t head = first_head; head < end_head; ++head) {
+      const int64_t offset = block * bs * stride + head * D;
+      const float* k = cache.keys + offset;
+      const float* v = cache.values + offset;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t row = (head - first_head) * group + g;
+        const float* qr = q + (head * group + g) * D;
+        float* s = scores.data();
+        int64_t t = 0;
+        for (; t + 4 <= n; t += 4) {
+          dot4(qr, k + t * stride, k + (t + 1) * stride, k + (t + 2) * stride,
+               k + (t + 3) * stride, D, s + t);
+        }
+        for (; t < n; ++t) {
+          float dot = 0.0f;
+          for (int64_t d = 0; d < D; ++d) dot += qr[d] * k[t * stride + d];
+          s[t] = dot;
+        }
+        float block_max = -std::numeric_limits<float>::infinity();
+        for (t = 0; t < n; ++t) {
+          s[t] *= scale;
+          block_max = std::max(block_max, s[t]);
+        }
+        // Rescale what is accumulated when this block raises the maximum.
+        RowState& st = state[row];
+        const float new_max = std::max(st.max, block_max);
+        const float correction = exp_nonpositive(st.max - new_max);
+        float* a = acc.data() + row * D;
+        if (correction != 1.0f) {
+          for (int64_t d = 0; d < D; ++d) a[d] *= correction;
+          st.sum *= correction;
+        }
+        st.max = new_max;
+        float block_sum = 0.0f;
+        for (t = 0; t < n; ++t) {
+          s[t] = exp_nonpositive(s[t] - new_max);
+          block_sum += s[t];
+        }
+        st.sum += block_sum;
+        for (t = 0; t + 4 <= n; t += 4) {
+          const float* v0 = v + t * stride;
+          const float* v1 = v0 + stride;
+          const float* v2 = v1 + stride;
+          const float* v3 = v2 + stride;
+          const float p0 = s[t], p1 = s[t + 1], p2 = s[t + 2], p3 = s[t + 3];
+          for (int64_t d = 0; d < D; ++d) {
+            a[d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d];
+          }
+        }
+        for (; t < n; ++t) {
+          const float* vt = v + t * stride;
+          for (int64_t d = 0; d < D; ++d) a[d] += s[t] * vt[d];
+        }
+      }
+    }
+  }
+  for (int64_t row = 0; row < num_rows; ++row) {
+    const float inverse = 1.0f / state[row].sum;
+    float* o = out + (first_head * group + row) * D;
+    for (int64_t d = 0; d < D; ++d) o[d] = acc[row * D + d] * inverse;
+  }
+}
+
+template <typename Index>
+void run(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
+         const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens,
+         const at::Tensor& rows, const at::Tensor& seqs, double scale) {
+  const int64_t num_blocks = kv_cache.size(1);
+  const int64_t num_heads = q.size(1);
+  CacheView cache{kv_cache.data_ptr<float>(), nullptr, kv_cache.size(2), kv_cache.size(3),
+                  kv_cache.size(4)};
+  cache.values = cache.keys + num_blocks * cache.block_size * cache.num_kv_heads * cache.head_dim;
+  const int64_t group = num_heads / cache.num_kv_heads;
+  const Index* tables = block_tables.data_ptr<Index>();
+  const int64_t width = block_tables.size(1);
+  const int64_t* row_ids = rows.data_ptr<int64_t>();
+  const int64_t* seq_ids = seqs.data_ptr<int64_t>();
+  const float* q_data = q.data_ptr<float>();
+  float* out_data = out.data_ptr<float>();
+  const int64_t q_row_stride = q.stride(0);
+  const int64_t out_row_stride = out.stride(0);
+  // A task is a sequence's heads, or one head of it when there are too few sequences to keep
+  // every thread busy. Each head's result is computed the same way either way.
+  const int64_t num_seqs = rows.numel();
+  const int64_t heads_per_task =
+      num_seqs >= 4 * at::get_num_threads() ? cache.num_kv_heads : 1;
+  const int64_t tasks_per_seq = cache.num_kv_heads / heads_per_task;
+
+  at::parallel_for(0, num_seqs * tasks_per_seq, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t i = task / tasks_per_seq;
+      const int64_t first_head = (task % tasks_per_seq) * heads_per_task;
+      const int64_t seq = seq_ids[i];
+      attend_sequence<Index>(cache, tables + seq * width, seq_lens[seq],
+                             q_data + row_ids[i] * q_row_stride,
+                             out_data + row_ids[i] * out_row_stride, group, first_head,
+                             first_head + heads_per_task, static_cast<float>(scale));
+    }
+  });
+}
+
+void paged_decode(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
+                  const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                  const at::Tensor& rows, const at::Tensor& seqs, double scale) {
+  TORCH_CHECK(q.device().is_cpu() && kv_cache.device().is_cpu(), "CPU tensors only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && kv_cache.scalar_type() == at::kFloat &&
+                  out.scalar_type() == at::kFloat,
+              "float32 only");
+  TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes(), "q and out are [T, Hq, D]");
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2), "q rows must be contiguous");
+  TORCH_CHECK(out.stride(2) == 1 && out.stride(1) == out.size(2), "out rows must be contiguous");
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
+              "kv_cache is a contiguous [2, num_blocks, block_size, Hkv, D]");
+  TORCH_CHECK(kv_cache.size(4) == q.size(2), "q and the cache disagree on head_dim");
+  TORCH_CHECK(q.size(1) % kv_cache.size(3) == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.is_contiguous(),
+              "block_tables is a contiguous [num_seqs, width]");
+  TORCH_CHECK(rows.scalar_type() == at::kLong && seqs.scalar_type() == at::kLong &&
+                  rows.is_contiguous() && seqs.is_contiguous() && rows.numel() == seqs.numel(),
+              "rows and seqs are int64 of one length");
+  // Checked once here so the tasks can trust every index they read.
+  const auto lens = seq_lens.to(at::kLong).contiguous();
+  std::vector<int64_t> seq_len_list(lens.data_ptr<int64_t>(),
+                                    lens.data_ptr<int64_t>() + lens.numel());
+  const int64_t capacity = block_tables.size(1) * kv_cache.size(2);
+  for (int64_t len : seq_len_list) {
+    TORCH_CHECK(len >= 1 && len <= capacity, "a seq_len exceeds its block table");
+  }
+  const auto tables_long = block_tables.to(at::kLong);
+  TORCH_CHECK(tables_long.numel() == 0 ||
+                  (tables_long.min().item<int64_t>() >= 0 &&
+                   tables_long.max().item<int64_t>() < kv_cache.size(1)),
+              "a block id is outside the cache");
+  const int64_t* seq_ids = seqs.data_ptr<int64_t>();
+  const int64_t* row_ids = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    TORCH_CHECK(seq_ids[i] >= 0 && seq_ids[i] < block_tables.size(0) &&
+                    seq_ids[i] < static_cast<int64_t>(seq_len_list.size()),
+                "a decode names no sequence");
+    TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < q.size(0), "a decode names no row of q");
+  }
+  if (block_tables.scalar_type() == at::kInt) {
+    run<int32_t>(out, q, kv_cache, block_tables, seq_len_list, rows, seqs, scale);
+  } else {
+    TORCH_CHECK(block_tables.scalar_type() == at::kLong, "block_tables are int32 or int64");
+    run<int64_t>(out, q, kv_cache, block_tables, seq_len_list, rows, seqs, scale);
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(baton_cpu, m) {
+  m.def(
+      "paged_decode(Tensor(a!) out, Tensor q, Tensor kv_cache, Tensor block_tables, "
+      "Tensor seq_lens, Tensor rows, Tensor seqs, float scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(baton_cpu, CPU, m) { m.impl("paged_decode", &paged_decode); }
