@@ -167,6 +167,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         default="",
         help="comma-separated origins allowed for CORS and WebSocket upgrades",
     )
+    parser.add_argument(
+        "--allowed-hosts",
+        default="",
+        help="comma-separated Host names to answer (*.example.org for subdomains, * for any); "
+        "on a loopback --host, loopback names are always answered and nothing else by default",
+    )
     parser.add_argument("--max-queued-requests", type=int, default=defaults.max_queued_requests)
     parser.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout_s)
     parser.add_argument("--ttft-slo-ms", type=float, default=None)
@@ -198,6 +204,7 @@ def server_settings_from(args: argparse.Namespace) -> ServerSettings:
         served_model_name=args.served_model_name,
         api_keys=api_keys,
         allowed_origins=[o.strip() for o in args.allowed_origins.split(",") if o.strip()],
+        allowed_hosts=[h.strip() for h in args.allowed_hosts.split(",") if h.strip()],
         max_queued_requests=args.max_queued_requests,
         shutdown_timeout_s=args.shutdown_timeout,
         ttft_slo_ms=args.ttft_slo_ms,

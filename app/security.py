@@ -1,9 +1,20 @@
-"""Who may call Baton and how much they may send: API keys, CORS, WebSocket origins, body limits.
+"""Who may call Baton and how much they may send: Host names, API keys, CORS, WebSocket origins,
+body limits.
 
 All of it is pure ASGI middleware, so streaming responses pass through untouched and a request
 costs a few dict lookups. `security_middleware(settings)` returns the stack, outermost first:
-CORS (only with `--allowed-origins`), API keys (only with `--api-key`), the WebSocket gate,
-the body limit.
+the Host check, CORS (only with `--allowed-origins`), API keys (only with `--api-key`), the
+WebSocket gate, the body limit.
+
+**Host names.** A server on a loopback address (the default `--host 127.0.0.1`) answers only
+requests whose `Host` names loopback (`localhost`, `127.0.0.1`, `[::1]`, any port) or a name in
+`--allowed-hosts`; any other gets 400 before anything else runs. That is what stops DNS
+rebinding: a web page whose own name is made to resolve to 127.0.0.1 would otherwise reach the
+local server from a visitor's browser as a *same-origin* page, past the WebSocket origin check
+and without CORS, and drive it with no key. On any other address the server cannot know the
+names it is reached by, so every Host is accepted unless `--allowed-hosts` lists them
+(`*.example.org` matches subdomains; `*` turns the check off). A request with no Host (HTTP/1.0)
+passes: browsers always send one.
 
 **What needs a key.** With keys configured, every request needs one except
 
@@ -40,6 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import posixpath
 from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit
@@ -60,8 +72,14 @@ WS_KEY_PROTOCOL_PREFIX = "baton.bearer."
 MAX_UNQUOTE_ROUNDS = 8
 
 
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
 def security_middleware(settings: ServerSettings) -> list[Middleware]:
     stack: list[Middleware] = []
+    allowed_hosts = effective_allowed_hosts(settings.host, settings.allowed_hosts)
+    if "*" not in allowed_hosts:
+        stack.append(Middleware(HostGate, allowed_hosts=allowed_hosts))
     if settings.allowed_origins:
         stack.append(
             Middleware(
@@ -78,6 +96,59 @@ def security_middleware(settings: ServerSettings) -> list[Middleware]:
     stack.append(Middleware(WebSocketGate, allowed_origins=settings.allowed_origins))
     stack.append(Middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes))
     return stack
+
+
+def is_loopback(host: str) -> bool:
+    if host.casefold() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def effective_allowed_hosts(bind_host: str, allowed_hosts: list[str]) -> list[str]:
+    """The Host names a server bound to `bind_host` answers: loopback's own names when it is
+    bound to loopback, plus `allowed_hosts`; everything (`*`) on other addresses unless
+    `allowed_hosts` says which."""
+    if is_loopback(bind_host):
+        return [*LOOPBACK_NAMES, *allowed_hosts]
+    return list(allowed_hosts) or ["*"]
+
+
+def host_name(value: str) -> str:
+    """A Host header's name without its port: `[::1]:8000` → `[::1]`, `Example.org:80` →
+    `example.org`."""
+    value = value.strip().casefold()
+    if value.startswith("["):
+        return value[: value.find("]") + 1] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class HostGate:
+    """400 for a request whose Host is not one the server answers (see the module's notes)."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: list[str]) -> None:
+        self.app = app
+        names = [h.strip().casefold() for h in allowed_hosts if h.strip()]
+        self.exact = frozenset(n for n in names if not n.startswith("*."))
+        self.suffixes = tuple(n[1:] for n in names if n.startswith("*."))
+
+    def allows(self, host: str) -> bool:
+        name = host_name(host)
+        return name in self.exact or name.endswith(self.suffixes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = header(scope, b"host")
+            if host is not None and not self.allows(host.decode("latin-1")):
+                message = (
+                    f"Host {host.decode('latin-1')!r} is not one this server answers; "
+                    "see --allowed-hosts"
+                )
+                await deny(scope, receive, send, APIError(400, message))
+                return
+        await self.app(scope, receive, send)
 
 
 def canonical_path(scope: Scope) -> str:

@@ -12,6 +12,8 @@ class ServerSettings:
     served_model_name: str | None = None
     api_keys: list[str] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)
+    # Host names answered beyond loopback's own when bound to loopback (app.security).
+    allowed_hosts: list[str] = field(default_factory=list)
     max_queued_requests: int = 256
     # Bodies past this get 413 before they are read whole.
     max_body_bytes: int = 4 * 1024 * 1024

@@ -32,7 +32,7 @@ async def hang_up(port: int, body: bytes, after_events: int) -> None:
     """Send a streaming request and drop the connection after `after_events` SSE events."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
     )
     await writer.drain()

@@ -37,13 +37,15 @@ def test_health_is_503_until_the_engine_runs_and_after_it_stops(llama_checkpoint
     engine = simulated_engine(llama_checkpoint)
     state = ServerState(AsyncEngine(engine, 8), engine.tokenizer, "tiny", ServerSettings())
     app = create_app(state)
+    # A loopback name as Host: the server answers no other (TestClient's default is testserver).
+    url = "http://127.0.0.1"
     # Without the lifespan the step thread never starts.
-    before = TestClient(app).get("/health")
+    before = TestClient(app, base_url=url).get("/health")
     assert before.status_code == 503
     assert before.json()["error"]["type"] == "service_unavailable"
-    with TestClient(app) as client:
+    with TestClient(app, base_url=url) as client:
         assert client.get("/health").json() == {"status": "ok"}
-    assert TestClient(app).get("/health").status_code == 503
+    assert TestClient(app, base_url=url).get("/health").status_code == 503
 
 
 def sse_payloads(lines: list[str]) -> list[dict | str]:

@@ -25,7 +25,12 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 import app.server
-from app.security import canonical_path, security_middleware
+from app.security import (
+    canonical_path,
+    effective_allowed_hosts,
+    host_name,
+    security_middleware,
+)
 from app.settings import ServerSettings
 from tests.server_harness import base_url, free_port, running_server, simulated_engine
 
@@ -311,7 +316,60 @@ def test_baton_refuses_oversized_completion_bodies_before_reading_them(guarded):
     # Only the headers are sent: the 413 comes back without waiting for a byte of the body.
     with socket.create_connection(("127.0.0.1", guarded.settings.port), timeout=5) as raw:
         raw.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-first\r\n"
-            b"Content-Length: %d\r\n\r\n" % (100 * limit)
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Authorization: Bearer sk-first\r\nContent-Length: %d\r\n\r\n" % (100 * limit)
         )
         assert raw.recv(4096).startswith(b"HTTP/1.1 413 ")
+
+
+def test_host_names_are_read_without_their_port():
+    assert host_name("127.0.0.1:8000") == "127.0.0.1"
+    assert host_name("[::1]:8000") == "[::1]"
+    assert host_name("Example.ORG") == "example.org"
+    assert host_name("[::1]") == "[::1]"
+
+
+def test_loopback_servers_answer_loopback_names_and_listed_ones_only():
+    assert effective_allowed_hosts("127.0.0.1", []) == ["localhost", "127.0.0.1", "[::1]"]
+    assert effective_allowed_hosts("::1", ["chat.lan"])[-1] == "chat.lan"
+    assert effective_allowed_hosts("localhost", []) == ["localhost", "127.0.0.1", "[::1]"]
+    # Elsewhere the server cannot know its names: all, unless listed.
+    assert effective_allowed_hosts("0.0.0.0", []) == ["*"]
+    assert effective_allowed_hosts("10.0.0.5", ["api.example.org"]) == ["api.example.org"]
+
+
+def test_a_rebound_host_name_is_refused_on_loopback_http_and_websocket(guarded):
+    # DNS rebinding: the page's own name resolves to 127.0.0.1, so its requests carry it as
+    # Host (and as a same-origin WebSocket Origin), with no key needed for the static UI.
+    port = guarded.settings.port
+    assert raw_status(port, "GET", "/health", {"Host": f"127.0.0.1:{port}"}) == 200
+    assert raw_status(port, "GET", "/health", {"Host": f"localhost:{port}"}) == 200
+    assert raw_status(port, "GET", "/", {"Host": f"rebound.example:{port}"}) == 400
+    refused = httpx.get(f"http://127.0.0.1:{port}/health", headers={"Host": "rebound.example"})
+    assert refused.status_code == 400
+    assert "--allowed-hosts" in refused.json()["error"]["message"]
+    # The socket goes to loopback; the URL's name becomes the Host (and the page's Origin).
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    with pytest.raises(InvalidStatus) as upgrade:
+        connect(
+            f"ws://evil.example:{port}/v1/ws",
+            sock=sock,
+            proxy=None,
+            open_timeout=5,
+            origin=f"http://evil.example:{port}",
+        )
+    assert upgrade.value.response.status_code == 400
+
+
+def test_listed_hosts_and_subdomain_patterns_are_answered():
+    settings = ServerSettings(allowed_hosts=["chat.lan", "*.example.org"])
+    with serving(settings) as address:
+        port = int(address.rsplit(":", 1)[1])
+        for host, status in [
+            ("chat.lan", 200),
+            ("a.example.org:443", 200),
+            ("example.org.evil", 400),
+            ("evil.lan", 400),
+            (address, 200),
+        ]:
+            assert raw_status(port, "POST", "/v1/echo", {"Host": host}) == status, host
