@@ -1,8 +1,9 @@
 """Kernel dispatch: Triton on CUDA tensors, the plain-torch references everywhere else.
 
-The model calls only these. On the CPU they are the references themselves, attention excepted:
-`paged_attention_cpu` batches a step's decodes by length bucket (the reference's results up to
-float rounding, and batch-invariant). Triton is imported only once a CUDA tensor arrives.
+The model calls only these (its linear layers excepted: kernels.linear). On the CPU they are the
+references themselves, attention excepted: `paged_attention_cpu` runs a step's decodes in the C++
+kernel of kernels/csrc, or batched by length bucket where that cannot build (the reference's
+results up to float rounding, and batch-invariant either way). Triton is imported only once a CUDA tensor arrives.
 `force_triton()` runs the Triton kernels on CPU tensors too (under `TRITON_INTERPRET=1`),
 `force_reference()` the references on CUDA tensors, for tests.
 
