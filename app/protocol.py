@@ -192,7 +192,7 @@ class GenerationRequest(BaseModel):
 
     def invalid(self, error: InvalidRequestError) -> APIError:
         """A 400 for an engine-side check, naming the field as this request spelled it."""
-        return APIError(400, str(error), param=self.field_name(error.param))
+        return APIError(400, str(error), param=self.field_name(error.param), code=error.code)
 
     def field_name(self, param: str | None) -> str | None:
         return param

@@ -18,7 +18,7 @@ from core.output_processor import OutputProcessor
 from core.outputs import RequestOutput, RequestTiming
 from core.policy import PolicyContext, make_policy
 from core.request import SLO, FinishReason, Request
-from core.sampling_params import InvalidRequestError, SamplingParams
+from core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, SamplingParams
 from core.scheduler import Scheduler
 from core.stats import StepStats
 from core.step_cost import StepCostModel
@@ -106,6 +106,7 @@ class Engine:
                 f"but the context length is {self.max_model_len}; lower max_tokens to at most "
                 f"{room} or shorten the prompt",
                 "max_tokens",
+                CONTEXT_LENGTH_EXCEEDED,
             )
         blocks = self.kv_cache.blocks_needed(num_prompt + params.max_tokens)
         if blocks > self.kv_cache.num_blocks:
@@ -267,6 +268,7 @@ class Engine:
                 f"the prompt has {len(prompt_token_ids)} tokens but the context length is "
                 f"{self.max_model_len}, which must also leave room for one generated token",
                 "prompt",
+                CONTEXT_LENGTH_EXCEEDED,
             )
         # min/max run in C: this check runs on the event loop for prompts of any length.
         low, high = min(prompt_token_ids), max(prompt_token_ids)

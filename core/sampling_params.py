@@ -11,11 +11,18 @@ MAX_LOGPROBS = 20
 
 
 class InvalidRequestError(ValueError):
-    """A request the user can fix; `param` names the offending field."""
+    """A request the user can fix; `param` names the offending field, `code` is a stable
+    machine-readable reason where a client may act on it (OpenAI's codes where they exist)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
+
+
+# OpenAI's code for a prompt plus max_tokens that do not fit the model's context: chat clients
+# (the UI here) answer it by leaving out the oldest turns.
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
 
 @dataclass(slots=True)

@@ -34,10 +34,14 @@ def model_engine(checkpoint: Path, **config) -> Engine:
     return build_engine(checkpoint, EngineConfig(**config), device="cpu")
 
 
-def simulated_engine(tokenizer_dir: Path, executor=None, **config) -> Engine:
+def simulated_engine(
+    tokenizer_dir: Path, executor=None, max_model_len: int = 4096, **config
+) -> Engine:
     """An engine whose executor returns tokens instantly: only server and scheduler cost."""
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
-    return build_simulated_engine(tokenizer, EngineConfig(**config), executor, max_model_len=4096)
+    return build_simulated_engine(
+        tokenizer, EngineConfig(**config), executor, max_model_len=max_model_len
+    )
 
 
 # Prompts starting with this token id make a ControlledExecutor raise: an injected fault.

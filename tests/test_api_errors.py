@@ -184,3 +184,24 @@ def test_the_server_keeps_serving_after_every_error(server):
     response = post(server, CHAT, chat(max_tokens=3))
     assert response.status_code == 200
     assert response.json()["usage"]["completion_tokens"] <= 3
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (COMPLETIONS, completion(max_tokens=5000)),
+        (COMPLETIONS, completion(prompt=[5] * 5000)),
+        (CHAT, chat(messages=[{"role": "user", "content": "x" * 20000}])),
+    ],
+)
+def test_too_long_for_the_context_carries_openais_code(server, path, body):
+    # Chat clients (the UI here) answer this code by leaving out the oldest turns.
+    response = post(server, path, body)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_other_bad_input_carries_no_context_code(server):
+    response = post(server, COMPLETIONS, completion(prompt=[10**6]))
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] is None

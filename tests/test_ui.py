@@ -574,3 +574,34 @@ def test_theme_toggle_switches_and_is_remembered(server, open_page):
     page.reload()
     expect(page.locator("html")).to_have_attribute("data-theme", "dark")
     assert page.evaluate("getComputedStyle(document.body).backgroundColor") != background
+
+
+def test_a_conversation_past_the_context_leaves_out_its_oldest_turns(llama_checkpoint, open_page):
+    # A 160-token context: two exchanges of ~50-token messages and 30-token replies overflow it.
+    engine = paced_engine(llama_checkpoint, max_model_len=160)
+    with running_server(engine, model_name="tiny-ui") as state:
+        page = connected(open_page(base_url(state)))
+        frames: list[dict] = []
+        page.on(
+            "websocket",
+            lambda ws: ws.on("framesent", lambda payload: frames.append(json.loads(payload))),
+        )
+        page.reload()
+        connected(page)
+        set_params(page, max_tokens=30)
+        turns = [f"turn {i}: " + "the quick brown fox jumps " * 2 for i in range(4)]
+        for turn in turns:
+            send(page, turn)
+            expect(last_reply(page)).to_have_attribute("data-state", "done", timeout=WAIT_MS)
+
+        sent = [f["messages"] for f in frames if f.get("type") == "generate"]
+        first_users = [m[0]["content"] for m in sent]
+        # The first requests carry the whole conversation; once it no longer fits, the oldest
+        # turns are left out (never the newest message), and stay out for the next request.
+        assert first_users[0] == turns[0]
+        assert sent[-1][-1] == {"role": "user", "content": turns[-1]}
+        assert turns[0] not in [m["content"] for m in sent[-1]]
+        note = last_reply(page).locator(".context-note")
+        expect(note).to_have_text(re.compile(r"^\d+ earlier messages left out"))
+        expect(page.locator(".message-error")).to_have_count(0)
+        screenshot(page, "context-trimmed")

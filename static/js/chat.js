@@ -173,6 +173,13 @@ function fillMessage(article, message, isLast) {
     meta.append(waiting);
   }
   if (message.timing || message.usage) meta.append(messageStats(message));
+  if (message.leftOut) {
+    const note = document.createElement("span");
+    note.className = "context-note";
+    const plural = message.leftOut === 1 ? "message" : "messages";
+    note.textContent = `${message.leftOut} earlier ${plural} left out to fit the model's context`;
+    meta.append(note);
+  }
   if (message.finish === "cancelled" || message.finish === "length") {
     const badge = document.createElement("span");
     badge.className = `finish-badge finish-${message.finish}`;
@@ -245,24 +252,41 @@ function regenerate() {
   generateReply();
 }
 
-function chatHistory() {
+/** The conversation as sent: the system prompt, then the turns from `start` on (earlier ones
+ * were left out to fit the model's context). */
+function chatHistory(owner, start) {
   const history = [];
   const system = settings.current.systemPrompt.trim();
   if (system) history.push({ role: "system", content: system });
-  for (const message of conversation.messages) {
+  for (const message of owner.messages.slice(start)) {
     if (message.content) history.push({ role: message.role, content: message.content });
   }
   return history;
 }
 
+/** Where the next request's history starts once the server says it does not fit: one turn
+ * (a message and its reply) later, or null when only the latest message would be left. */
+function laterStart(owner, start) {
+  const sent = owner.messages.filter((m, i) => i >= start && m.content && m.state !== "streaming");
+  if (sent.length <= 1) return null;
+  const dropped = Math.min(2, sent.length - 1);
+  return owner.messages.indexOf(sent[dropped]);
+}
+
 async function generateReply() {
-  const messages = chatHistory();
   const reply = { id: messageId(), role: "assistant", content: "", state: "streaming" };
   const owner = conversation;
   active = { id: null, owner, message: reply };
   appendMessage(reply);
   save();
   updateComposer();
+  await requestReply(owner, reply);
+}
+
+async function requestReply(owner, reply) {
+  // Turns left out before stay left out: the conversation only grows.
+  const start = Math.min(owner.contextStart ?? 0, owner.messages.length - 1);
+  const messages = chatHistory(owner, start);
   try {
     await connection.whenOpen();
   } catch (error) {
@@ -296,6 +320,13 @@ async function generateReply() {
         });
       },
       onError(error) {
+        const next = error.code === "context_length_exceeded" ? laterStart(owner, start) : null;
+        if (next !== null && active?.message === reply) {
+          owner.contextStart = next;
+          reply.leftOut = owner.messages.slice(0, next).filter((m) => m.content).length;
+          requestReply(owner, reply);
+          return;
+        }
         finishReply(owner, reply, { error: describeError(error), errorType: error.type });
       },
     },
