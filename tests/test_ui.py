@@ -102,6 +102,19 @@ def connected(page: Page) -> Page:
     return page
 
 
+def page_recording_sent_frames(open_page, url: str) -> tuple[Page, list[dict]]:
+    """A connected page and the list every WebSocket frame it sends is appended to (decoded)."""
+    page = connected(open_page(url))
+    frames: list[dict] = []
+    page.on(
+        "websocket",
+        lambda ws: ws.on("framesent", lambda payload: frames.append(json.loads(payload))),
+    )
+    # The socket opened before the listener: reload so the recorded one carries the requests.
+    page.reload()
+    return connected(page), frames
+
+
 def set_params(page: Page, max_tokens: int, ignore_eos: bool = True) -> None:
     page.click("#toggle-settings")
     page.fill("#max-tokens", str(max_tokens))
@@ -189,14 +202,7 @@ def test_reply_streams_in_steps_and_shows_its_stats(server, open_page):
 
 
 def test_conversations_keep_their_own_history_and_settings_shape_the_request(server, open_page):
-    page = connected(open_page(base_url(server)))
-    frames: list[dict] = []
-    page.on(
-        "websocket",
-        lambda ws: ws.on("framesent", lambda payload: frames.append(json.loads(payload))),
-    )
-    page.reload()
-    connected(page)
+    page, frames = page_recording_sent_frames(open_page, base_url(server))
     page.click("#toggle-settings")
     page.fill("#system-prompt", "Answer briefly.")
     page.fill("#temperature", "0")
@@ -580,14 +586,7 @@ def test_a_conversation_past_the_context_leaves_out_its_oldest_turns(llama_check
     # A 160-token context: two exchanges of ~50-token messages and 30-token replies overflow it.
     engine = paced_engine(llama_checkpoint, max_model_len=160)
     with running_server(engine, model_name="tiny-ui") as state:
-        page = connected(open_page(base_url(state)))
-        frames: list[dict] = []
-        page.on(
-            "websocket",
-            lambda ws: ws.on("framesent", lambda payload: frames.append(json.loads(payload))),
-        )
-        page.reload()
-        connected(page)
+        page, frames = page_recording_sent_frames(open_page, base_url(state))
         set_params(page, max_tokens=30)
         turns = [f"turn {i}: " + "the quick brown fox jumps " * 2 for i in range(4)]
         for turn in turns:
