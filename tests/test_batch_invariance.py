@@ -1,6 +1,7 @@
 """A request's output does not depend on its company: alone, in a batch of 32 mixed-length
 requests, with prefill chunks of 1, 16 and 256 tokens, with a cold or warm prefix cache, and
-when forced through preemption by a pool too small for the batch."""
+when forced through preemption by a pool too small for the batch; and on the CPU its logprobs are
+bitwise the same alone and batched."""
 
 from __future__ import annotations
 
@@ -113,3 +114,19 @@ def test_engine_seed_makes_unseeded_sampling_repeatable(checkpoint):
 
     assert run(1) == run(1)
     assert run(1) != run(2)
+
+
+def test_cpu_logprobs_are_bitwise_the_same_alone_and_in_a_batch(checkpoint):
+    # Stronger than equal greedy tokens: on the CPU every kernel a request's rows pass through
+    # gives them the same bits whatever shares the step (oneDNN linears, the C++ decode
+    # attention, row-wise norms), so its logprobs match to the last bit. Prefill runs in one
+    # chunk per prompt both ways (its attention is SDPA over that chunk).
+    prompts, _ = workload(512, seed=3)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=4)
+    llm = LLM(checkpoint, device="cpu", max_num_batched_tokens=8192, enable_prefix_caching=False)
+    tracked = prompts[5]
+    alone = llm.generate([tracked], params)[0].logprobs
+    batched = llm.generate(prompts[:12], params)[5].logprobs
+    assert [(t.token_id, t.logprob, t.top) for t in batched] == [
+        (t.token_id, t.logprob, t.top) for t in alone
+    ]
