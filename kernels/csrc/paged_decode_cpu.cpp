@@ -3,10 +3,12 @@
 // A decode step's attention is memory traffic: every cached key and value of every running
 // sequence is read once per layer, for a handful of flops each. The plain-torch path reads the
 // cache, writes a contiguous copy (index_select) and reads that copy again in SDPA; this kernel
-// reads each block where it lies, once. One task per (sequence, KV head) runs that head's group
-// of query heads together (GQA: each key is loaded once for all of them), block by block with
-// an online softmax. A task reads only its own sequence, in a fixed order, so a sequence's
-// result has the same bits alone and in any batch.
+// reads each block where it lies, once. A task is one sequence (all its KV heads, block by
+// block, so each block is read front to back once), or one (sequence, KV head) when there are
+// too few sequences to keep every thread busy; each KV head's group of query heads runs while
+// the block's keys and values for that head sit in L1, with an online softmax. The work for a
+// head is the same whatever the task split or the rest of the batch, so a sequence's result
+// has the same bits alone and in any batch.
 //
 // Layouts (as kernels/paged_attention.py documents): q [T, Hq, D]; kv_cache [2, num_blocks,
 // block_size, Hkv, D] contiguous; block_tables [num_seqs, width] int32 or int64; seq_lens
