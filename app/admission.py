@@ -1,20 +1,23 @@
 """Admission of one generation request, shared by HTTP and WebSocket: the capacity check that
-comes before any work, the model name, tokenizing (off the event loop when long) and the
-engine's own checks. Every refusal is an `APIError`."""
+comes before any work, the model name, a length bound before tokenizing, tokenizing (off the
+event loop when long), the engine's own checks and the registration. Every refusal is an
+`APIError`."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from app.async_engine import EngineDeadError, QueueFullError
+from app.async_engine import EngineDeadError, EngineStream, QueueFullError
 from app.errors import APIError
 from app.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from core.request import SLO
-from core.sampling_params import InvalidRequestError, SamplingParams
+from core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, SamplingParams
+from core.step_loop import AddRequest
 from core.tokenizer import ChatTemplateError, Tokenizer
 
 if TYPE_CHECKING:
@@ -43,11 +46,42 @@ class AdmittedRequest:
     def num_prompt_tokens(self) -> int:
         return sum(len(prompt.token_ids) for prompt in self.prompts)
 
+    def engine_requests(
+        self, request_ids: list[str], arrival_time: float, trace_context: object | None
+    ) -> list[AddRequest]:
+        """One engine request per prompt, under the given ids."""
+        return [
+            AddRequest(
+                request_id,
+                prompt.token_ids,
+                prompt.params,
+                self.priority,
+                self.slo,
+                arrival_time,
+                trace_context,
+            )
+            for request_id, prompt in zip(request_ids, self.prompts, strict=True)
+        ]
 
-def check_capacity(state: ServerState) -> None:
-    """429 past the queue limit and 503 without an engine, decided before reading the body."""
+
+def check_capacity(state: ServerState, num_requests: int = 1) -> None:
+    """429 past the queue limit and 503 without an engine: a cheap refusal before any work.
+    `submit` checks again, at the moment it registers the requests."""
+    with engine_errors():
+        state.engine.check_capacity(num_requests)
+
+
+def submit(state: ServerState, adds: list[AddRequest]) -> list[EngineStream]:
+    """Register `adds` with the engine, all or none, and return their output streams."""
+    with engine_errors():
+        return state.engine.submit(adds)
+
+
+@contextlib.contextmanager
+def engine_errors() -> Iterator[None]:
+    """The async engine's refusals as API errors: a full queue is 429, a dead engine 503."""
     try:
-        state.engine.check_capacity()
+        yield
     except QueueFullError as error:
         raise APIError(
             429,
@@ -73,7 +107,7 @@ async def admit(state: ServerState, request: GenerationRequest) -> AdmittedReque
     """Tokenize and check `request` against the model; raises APIError on anything wrong."""
     check_model(state, request.model)
     params = request.sampling_params()
-    prompts = await _tokenize(state.tokenizer, request)
+    prompts = await _tokenize(state.tokenizer, request, state.engine.engine.max_model_len)
     admitted = []
     for token_ids in prompts:
         try:
@@ -110,8 +144,26 @@ def check_slo(state: ServerState, request: AdmittedRequest) -> None:
     )
 
 
-async def _tokenize(tokenizer: Tokenizer, request: GenerationRequest) -> list[list[int]]:
+def max_prompt_chars(tokenizer: Tokenizer, max_model_len: int) -> int:
+    """More characters than this cannot fit the context: no token covers more characters than
+    the longest in the vocabulary, and the factor 2 leaves room for normalizers that merge
+    characters (NFC). Checked before tokenizing, so an oversized prompt costs nothing."""
+    return 2 * max_model_len * tokenizer.max_token_chars
+
+
+async def _tokenize(
+    tokenizer: Tokenizer, request: GenerationRequest, max_model_len: int
+) -> list[list[int]]:
     encode, num_chars = _encoder(tokenizer, request)
+    limit = max_prompt_chars(tokenizer, max_model_len)
+    if num_chars > limit:
+        raise APIError(
+            400,
+            f"the prompt has {num_chars} characters, more than the {limit} that could fit the "
+            f"context length of {max_model_len} tokens; shorten it",
+            param=request.field_name("prompt"),
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
     try:
         if num_chars > MAX_INLINE_TOKENIZE_CHARS:
             return await asyncio.to_thread(encode)
@@ -126,7 +178,7 @@ def _encoder(
     """The tokenizing work for `request` as a callable, and how many characters it reads."""
     if isinstance(request, ChatCompletionRequest):
         messages = request.message_dicts()
-        num_chars = sum(len(m["content"] or "") for m in messages)
+        num_chars = sum(len(str(value)) for m in messages for value in m.values())
         return (lambda: [tokenizer.encode_chat(messages)]), num_chars
     assert isinstance(request, CompletionRequest)
     prompts = request.prompts

@@ -1,7 +1,7 @@
 """The bridge between the asyncio event loop and the step thread.
 
-Routes call `generate()` and iterate its deltas. Adds and aborts cross into the step thread
-through `StepLoop`'s inbox; each step's outputs for all requests come back in one
+Routes `submit()` requests and iterate the streams it returns. Adds and aborts cross into the
+step thread through `StepLoop`'s inbox; each step's outputs for all requests come back in one
 `call_soon_threadsafe`, and are fanned out to per-request queues on the event loop.
 """
 
@@ -12,11 +12,9 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
 
 from core.engine import Engine
 from core.outputs import RequestOutput
-from core.request import SLO
 from core.sampling_params import SamplingParams
 from core.step_loop import AddRequest, StepLoop
 from core.ttft_forecast import Forecast, TTFTForecast
@@ -34,9 +32,51 @@ class EngineDeadError(RuntimeError):
 
 
 class QueueFullError(RuntimeError):
-    def __init__(self, retry_after_s: int) -> None:
-        super().__init__("the server is at its --max-queued-requests limit")
+    def __init__(self, retry_after_s: int, limit: int) -> None:
+        super().__init__(
+            f"the server is at its limit of {limit} requests in flight (--max-num-seqs plus "
+            "--max-queued-requests)"
+        )
         self.retry_after_s = retry_after_s
+
+
+class EngineStream:
+    """One request's outputs, in order, as the step thread delivers them; the last one is
+    finished. Closing the stream before that aborts the request."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        self._finished = False
+        self._closed = False
+
+    def put(self, item: RequestOutput | Exception) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> EngineStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._finished or self._closed:
+            # Released only now, once the consumer is past the final output: shutdown waits for
+            # in-flight streams, and so for their last frames to go out.
+            self.close()
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, Exception):
+            self.close()
+            raise item
+        self._finished = item.finished
+        return item
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._engine._release(self.request_id, abort=not self._finished)
+
+    async def aclose(self) -> None:
+        self.close()
 
 
 class AsyncEngine:
@@ -45,8 +85,9 @@ class AsyncEngine:
     def __init__(self, engine: Engine, max_queued_requests: int) -> None:
         self.engine = engine
         self.max_queued_requests = max_queued_requests
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._streams: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
+        # The event loop that called `start()`: outputs are delivered onto it.
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[str, EngineStream] = {}
         self._step_loop = StepLoop(engine, self._deliver_from_step_thread, self._on_death)
         self._dead: str | None = None
         # Set at shutdown: in-flight requests finish, new ones are refused with 503.
@@ -82,7 +123,7 @@ class AsyncEngine:
         return len(self._streams)
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         self._started_at = time.monotonic()
         self._step_loop.start()
 
@@ -91,13 +132,13 @@ class AsyncEngine:
         self._step_loop.stop(timeout)
         self._dead = self._dead or "the engine has shut down"
 
-    def check_capacity(self) -> None:
-        """Refuse new work past the queue limit, before any tokenizing is spent on it."""
+    def check_capacity(self, num_requests: int = 1) -> None:
+        """Refuse `num_requests` more past the queue limit, before any work is spent on them."""
         if not self.healthy:
             raise EngineDeadError(self.failure)
         limit = self.engine.config.max_num_seqs + self.max_queued_requests
-        if len(self._streams) >= limit:
-            raise QueueFullError(self._retry_after_s())
+        if len(self._streams) + num_requests > limit:
+            raise QueueFullError(self._retry_after_s(), limit)
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
         return self.engine.check_request(prompt_token_ids, params)
@@ -106,46 +147,38 @@ class AsyncEngine:
         """When a request arriving now would get its first token, behind those in flight."""
         return self.forecast.predict(num_prompt_tokens, ttft_ms, time.monotonic())
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        *,
-        priority: int = 0,
-        slo: SLO | None = None,
-        arrival_time: float | None = None,
-        trace_context: object | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Deltas of one request, one per step that produced something; the last is finished.
+    def submit(self, requests: list[AddRequest]) -> list[EngineStream]:
+        """Hand `requests` to the step thread, all or none, and return their output streams.
 
-        Leaving the iteration early (a client hung up, a task was cancelled) aborts the request.
+        The capacity check and the registration are one synchronous step on the event loop, so
+        concurrent admissions cannot overshoot the queue limit between them. Closing a stream
+        before its final output aborts its request.
         """
-        if not self.healthy:
-            raise EngineDeadError(self.failure)
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already in flight")
-        queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
-        self._streams[request_id] = queue
-        self.forecast.add(request_id, len(prompt_token_ids), slo, time.monotonic())
-        self._step_loop.submit(
-            AddRequest(
-                request_id, prompt_token_ids, params, priority, slo, arrival_time, trace_context
-            )
-        )
-        finished = False
-        try:
-            while not finished:
-                item = await queue.get()
-                if isinstance(item, Exception):
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            self._streams.pop(request_id, None)
-            self.forecast.remove(request_id, time.monotonic())
-            if not finished:
-                self._step_loop.abort(request_id)
+        self.check_capacity(len(requests))
+        for add in requests:
+            if add.request_id in self._streams:
+                raise ValueError(f"request id {add.request_id!r} is already in flight")
+        now = time.monotonic()
+        streams = []
+        for add in requests:
+            stream = EngineStream(self, add.request_id)
+            self._streams[add.request_id] = stream
+            self.forecast.add(add.request_id, len(add.prompt_token_ids), add.slo, now)
+            self._step_loop.submit(add)
+            streams.append(stream)
+        return streams
+
+    def generate(self, add: AddRequest) -> EngineStream:
+        """`submit` for one request."""
+        return self.submit([add])[0]
+
+    def _release(self, request_id: str, *, abort: bool) -> None:
+        """A stream is done with: forget it and, if it had not finished, abort its request."""
+        if self._streams.pop(request_id, None) is None:
+            return
+        self.forecast.remove(request_id, time.monotonic())
+        if abort:
+            self._step_loop.abort(request_id)
 
     def abort(self, request_id: str) -> None:
         if request_id in self._streams:
@@ -158,7 +191,8 @@ class AsyncEngine:
 
     def _on_death(self, error: BaseException) -> None:
         """Runs on the dying step thread: every waiting client gets an error, health fails."""
-        self._dead = f"the engine stopped: {error}"
+        # The traceback is in the log (StepLoop); clients and /health get no internals.
+        self._dead = "the engine stopped after an internal error; the server log has the details"
         self._call_on_loop(self._fail_all, EngineDeadError(self._dead))
 
     def _deliver_from_step_thread(self, outputs: list[RequestOutput]) -> None:
@@ -171,16 +205,16 @@ class AsyncEngine:
         self._call_on_loop(self._dispatch, outputs)
 
     def _call_on_loop(self, callback, argument) -> None:
-        loop = self._loop
+        loop = self.loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(callback, argument)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         now = time.monotonic()
         for output in outputs:
-            queue = self._streams.get(output.request_id)
-            if queue is not None:
-                queue.put_nowait(output)
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.put(output)
                 if output.new_token_ids:
                     self.forecast.first_token(output.request_id, now)
             if output.finished:
@@ -188,8 +222,8 @@ class AsyncEngine:
         self._dispatched.set()
 
     def _fail_all(self, error: Exception) -> None:
-        for queue in self._streams.values():
-            queue.put_nowait(error)
+        for stream in self._streams.values():
+            stream.put(error)
 
     def _retry_after_s(self) -> int:
         """Seconds until the requests queued now have drained, at the recent completion rate.

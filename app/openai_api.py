@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from app.admission import AdmittedRequest, admit, check_capacity
-from app.async_engine import EngineDeadError
+from app.admission import AdmittedRequest, admit, check_capacity, submit
+from app.async_engine import EngineDeadError, EngineStream
 from app.errors import APIError
 from app.openai_format import (
     DONE_EVENT,
@@ -62,29 +62,33 @@ async def _serve(
     arrival_time = state.engine.engine.clock()
     check_capacity(state)
     parsed = validate_request(model, parse_json_object(await request.body()))
+    if isinstance(parsed, CompletionRequest):
+        # Each prompt is an engine request: refuse what cannot fit before tokenizing any.
+        check_capacity(state, len(parsed.prompts))
     admitted = await admit(state, parsed)
-    response_format = format_class(state.tokenizer)
-    generation = Generation(state, parsed, admitted, response_format, arrival_time)
-    generation.traceparent = request.headers.get("traceparent")
+    generation = Generation(state, parsed, admitted, format_class(state.tokenizer))
+    generation.open(arrival_time, request.headers.get("traceparent"))
     if parsed.stream:
-        return EventStreamResponse(generation.events())
+        return EventStreamResponse(generation.events(), generation.close)
     return await _respond_unless_disconnected(request, generation)
 
 
 class EventStreamResponse(StreamingResponse):
-    """An SSE response that closes its generator however the response ends, so a client that
-    hangs up aborts its engine requests now, not whenever the generator is collected."""
+    """An SSE response that closes its engine streams however the response ends (finished, or
+    the client hung up before or during the stream), so nothing is left running for nobody."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[bytes]) -> None:
+    def __init__(self, events: AsyncIterator[bytes], close: Callable[[], None]) -> None:
         # no-cache and X-Accel-Buffering keep proxies from holding tokens back.
         super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._close = close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
+            self._close()
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
@@ -94,6 +98,7 @@ async def _respond_unless_disconnected(request: Request, generation: Generation)
     try:
         await asyncio.wait({work, hangup}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        generation.close()
         hangup.cancel()
         # Cancelling the collection closes the engine streams, which aborts their requests.
         work.cancel()
@@ -128,45 +133,37 @@ class Generation:
         request: GenerationRequest,
         admitted: AdmittedRequest,
         response_format: ResponseFormat,
-        arrival_time: float | None = None,
     ) -> None:
-        self.engine = state.engine
-        self.arrival_time = arrival_time
-        # Spans are built only when tracing is on; the caller's W3C trace to continue.
-        self.tracing = state.tracing
-        self.traceparent: str | None = None
+        self.state = state
         self.request = request
         self.admitted = admitted
         self.format = response_format
         response_id = state.next_request_id(response_format.id_prefix)
         self.envelope = Envelope(response_id, int(time.time()), state.model_name)
+        self.streams: list[EngineStream] = []
         # Final outputs in the order their requests finished: usage and `timing` come from here.
         self._finished: list[RequestOutput] = []
 
-    def _engine_streams(self) -> list[AsyncIterator[RequestOutput]]:
-        prompts = self.admitted.prompts
+    def open(self, arrival_time: float, traceparent: str | None) -> None:
+        """Register the engine requests (raises APIError when the server is full); from here
+        on `close()` must be called, which aborts whichever have not finished."""
+        num_prompts = len(self.admitted.prompts)
         # A lone prompt's engine request shares the response's id, so logs and traces match.
-        ids = [f"{self.envelope.id}-{index}" for index in range(len(prompts))]
-        if len(prompts) == 1:
+        ids = [f"{self.envelope.id}-{index}" for index in range(num_prompts)]
+        if num_prompts == 1:
             ids = [self.envelope.id]
         trace_context = None
-        if self.tracing is not None:
+        if self.state.tracing is not None:
             operation = (
                 "chat" if isinstance(self.request, ChatCompletionRequest) else "text_completion"
             )
-            trace_context = self.tracing.start(operation, self.traceparent)
-        return [
-            self.engine.generate(
-                request_id,
-                prompt.token_ids,
-                prompt.params,
-                priority=self.admitted.priority,
-                slo=self.admitted.slo,
-                arrival_time=self.arrival_time,
-                trace_context=trace_context,
-            )
-            for request_id, prompt in zip(ids, prompts, strict=True)
-        ]
+            trace_context = self.state.tracing.start(operation, traceparent)
+        adds = self.admitted.engine_requests(ids, arrival_time, trace_context)
+        self.streams = submit(self.state, adds)
+
+    def close(self) -> None:
+        for stream in self.streams:
+            stream.close()
 
     async def events(self) -> AsyncIterator[bytes]:
         """The SSE stream: opening deltas, one chunk per delta, usage, then `[DONE]`."""
@@ -187,7 +184,7 @@ class Generation:
 
     async def _delta_events(self) -> AsyncIterator[bytes]:
         num_chars = [0] * len(self.admitted.prompts)
-        async with contextlib.aclosing(merge_streams(self._engine_streams())) as outputs:
+        async with contextlib.aclosing(merge_streams(self.streams)) as outputs:
             async for index, output in outputs:
                 if output.finish_reason is FinishReason.ERROR:
                     raise _StreamFailed(_failed(output))
@@ -227,7 +224,7 @@ class Generation:
         """The whole response; raises APIError if a request failed or the engine died."""
         choices = [ChoiceText() for _ in self.admitted.prompts]
         try:
-            async with contextlib.aclosing(merge_streams(self._engine_streams())) as outputs:
+            async with contextlib.aclosing(merge_streams(self.streams)) as outputs:
                 async for index, output in outputs:
                     if output.finish_reason is FinishReason.ERROR:
                         raise _failed(output)

@@ -3,7 +3,7 @@ validation with messages that name the field to fix, and conversion to engine pa
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import orjson
 from pydantic import (
@@ -20,7 +20,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from app.errors import APIError
-from core.request import SLO
+from core.request import MAX_SLO_MS, SLO
 from core.sampling_params import InvalidRequestError, SamplingParams
 
 EMPTY_PROMPT = "must not be empty; send some text or token ids"
@@ -58,13 +58,26 @@ def json_type(value: object) -> str:
     return JSON_TYPE_NAMES.get(type(value), type(value).__name__)
 
 
-class StreamOptions(BaseModel):
+# Integers travel on as 64-bit values (trace attributes, tensors); JSON allows any size.
+Int64 = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+# Client-chosen strings that are echoed back or logged are bounded, so none amplifies output.
+MAX_NAME_CHARS = 256
+Name = Annotated[StrictStr, Field(max_length=MAX_NAME_CHARS)]
+
+
+class StrictModel(BaseModel):
+    """A body part whose every field is honoured: unknown fields are refused, not ignored."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class StreamOptions(StrictModel):
     include_usage: StrictBool = False
 
 
-class SLOTargets(BaseModel):
-    ttft_ms: StrictFloat | None = Field(default=None, gt=0)
-    tpot_ms: StrictFloat | None = Field(default=None, gt=0)
+class SLOTargets(StrictModel):
+    ttft_ms: StrictFloat | None = Field(default=None, gt=0, le=MAX_SLO_MS)
+    tpot_ms: StrictFloat | None = Field(default=None, gt=0, le=MAX_SLO_MS)
 
 
 class ChatMessage(BaseModel):
@@ -96,35 +109,48 @@ def _is_text_part(part: object) -> bool:
     )
 
 
-class GenerationRequest(BaseModel):
+class GenerationRequest(StrictModel):
     """The parameters completions and chat share, OpenAI's and Baton's extensions alike.
-    Unknown fields are ignored: OpenAI clients send ones Baton has no use for."""
 
-    model_config = ConfigDict(extra="ignore")
+    Every field is honoured or refused with a 400 naming it: OpenAI fields Baton does not
+    implement are either left undeclared (refused as unknown) or declared with the one value
+    that asks for nothing (`best_of: 1`, `logit_bias: {}`), so a client never gets a 200 that
+    silently ignored what it asked for. `user` and the other identifiers are accepted: they
+    ask the server to do nothing but carry a name."""
+
     # Chat runs to the end of the context unless told otherwise; completions override this.
     default_max_tokens: ClassVar[int | None] = None
 
-    model: StrictStr | None = None
-    max_tokens: StrictInt | None = None
+    model: Name | None = None
+    max_tokens: Int64 | None = None
     temperature: StrictFloat | None = None
     top_p: StrictFloat | None = None
-    n: StrictInt | None = None
+    n: Int64 | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: Any = None
-    seed: StrictInt | None = None
+    seed: Int64 | None = None
     presence_penalty: StrictFloat | None = None
     frequency_penalty: StrictFloat | None = None
-    top_k: StrictInt | None = None
+    logit_bias: dict[str, Any] | None = None
+    user: Name | None = None
+    top_k: Int64 | None = None
     min_p: StrictFloat | None = None
     repetition_penalty: StrictFloat | None = None
     ignore_eos: StrictBool = False
-    min_tokens: StrictInt = 0
-    stop_token_ids: list[StrictInt] | None = None
-    priority: StrictInt = 0
+    min_tokens: Int64 = 0
+    stop_token_ids: list[Int64] | None = None
+    priority: Int64 = 0
     slo: SLOTargets | None = None
     # Baton's extension: `timing.token_ms` lists when each output token was ready.
     return_token_timestamps: StrictBool = False
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, logit_bias: dict[str, Any] | None) -> dict[str, Any] | None:
+        if logit_bias:
+            raise _unsupported("is not supported yet; leave it out")
+        return logit_bias
 
     @field_validator("n")
     @classmethod
@@ -185,7 +211,7 @@ class GenerationRequest(BaseModel):
         """The request's latency targets, each falling back to the server's default."""
         if self.slo is None:
             return default
-        return SLO(
+        return SLO(  # in range already: SLOTargets has SLO's own bounds
             ttft_ms=self.slo.ttft_ms if self.slo.ttft_ms is not None else default.ttft_ms,
             tpot_ms=self.slo.tpot_ms if self.slo.tpot_ms is not None else default.tpot_ms,
         )
@@ -202,8 +228,24 @@ class CompletionRequest(GenerationRequest):
     default_max_tokens: ClassVar[int | None] = 16  # OpenAI's default for completions
 
     prompt: Any
-    logprobs: StrictInt | None = None
+    logprobs: Int64 | None = None
     echo: StrictBool = False
+    best_of: Int64 | None = None
+    suffix: StrictStr | None = None
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_candidate(cls, best_of: int | None) -> int | None:
+        if best_of is not None and best_of != 1:
+            raise _unsupported("other than 1 is not supported yet; leave it out")
+        return best_of
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, suffix: str | None) -> str | None:
+        if suffix:
+            raise _unsupported("is not supported: Baton does not insert text; leave it out")
+        return suffix
 
     @field_validator("prompt")
     @classmethod
@@ -227,9 +269,63 @@ class CompletionRequest(GenerationRequest):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage]
-    max_completion_tokens: StrictInt | None = None
+    max_completion_tokens: Int64 | None = None
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
+    top_logprobs: Int64 | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None
+    modalities: list[StrictStr] | None = None
+    store: StrictBool | None = None
+    service_tier: StrictStr | None = None
+    # Identifiers that ask nothing of the server: prefix caching is automatic here.
+    prompt_cache_key: Name | None = None
+    safety_identifier: Name | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+        if response_format is not None and response_format != {"type": "text"}:
+            raise _unsupported(
+                "is not supported yet (structured output); send {'type': 'text'} or leave it out"
+            )
+        return response_format
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, tools: list[Any] | None) -> list[Any] | None:
+        if tools:
+            raise _unsupported("are not supported yet (tool calling); leave them out")
+        return tools
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, tool_choice: Any) -> Any:
+        if tool_choice not in (None, "none"):
+            raise _unsupported("is not supported yet (tool calling); send 'none' or leave it out")
+        return tool_choice
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_modality(cls, modalities: list[str] | None) -> list[str] | None:
+        if modalities is not None and modalities != ["text"]:
+            raise _unsupported("other than ['text'] are not supported; Baton serves text")
+        return modalities
+
+    @field_validator("store")
+    @classmethod
+    def _not_stored(cls, store: bool | None) -> bool | None:
+        if store:
+            raise _unsupported("true is not supported: Baton keeps no completions")
+        return store
+
+    @field_validator("service_tier")
+    @classmethod
+    def _one_tier(cls, service_tier: str | None) -> str | None:
+        if service_tier not in (None, "auto", "default"):
+            raise _unsupported("must be 'auto' or 'default': Baton has one tier")
+        return service_tier
 
     @field_validator("messages")
     @classmethod
@@ -259,6 +355,10 @@ class ChatCompletionRequest(GenerationRequest):
 
     def message_dicts(self) -> list[dict[str, Any]]:
         return [message.model_dump() for message in self.messages]
+
+
+def _unsupported(message: str) -> PydanticCustomError:
+    return PydanticCustomError("baton_unsupported", message)
 
 
 def _prompt_list(prompt: Any) -> list[Prompt]:
@@ -306,6 +406,13 @@ def _validation_error(error: ValidationError) -> APIError:
     message = first["msg"]
     if first["type"] == "missing":
         return APIError(400, f"{param} is required", param=param)
+    if first["type"] == "extra_forbidden":
+        return APIError(
+            400,
+            f"{param} is not supported by this server; remove it (unknown fields are refused "
+            "rather than ignored, so nothing asked for is silently dropped)",
+            param=param,
+        )
     if first["type"].endswith("_type"):
         message = f"{message}, got {json_type(first['input'])}"
     if first["type"].startswith("baton_"):

@@ -35,7 +35,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from app.settings import ServerSettings
 from core.engine import Engine
-from core.metrics import percentile, slo_outcome, token_gaps
+from core.latency import percentile, slo_outcome
+from core.metrics import token_gaps
 from core.outputs import RequestOutput, RequestTiming
 from core.request import FinishReason, Request
 
@@ -143,7 +144,7 @@ class Tracing:
         events += [Event("resumed", timestamp=self._ns(t)) for t in request.resumed_times]
         status = Status(StatusCode.UNSET)
         if request.finish_reason is FinishReason.ERROR:
-            message = output.error or "the request failed inside the engine"
+            message = output.error_detail or output.error or "the request failed inside the engine"
             events.append(Event("exception", {"exception.message": message}, self._ns(finish)))
             status = Status(StatusCode.ERROR, message)
         name = f"{start.operation} {self.model_name}"

@@ -7,7 +7,8 @@ chosen by the client and echoed back; it must be unique among the socket's in-fl
 Server → client: `{"type": "token", "id", "text", "index"}` once per engine step that produced
 text for the request, where `index` counts that request's token frames from 0 (so a client can
 check it missed none); then `{"type": "done", "id", "finish_reason", "usage", "timing"}`, or
-`{"type": "error", "id", "error": {"message", "type", "param", "code"}}` instead. A frame the
+`{"type": "error", "id", "error": {"message", "type", "param", "code"}}` instead. An id is a
+string of at most 256 characters or a 64-bit integer, since every frame echoes it. A frame the
 server cannot act on gets an error frame (`id` null when it has none) and the socket stays open.
 Binary frames are read as UTF-8 JSON too. A cancel for an id not in flight is ignored: it raced
 the request's end. Closing the socket aborts all of its requests.
@@ -25,14 +26,16 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from app.admission import AdmittedRequest, admit, check_capacity
+from app.admission import AdmittedRequest, admit, check_capacity, submit
 from app.async_engine import EngineDeadError
 from app.errors import APIError
 from app.openai_format import timing, usage
 from app.protocol import (
+    MAX_NAME_CHARS,
     ChatCompletionRequest,
     CompletionRequest,
     GenerationRequest,
+    json_type,
     parse_json_object,
     validate_request,
 )
@@ -106,11 +109,15 @@ class Session:
         client_id = _client_id(frame)
         kind = frame.get("type")
         if kind not in ("generate", "cancel"):
-            raise FrameError(
-                client_id, f"type must be 'generate' or 'cancel', got {kind!r}", "type"
-            )
+            shown = repr(kind) if isinstance(kind, str) and len(kind) <= 16 else json_type(kind)
+            raise FrameError(client_id, f"type must be 'generate' or 'cancel', got {shown}", "type")
         if client_id is None:
-            raise FrameError(None, "the frame needs an id: a string or an integer", "id")
+            raise FrameError(
+                None,
+                f"the frame needs an id: a string of at most {MAX_NAME_CHARS} characters or a "
+                "64-bit integer",
+                "id",
+            )
         if kind == "cancel":
             self._cancel(client_id)
         elif client_id in self._requests:
@@ -157,26 +164,17 @@ class Session:
         request = _validate_generate(frame)
         record.token_timestamps = request.return_token_timestamps
         admitted = await admit(self.state, request)
-        prompt = admitted.prompts[0]
         trace_context = None
         if self.state.tracing is not None:
             operation = "chat" if isinstance(request, ChatCompletionRequest) else "text_completion"
             # A frame's own traceparent wins over the one the socket was opened with.
             traceparent = frame.get("traceparent") or self.websocket.headers.get("traceparent")
             trace_context = self.state.tracing.start(operation, traceparent)
-        stream = self.state.engine.generate(
-            record.engine_id,
-            prompt.token_ids,
-            prompt.params,
-            priority=admitted.priority,
-            slo=admitted.slo,
-            arrival_time=arrival_time,
-            trace_context=trace_context,
-        )
+        adds = admitted.engine_requests([record.engine_id], arrival_time, trace_context)
+        (stream,) = submit(self.state, adds)
         if record.cancelled:
-            # Cancelled while being admitted: the abort must follow the submission, which
-            # happens when the stream is first iterated below, before this callback runs.
-            asyncio.get_running_loop().call_soon(self.state.engine.abort, record.engine_id)
+            # Cancelled while being admitted: the engine answers the abort with a final output.
+            self.state.engine.abort(record.engine_id)
         async with contextlib.aclosing(stream):
             async for output in stream:
                 await self._deliver(record, output, admitted)
@@ -232,20 +230,32 @@ class FrameError(Exception):
 
 
 def _client_id(frame: dict[str, Any]) -> ClientId | None:
+    """The frame's id if it is one the server may echo: a bounded string or a 64-bit integer
+    (an id is sent back in every frame of its request, so its size must not multiply)."""
     client_id = frame.get("id")
-    if isinstance(client_id, str) or (
-        isinstance(client_id, int) and not isinstance(client_id, bool)
-    ):
+    if isinstance(client_id, str) and len(client_id) <= MAX_NAME_CHARS:
         return client_id
+    if isinstance(client_id, int) and not isinstance(client_id, bool):
+        return client_id if -(2**63) <= client_id < 2**63 else None
     return None
+
+
+# Keys of a generate frame that belong to the socket protocol, not to the request body.
+FRAME_KEYS = ("type", "id", "traceparent")
 
 
 def _validate_generate(frame: dict[str, Any]) -> GenerationRequest:
     if ("prompt" in frame) == ("messages" in frame):
         raise APIError(400, "a generate frame needs either prompt or messages (not both)")
-    if "messages" in frame:
-        return validate_request(ChatCompletionRequest, frame)
-    request = validate_request(CompletionRequest, frame)
+    traceparent = frame.get("traceparent")
+    if traceparent is not None and (
+        not isinstance(traceparent, str) or len(traceparent) > MAX_NAME_CHARS
+    ):
+        raise APIError(400, "traceparent must be a W3C traceparent string", param="traceparent")
+    body = {key: value for key, value in frame.items() if key not in FRAME_KEYS}
+    if "messages" in body:
+        return validate_request(ChatCompletionRequest, body)
+    request = validate_request(CompletionRequest, body)
     assert isinstance(request, CompletionRequest)
     if len(request.prompts) > 1:
         raise APIError(

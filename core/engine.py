@@ -17,7 +17,7 @@ from core.length_predictor import LengthPredictor
 from core.output_processor import OutputProcessor
 from core.outputs import RequestOutput, RequestTiming
 from core.policy import PolicyContext, make_policy
-from core.request import SLO, FinishReason, Request
+from core.request import SLO, FinishReason, Request, check_priority
 from core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, SamplingParams
 from core.scheduler import Scheduler
 from core.stats import StepStats
@@ -25,6 +25,8 @@ from core.step_cost import StepCostModel
 from core.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+# What a client is told when its request failed inside the engine; the details are logged.
+INTERNAL_ERROR = "internal error while serving this request; the server log has the details"
 
 
 class Engine:
@@ -131,6 +133,7 @@ class Engine:
     ) -> Request:
         """Queue a request, or raise InvalidRequestError if it can never be served."""
         params = self.check_request(prompt_token_ids, params)
+        check_priority(priority)
         arrival = self.clock() if arrival_time is None else arrival_time
         request = Request(request_id, prompt_token_ids, params, arrival, priority, slo)
         request.trace_context = trace_context
@@ -225,13 +228,16 @@ class Engine:
         return kept, merged, failed
 
     def _fail(self, request: Request, error: Exception) -> RequestOutput:
+        # The exception's text stays in the log: it can carry paths and internals.
+        logger.error("request %s failed: %r", request.request_id, error)
         output = RequestOutput(
             request.request_id,
             [],
             "",
             request.num_prompt_tokens,
             request.num_output_tokens,
-            error=f"internal error while serving this request: {error}",
+            error=INTERNAL_ERROR,
+            error_detail=repr(error),
         )
         self._finish(request, output, FinishReason.ERROR, self.clock())
         return output

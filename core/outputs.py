@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.batch import TokenLogprobs
+from core.latency import tpot_ms
 from core.request import FinishReason, Request
 
 
@@ -25,11 +26,10 @@ class RequestTiming:
         first_scheduled = request.first_scheduled_time or arrival
         first_token = request.first_token_time or first_scheduled
         finish = request.finish_time or first_token
-        decode_tokens = request.num_output_tokens - 1
         return cls(
             queue_ms=(first_scheduled - arrival) * 1e3,
             ttft_ms=(first_token - arrival) * 1e3,
-            tpot_ms=(finish - first_token) * 1e3 / decode_tokens if decode_tokens > 0 else 0.0,
+            tpot_ms=tpot_ms(first_token, finish, request.num_output_tokens),
             e2e_ms=(finish - arrival) * 1e3,
             cached_prompt_tokens=request.num_cached_tokens or 0,
             preemptions=request.num_preemptions,
@@ -49,6 +49,9 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprobs] | None = None
     timing: RequestTiming | None = None
+    # What the client is told when the request failed; `error_detail` is the operator's side
+    # (the exception, for logs and traces), never sent to the client.
     error: str | None = None
+    error_detail: str | None = None
     # On the final output: when each output token was ready, on the engine's clock (seconds).
     token_times: list[float] | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from core.sampling_params import SamplingParams
+from core.sampling_params import InvalidRequestError, SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -22,12 +22,40 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"
 
 
-@dataclass(slots=True)
+# A target looser than a day is no target; capping it keeps every deadline sum finite.
+MAX_SLO_MS = 86_400_000.0
+# Priorities travel as 64-bit integers (trace attributes, metrics labels).
+PRIORITY_RANGE = (-(2**63), 2**63 - 1)
+
+
+@dataclass(slots=True, frozen=True)
 class SLO:
-    """Latency targets in milliseconds; None means the server default applies."""
+    """Latency targets in milliseconds, validated on construction; None means no target."""
 
     ttft_ms: float | None = None
     tpot_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "tpot_ms"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidRequestError(f"slo.{name} must be a number, got {value!r}", "slo")
+            if not 0 < value <= MAX_SLO_MS:
+                raise InvalidRequestError(
+                    f"slo.{name} must be in (0, {MAX_SLO_MS:.0f}] milliseconds, got {value!r}; "
+                    "leave it out for no target",
+                    f"slo.{name}",
+                )
+
+
+def check_priority(priority: object) -> None:
+    low, high = PRIORITY_RANGE
+    if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
+        raise InvalidRequestError(
+            f"priority must be a 64-bit integer, got {priority!r}", "priority"
+        )
 
 
 class Request:

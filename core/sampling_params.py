@@ -8,6 +8,12 @@ from dataclasses import dataclass, field
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_LOGPROBS = 20
+# Below this a temperature is greedy, as other servers treat it: dividing float32 logits by a
+# smaller one overflows to inf and the draw becomes noise.
+MIN_TEMPERATURE = 1e-5
+# Beyond these the float32 arithmetic of the sampler stops meaning anything; 1 disables.
+MAX_TEMPERATURE = 100.0
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
 
 
 class InvalidRequestError(ValueError):
@@ -30,7 +36,8 @@ class SamplingParams:
     """Sampling and stopping for one request, validated on construction.
 
     `max_tokens=None` lets the request run to the end of the context window.
-    `top_k` of -1 (or 0) and `top_p` of 1.0 disable those filters; `temperature` 0 is greedy.
+    `top_k` of -1 (or 0) and `top_p` of 1.0 disable those filters; `temperature` 0 (or below
+    MIN_TEMPERATURE) is greedy.
     `logprobs=N` returns the sampled token's log-probability and the N most likely alternatives.
     """
 
@@ -59,7 +66,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < MIN_TEMPERATURE or self.top_k == 1
 
     @property
     def uses_penalties(self) -> bool:
@@ -75,9 +82,10 @@ class SamplingParams:
                 f"max_tokens must be a positive integer, got {self.max_tokens!r}", "max_tokens"
             )
         _require_finite(self.temperature, "temperature")
-        if self.temperature < 0:
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
             raise InvalidRequestError(
-                f"temperature must be >= 0 (0 means greedy), got {self.temperature}",
+                f"temperature must be in [0, {MAX_TEMPERATURE:g}] (0 means greedy), "
+                f"got {self.temperature}",
                 "temperature",
             )
         _require_finite(self.top_p, "top_p")
@@ -106,9 +114,11 @@ class SamplingParams:
                 "min_tokens",
             )
         _require_finite(self.repetition_penalty, "repetition_penalty")
-        if self.repetition_penalty <= 0:
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= self.repetition_penalty <= high:
             raise InvalidRequestError(
-                f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}",
+                f"repetition_penalty must be in [{low:g}, {high:g}] (1 disables it), "
+                f"got {self.repetition_penalty}",
                 "repetition_penalty",
             )
         for name in ("presence_penalty", "frequency_penalty"):

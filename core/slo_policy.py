@@ -309,7 +309,8 @@ class SLOPolicy(SchedulingPolicy):
             if room_s <= 0:
                 budget = min(token_budget, MIN_PREFILL_TOKENS)
             elif per_token_s > 0:
-                budget = min(token_budget, int(room_s / per_token_s))
+                # Compared as floats first: a loose target over a tiny cost overflows to inf.
+                budget = int(min(token_budget, room_s / per_token_s))
         self._pace_tokens = max(1, min(budget, self.context.max_num_batched_tokens))
         self._decode_s = decode_s
         self._per_token_s = per_token_s

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.engine import Engine
+from core.engine import INTERNAL_ERROR, Engine
 from core.outputs import RequestOutput
 from core.request import SLO, FinishReason
 from core.sampling_params import InvalidRequestError, SamplingParams
@@ -53,6 +53,8 @@ class StepLoop:
         self._inbox: queue.SimpleQueue[AddRequest | AbortRequest | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # Requests added since the last step that went through: the suspects when one fails.
+        self._newcomers: list[str] = []
 
     def submit(self, add: AddRequest) -> None:
         self._inbox.put(add)
@@ -123,17 +125,28 @@ class StepLoop:
                 )
             except InvalidRequestError as error:
                 outputs.append(_rejected(message, str(error)))
+            else:
+                self._newcomers.append(message.request_id)
 
     def _step(self) -> list[RequestOutput]:
+        """One engine step. A forward that fails is isolated to its sequence inside the engine;
+        anything else that fails (scheduling, a policy) fails the requests that joined since
+        the last good step, the only new input, and only if there were none, the running ones."""
         try:
-            return self.engine.step()
-        except Exception as error:
-            # The batch's state is unknown after a failed forward: fail what was running,
-            # keep the loop (and the waiting requests) alive.
+            outputs = self.engine.step()
+        except Exception:
             logger.exception("engine step failed")
-            running = [r.request_id for r in self.engine.scheduler.running]
-            failed = (self.engine.fail_request(rid, f"internal error: {error}") for rid in running)
-            return [output for output in failed if output is not None]
+            scheduler = self.engine.scheduler
+            suspects = [rid for rid in self._newcomers if rid in scheduler.requests]
+            if not suspects:
+                suspects = [request.request_id for request in scheduler.running]
+            outputs = [
+                output
+                for output in (self.engine.fail_request(rid, INTERNAL_ERROR) for rid in suspects)
+                if output is not None
+            ]
+        self._newcomers.clear()
+        return outputs
 
     def _cancel_all(self) -> None:
         outputs = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,12 @@ class Tokenizer:
     def vocab_size(self) -> int:
         """Number of token ids, added tokens included (the model's embedding may be larger)."""
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for (a byte-level vocabulary spells a byte as
+        a character, so this bounds the decoded text too)."""
+        return max(len(token) for token in self.backend.get_vocab(with_added_tokens=True))
 
     def token_to_id(self, token: str | None) -> int | None:
         return None if token is None else self.backend.token_to_id(token)

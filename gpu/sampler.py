@@ -156,9 +156,10 @@ def apply_top_k_top_p(
     ranks = torch.arange(logits.shape[1], device=logits.device)
     sorted_logits = sorted_logits.masked_fill(ranks >= top_k, _NEG_INF)
     probs = sorted_logits.softmax(dim=-1)
-    # A token goes once the more likely tokens before it already cover top_p; the first stays.
+    # A token goes once the more likely tokens before it already cover top_p; the first always
+    # stays, also when a tiny top_p rounds to 0 in float32.
     mass_before = probs.cumsum(dim=-1) - probs
-    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, _NEG_INF)
+    sorted_logits = sorted_logits.masked_fill((mass_before >= top_p) & (ranks > 0), _NEG_INF)
     return torch.full_like(logits, _NEG_INF).scatter(-1, order, sorted_logits)
 
 

@@ -79,7 +79,7 @@ BAD_REQUESTS = [
     (COMPLETIONS, completion(max_tokens=0), "max_tokens", "positive"),
     (COMPLETIONS, completion(max_tokens=-3), "max_tokens", "positive"),
     (COMPLETIONS, completion(max_tokens=5000), "max_tokens", "lower max_tokens"),
-    (COMPLETIONS, completion(temperature=-0.5), "temperature", ">= 0"),
+    (COMPLETIONS, completion(temperature=-0.5), "temperature", "in [0, 100]"),
     (COMPLETIONS, completion(top_p=0.0), "top_p", "(0, 1]"),
     (COMPLETIONS, completion(top_p=1.5), "top_p", "(0, 1]"),
     (COMPLETIONS, completion(top_k=-2), "top_k", ">= -1"),
@@ -123,7 +123,9 @@ def test_unknown_model_is_a_404(server):
 
 def test_a_request_the_engine_fails_is_a_500_and_others_are_unharmed(server):
     failed = post(server, COMPLETIONS, completion(prompt=[FAULTY_TOKEN, 5, 6]))
-    assert "injected fault" in assert_error(failed, 500, "server_error", None)
+    message = assert_error(failed, 500, "server_error", None)
+    # The exception's own text stays in the server log: it can carry paths and internals.
+    assert "injected fault" not in message and "server log" in message
     assert post(server, COMPLETIONS, completion()).status_code == 200
 
 
@@ -146,7 +148,7 @@ def test_a_fault_in_a_shared_batch_fails_only_its_own_request(server):
             responses = [future.result() for future in futures]
     finally:
         executor.running.set()
-    assert "injected fault" in assert_error(responses[1], 500, "server_error", None)
+    assert "server log" in assert_error(responses[1], 500, "server_error", None)
     # The fault struck a step it shared with its batch-mates, then again when re-run alone.
     assert executor.faulted_batch_sizes[0] == len(bodies)
     assert executor.faulted_batch_sizes[1:] == [1]

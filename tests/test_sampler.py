@@ -190,3 +190,25 @@ def test_logprobs_come_from_the_raw_distribution_with_sorted_top_n() -> None:
         assert [t for t, _ in entry.top] == ids.tolist()
         assert [v for _, v in entry.top] == pytest.approx(values.tolist(), abs=1e-5)
         assert [v for _, v in entry.top] == sorted((v for _, v in entry.top), reverse=True)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1e-300),
+        SamplingParams(temperature=5e-324),
+        SamplingParams(temperature=1e-6),
+        SamplingParams(temperature=1.0, top_p=1e-300),
+        SamplingParams(temperature=1.0, top_p=5e-324, seed=3),
+        SamplingParams(temperature=0.7, min_p=1e-320, top_p=1e-45),
+    ],
+)
+def test_values_below_float32_range_sample_the_most_likely_token(params) -> None:
+    # Divided in float32, such a temperature or top_p rounds to 0 and used to turn every row
+    # into NaN or all -inf, so the "draw" was token 0 whatever the logits.
+    torch.manual_seed(1)
+    logits = torch.randn(6, 50)
+    logits[:, 0] = -10.0
+    sampler = Sampler(50, [EOS])
+    output = sampler(logits, [make_seq(params, prompt=(5, row)) for row in range(6)])
+    assert output.sampled_token_ids == logits.argmax(dim=-1).tolist()

@@ -133,7 +133,7 @@ def test_fault_fails_only_its_request_and_batch_mates_finish_unharmed():
         clean_collector.wait_finished({f"ok{i}" for i in range(4)})
         collector.wait_finished({"poisoned", *(f"ok{i}" for i in range(4))})
         assert collector.finished["poisoned"].finish_reason is FinishReason.ERROR
-        assert "injected fault" in collector.finished["poisoned"].error
+        assert "injected fault" in collector.finished["poisoned"].error_detail
         for i in range(4):
             assert collector.finished[f"ok{i}"].finish_reason is FinishReason.LENGTH
             assert collector.tokens[f"ok{i}"] == clean_collector.tokens[f"ok{i}"]
@@ -153,3 +153,33 @@ def test_stop_cancels_what_is_left():
         time.sleep(0.001)
     loop.stop(timeout=5)
     assert collector.finished["endless"].finish_reason is FinishReason.CANCELLED
+
+
+def test_a_scheduling_fault_fails_only_the_request_that_brought_it():
+    """A policy that raises on one request's parameters (the class of `int(inf)` on a huge
+    SLO) fails that newcomer alone; the requests already running finish in full."""
+    loop, collector = make_loop()
+    policy = loop.engine.scheduler.policy
+    order_waiting = policy.order_waiting
+
+    def poisoned_order(candidates, now):
+        if any(request.priority == POISON for request in candidates):
+            raise OverflowError("cannot convert float infinity to integer")
+        return order_waiting(candidates, now)
+
+    policy.order_waiting = poisoned_order
+    try:
+        healthy = {f"h{i}" for i in range(3)}
+        for request_id in sorted(healthy):
+            loop.submit(AddRequest(request_id, [1, 2, 3], SamplingParams(max_tokens=40)))
+        while not all(collector.tokens.get(request_id) for request_id in healthy):
+            time.sleep(0.001)
+        loop.submit(AddRequest("bad", [4, 5], SamplingParams(max_tokens=40), priority=POISON))
+        collector.wait_finished({*healthy, "bad"})
+        assert collector.finished["bad"].finish_reason is FinishReason.ERROR
+        assert "cannot convert" not in collector.finished["bad"].error
+        for request_id in healthy:
+            assert collector.finished[request_id].finish_reason is FinishReason.LENGTH
+            assert len(collector.tokens[request_id]) == 40
+    finally:
+        loop.stop(5)

@@ -146,7 +146,7 @@ BAD_FRAMES = [
     ('{"type": "generate", "prompt": "x"}', None, "id", "id"),
     ('{"type": "generate", "id": true, "prompt": "x"}', None, "id", "id"),
     ('{"type": "generate", "id": 2}', 2, None, "prompt or messages"),
-    ('{"type": "generate", "id": 3, "prompt": "x", "temperature": -1}', 3, "temperature", ">= 0"),
+    ('{"type": "generate", "id": 3, "prompt": "x", "temperature": -1}', 3, "temperature", "100]"),
     ('{"type": "generate", "id": 4, "prompt": "x", "max_tokens": "9"}', 4, "max_tokens", "integer"),
     ('{"type": "generate", "id": 5, "prompt": ["a", "b"]}', 5, "prompt", "one prompt"),
     ('{"type": "generate", "id": 6, "prompt": [100000]}', 6, "prompt", "vocabulary"),
