@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-POLICIES = ("slo", "fcfs", "priority", "sjf", "hrrn", "ltr", "static")
+from core.policy_registry import POLICIES
 
 
 @dataclass(slots=True)

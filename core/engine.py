@@ -16,7 +16,8 @@ from core.kv_cache_manager import KVCacheManager
 from core.length_predictor import LengthPredictor
 from core.output_processor import OutputProcessor
 from core.outputs import RequestOutput, RequestTiming
-from core.policy import PolicyContext, make_policy
+from core.policy import PolicyContext
+from core.policy_registry import make_policy
 from core.request import SLO, FinishReason, Request, check_priority
 from core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, SamplingParams
 from core.scheduler import Scheduler

@@ -3,7 +3,7 @@ step?" and "whom to preempt?"; budgets, blocks and preemption mechanics stay in 
 
 The baselines live here: `fcfs`, `priority`, `static`, and the length-aware orderings the
 literature compares against, `sjf`, `hrrn` (Magnus) and `ltr` (learning to rank). The `slo`
-policy is in core/slo_policy.py.
+policy is in core/slo_policy.py; core/policy_registry.py names them all.
 """
 
 from __future__ import annotations
@@ -144,20 +144,3 @@ def _prefill_left(request: Request) -> int:
 
 def _arrival(request: Request) -> tuple[float, str]:
     return request.arrival_time, request.request_id
-
-
-def make_policy(name: str, context: PolicyContext | None = None) -> SchedulingPolicy:
-    from core.slo_policy import SLOPolicy
-
-    policies: dict[str, type[SchedulingPolicy]] = {
-        "slo": SLOPolicy,
-        "fcfs": FCFSPolicy,
-        "priority": PriorityPolicy,
-        "sjf": SJFPolicy,
-        "hrrn": HRRNPolicy,
-        "ltr": LTRPolicy,
-        "static": StaticPolicy,
-    }
-    if name not in policies:
-        raise ValueError(f"unknown scheduling policy {name!r}; choose one of {sorted(policies)}")
-    return policies[name](context)

@@ -13,7 +13,8 @@ from core.arrival_rate import poisson_quantile
 from core.batch import Batch
 from core.config import POLICIES, EngineConfig
 from core.engine import Engine
-from core.policy import PolicyContext, make_policy
+from core.policy import PolicyContext
+from core.policy_registry import make_policy
 from core.request import SLO, Request
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
