@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from core.simulator import percentile
+from core.latency import SLOOutcome, percentile, tpot_ms
 from core.workloads import WORKLOADS, arrival_rng, arrival_times, sample_requests
 
 # Common English words, about one token each in most vocabularies: prompts of N words are
@@ -54,10 +54,8 @@ class RequestResult:
     tpot_target_ms: float | None = None
 
     @property
-    def tpot_s(self) -> float:
-        if self.output_tokens < 2:
-            return 0.0
-        return (self.e2el_s - self.ttft_s) / (self.output_tokens - 1)
+    def tpot_ms(self) -> float:
+        return tpot_ms(self.ttft_s, self.e2el_s, self.output_tokens)
 
 
 def add_bench_parser(commands: argparse._SubParsersAction) -> None:
@@ -317,31 +315,37 @@ def summarize(
         "slo_attainment": sum(meets(r, goodput) for r in done) / len(results),
         "goodput_targets_ms": goodput or None,
     }
-    series = {
-        "ttft": [r.ttft_s for r in done],
-        "tpot": [r.tpot_s for r in done if r.output_tokens > 1],
-        "itl": [gap for r in done for gap in r.itl_s],
-        "e2el": [r.e2el_s for r in done],
+    series_ms = {
+        "ttft": [r.ttft_s * 1000 for r in done],
+        "tpot": [r.tpot_ms for r in done if r.output_tokens > 1],
+        "itl": [gap * 1000 for r in done for gap in r.itl_s],
+        "e2el": [r.e2el_s * 1000 for r in done],
     }
-    for name, values in series.items():
-        ordered = sorted(v * 1000 for v in values)
+    for name, values in series_ms.items():
+        ordered = sorted(values)
         summary[f"mean_{name}_ms"] = statistics.fmean(ordered) if ordered else None
         for label, q in (("median", 50), ("p90", 90), ("p99", 99)):
-            summary[f"{label}_{name}_ms"] = percentile(ordered, q) if ordered else None
+            summary[f"{label}_{name}_ms"] = percentile(ordered, q)
     errors = sorted({r.error for r in results if r.error})
     summary["errors"] = errors[:5]
     return summary
 
 
 def meets(result: RequestResult, goodput: dict[str, float]) -> bool:
-    """Within every --goodput target and the request's own class targets (--slo-classes)."""
-    measured = {"ttft": result.ttft_s, "tpot": result.tpot_s, "e2el": result.e2el_s}
-    targets = dict(goodput)
-    if result.ttft_target_ms is not None:
-        targets["ttft"] = result.ttft_target_ms
-    if result.tpot_target_ms is not None:
-        targets["tpot"] = result.tpot_target_ms
-    return all(measured[name] * 1000 <= limit for name, limit in targets.items())
+    """Within every --goodput target, the request's own class targets (--slo-classes) taking
+    the place of --goodput's TTFT and TPOT."""
+    ttft_target = result.ttft_target_ms
+    tpot_target = result.tpot_target_ms
+    outcome = SLOOutcome.judge(
+        result.ttft_s * 1000,
+        result.tpot_ms,
+        result.output_tokens,
+        ttft_target_ms=goodput.get("ttft") if ttft_target is None else ttft_target,
+        tpot_target_ms=goodput.get("tpot") if tpot_target is None else tpot_target,
+    )
+    e2el_target = goodput.get("e2el")
+    e2el_met = e2el_target is None or result.e2el_s * 1000 <= e2el_target
+    return outcome.met is not False and e2el_met
 
 
 def print_summary(summary: dict) -> None:
@@ -371,15 +375,15 @@ def plot(runs: list[tuple[dict, list[RequestResult]]], path: str) -> None:
 
     sweep = len(runs) > 1
     fig, axes = plt.subplots(1, 5 if sweep else 4, figsize=(22 if sweep else 18, 4))
-    metrics = (
-        ("TTFT", lambda r: [r.ttft_s]),
-        ("TPOT", lambda r: [r.tpot_s] if r.output_tokens > 1 else []),
-        ("ITL", lambda r: r.itl_s),
-        ("E2E latency", lambda r: [r.e2el_s]),
+    metrics_ms = (
+        ("TTFT", lambda r: [r.ttft_s * 1000]),
+        ("TPOT", lambda r: [r.tpot_ms] if r.output_tokens > 1 else []),
+        ("ITL", lambda r: [gap * 1000 for gap in r.itl_s]),
+        ("E2E latency", lambda r: [r.e2el_s * 1000]),
     )
-    for axis, (title, values_of) in zip(axes, metrics, strict=False):
+    for axis, (title, values_of) in zip(axes, metrics_ms, strict=False):
         for summary, results in runs:
-            values = sorted(v * 1000 for r in results if r.ok for v in values_of(r))
+            values = sorted(v for r in results if r.ok for v in values_of(r))
             if values:
                 fractions = [(i + 1) / len(values) for i in range(len(values))]
                 axis.step(values, fractions, where="post", label=f"{summary['request_rate']:g}/s")

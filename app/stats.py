@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from core.metrics import FinishedRecord, StepRecord, percentile
+from core.latency import percentile
+from core.metrics import FinishedRecord, StepRecord
 
 if TYPE_CHECKING:
     from app.metrics import ServerMetrics

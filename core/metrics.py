@@ -7,13 +7,13 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
-import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from core.latency import COMPLETED, slo_outcome
 from core.outputs import RequestOutput, RequestTiming
 from core.request import FinishReason, Request
 from core.stats import StepStats
@@ -36,7 +36,6 @@ STEP_BUCKETS_S = (
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 # |predicted - measured| / measured step time.
 RATIO_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
-COMPLETED = (FinishReason.STOP, FinishReason.LENGTH)
 # Bounds the windows' memory on a server stepping thousands of times a second.
 MAX_WINDOW_STEPS = 200_000
 
@@ -75,43 +74,9 @@ class Histogram:
         return out
 
 
-@dataclass(slots=True, frozen=True)
-class SLOOutcome:
-    """Whether a completed request met each target it had; None where it had none to meet."""
-
-    ttft_met: bool | None
-    tpot_met: bool | None
-
-    @property
-    def met(self) -> bool | None:
-        judged = [m for m in (self.ttft_met, self.tpot_met) if m is not None]
-        return all(judged) if judged else None
-
-
-def slo_outcome(request: Request, timing: RequestTiming) -> SLOOutcome:
-    """Targets are judged only for requests that ran to completion (stop or length); TPOT only
-    when there was more than one output token to space out."""
-    if request.finish_reason not in COMPLETED:
-        return SLOOutcome(None, None)
-    slo = request.slo
-    ttft = None if slo.ttft_ms is None else timing.ttft_ms <= slo.ttft_ms
-    tpot = None
-    if slo.tpot_ms is not None and request.num_output_tokens > 1:
-        tpot = timing.tpot_ms <= slo.tpot_ms
-    return SLOOutcome(ttft, tpot)
-
-
 def token_gaps(token_times: Sequence[float]) -> list[float]:
     """Inter-token latencies in seconds."""
     return [b - a for a, b in itertools.pairwise(token_times)]
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100) of an ascending sequence; None when empty."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 @dataclass(slots=True, frozen=True)
