@@ -94,6 +94,7 @@ class TorchExecutor:
             self.max_model_len,
             self.block_size,
             self.device,
+            self.dtype,
         )
         self.num_kv_blocks = engine_config.num_kv_blocks or self._fitting_num_kv_blocks()
         self.kv_caches = allocate_kv_caches(
@@ -200,7 +201,7 @@ class TorchExecutor:
         kv_caches = allocate_kv_caches(
             self.model_config, num_blocks, self.block_size, self.dtype, self.device
         )
-        inputs = prepare_inputs(batch, self.block_size, self.device)
+        inputs = prepare_inputs(batch, self.block_size, self.device, self.dtype)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata, kv_caches)
         num_sampled = min(self.engine_config.max_num_seqs, batch.num_tokens)
         self.model.compute_logits(hidden[-num_sampled:]).float()

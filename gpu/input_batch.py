@@ -1,9 +1,9 @@
 """Turn the scheduler's `Batch` into the packed tensors one forward pass consumes.
 
 Runs every step, so the per-token work is done by numpy over flat arrays, not Python loops.
-`InputBuffers` packs into arrays allocated once per executor and hands the forward slices of
-device buffers filled by one non-blocking copy per tensor; `prepare_inputs` packs one batch
-into fresh tensors (the profile forward, tests).
+`InputBuffers` packs into arrays allocated once per executor; `prepare_inputs` packs one batch
+into fresh tensors (the profile forward, tests). On the CPU the step's attention plan is made
+here too, once, for every layer to use.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from core.batch import Batch
+from kernels.paged_attention import CpuAttentionPlan, cpu_attention_plan
 
 
 @dataclass(slots=True)
@@ -23,7 +24,7 @@ class AttentionMetadata:
 
     Sequence i owns tokens `query_start_loc[i]:query_start_loc[i + 1]` of the packed batch; they
     are the last of its `seq_lens[i]` tokens. The lists serve the CPU path without device syncs;
-    the tensors (int32, on the device) serve kernels.
+    the tensors (int32, on the device) serve kernels. `cpu_plan` is set on the CPU only.
     """
 
     slot_mapping: torch.Tensor
@@ -34,6 +35,7 @@ class AttentionMetadata:
     seq_lens_tensor: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    cpu_plan: CpuAttentionPlan | None = None
 
 
 @dataclass(slots=True)
@@ -212,8 +214,14 @@ def _fill_block_tables(out: np.ndarray, tables: list[list[int]], lengths: np.nda
     out[rows, cols] = flat
 
 
-def prepare_inputs(batch: Batch, block_size: int, device: torch.device | str) -> ModelInputs:
-    """Pack `batch` (at least one sequence) into tensors allocated for it on `device`."""
+def prepare_inputs(
+    batch: Batch,
+    block_size: int,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+) -> ModelInputs:
+    """Pack `batch` (at least one sequence) into tensors allocated for it on `device`, for a
+    model running in `dtype`."""
     num_tokens = sum(len(s.token_ids) for s in batch.sequences)
     num_seqs = len(batch.sequences)
     width = max(1, max(len(s.block_table) for s in batch.sequences))
@@ -222,7 +230,17 @@ def prepare_inputs(batch: Batch, block_size: int, device: torch.device | str) ->
     on_device = _FlatBuffers(
         **{f.name: getattr(host, f.name).to(device, non_blocking=True) for f in fields(host)}
     )
-    return on_device.model_inputs(packed)
+    return _with_cpu_plan(on_device.model_inputs(packed), block_size, dtype)
+
+
+def _with_cpu_plan(inputs: ModelInputs, block_size: int, dtype: torch.dtype) -> ModelInputs:
+    """`inputs`, on the CPU with the plan every attention layer of the step follows."""
+    metadata = inputs.attn_metadata
+    if metadata.block_tables.device.type == "cpu":
+        metadata.cpu_plan = cpu_attention_plan(
+            metadata.block_tables, metadata.query_start_loc, metadata.seq_lens, block_size, dtype
+        )
+    return inputs
 
 
 class InputBuffers:
@@ -255,8 +273,10 @@ class InputBuffers:
         max_model_len: int,
         block_size: int,
         device: torch.device,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         self.block_size = block_size
+        self.dtype = dtype
         self.max_num_tokens = max_num_tokens
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -283,7 +303,9 @@ class InputBuffers:
             len(batch) > self.max_num_seqs
             or sum(len(s.token_ids) for s in batch.sequences) > self.max_num_tokens
         ):
-            return prepare_inputs(batch, self.block_size, self.graph_block_tables.device)
+            return prepare_inputs(
+                batch, self.block_size, self.graph_block_tables.device, self.dtype
+            )
         num_rows = len(batch) if pad_to is None else pad_to
         packed = _pack(batch, self.block_size, self._host_arrays, num_rows, self.max_blocks_per_seq)
         if self._copied is not None:
@@ -296,4 +318,4 @@ class InputBuffers:
             graph_tables[:, : packed.table_width].copy_(metadata.block_tables)
             metadata.block_tables = graph_tables
             metadata.max_query_len, metadata.max_seq_len = 1, self.max_model_len
-        return inputs
+        return _with_cpu_plan(inputs, self.block_size, self.dtype)

@@ -22,7 +22,7 @@ import torch
 
 from kernels.activation import silu_and_mul_ref
 from kernels.kv_cache import write_kv_cache_ref
-from kernels.paged_attention import paged_attention_cpu, paged_attention_ref
+from kernels.paged_attention import CpuAttentionPlan, paged_attention_cpu, paged_attention_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rotary import apply_rotary_ref
 
@@ -46,6 +46,7 @@ class PackedAttentionBatch(Protocol):
     seq_lens_tensor: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    cpu_plan: CpuAttentionPlan | None
 
 
 @cache
@@ -108,9 +109,11 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of packed queries [T, Hq, D] over one layer's paged cache."""
     if not uses_triton(q):
-        # The CPU serves decodes batched by length bucket; forced references stay one per sequence.
-        attend = paged_attention_cpu if _forced is None and not q.is_cuda else paged_attention_ref
-        return attend(q, kv_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens, scale)
+        tables, starts, lens = batch.block_tables, batch.query_start_loc, batch.seq_lens
+        # Forced references stay one SDPA call per sequence.
+        if _forced is None and not q.is_cuda:
+            return paged_attention_cpu(q, kv_cache, tables, starts, lens, scale, batch.cpu_plan)
+        return paged_attention_ref(q, kv_cache, tables, starts, lens, scale)
     from kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
     from kernels.paged_attention_triton import paged_attention_triton
 

@@ -1,13 +1,10 @@
 """Paged attention over a packed batch of variable-length queries, in plain torch.
 
 `paged_attention_ref` is the reference the Triton kernels are tested against: one SDPA call per
-sequence, decodes (one query) and prefill chunks (many) alike, with GQA/MQA.
-`paged_attention_cpu` is the CPU execution path: prefill chunks as the reference, and a step's
-decodes in one call of the C++ kernel that reads the cache where it lies
-(kernels/csrc/paged_decode_cpu.cpp). Where that kernel cannot build, or for other dtypes than
-float32, the decodes are batched into a few padded SDPA calls instead, because at CPU sizes a
-call per sequence costs more in dispatch, per-head programs and fresh gather memory than in
-arithmetic.
+sequence. `paged_attention_cpu` is the CPU path: prefill chunks as the reference, a step's
+decodes in one call of the C++ kernel (kernels/csrc), or batched into a few padded SDPA calls
+where that kernel cannot build or the dtype is not float32. How a step splits is a
+`CpuAttentionPlan`, built once per step with the attention metadata.
 """
 
 from __future__ import annotations
@@ -34,22 +31,13 @@ _decode_kernel_allowed = True
 
 @contextmanager
 def plain_torch_decodes() -> Iterator[None]:
-    """Within: decodes take the padded-SDPA path, as on a machine where the kernel cannot build."""
+    """Within: plans send decodes to the padded-SDPA path, as where the kernel cannot build."""
     global _decode_kernel_allowed
     previous, _decode_kernel_allowed = _decode_kernel_allowed, False
     try:
         yield
     finally:
         _decode_kernel_allowed = previous
-
-
-def _use_decode_kernel(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-    return (
-        _decode_kernel_allowed
-        and q.dtype == kv_cache.dtype == torch.float32
-        and kv_cache.is_contiguous()
-        and cpu_kernels_available()
-    )
 
 
 @dataclass(slots=True)
@@ -66,14 +54,15 @@ class _DecodeGroup:
 
 
 @dataclass(slots=True)
-class _StepPlan:
-    """How a packed batch splits into prefill chunks and decode groups: the same for every layer
-    of a step, so it is worked out once per step."""
+class CpuAttentionPlan:
+    """How one step's packed batch splits into prefill chunks and decodes for
+    `paged_attention_cpu`: the same for every layer, so the step's metadata carries one."""
 
-    # block_size, dtype, whether decodes take the C++ kernel, query_start_loc, seq_lens
-    key: tuple[int, torch.dtype, bool, tuple[int, ...], tuple[int, ...]]
-    block_tables: torch.Tensor
+    block_size: int
+    dtype: torch.dtype
     prefills: list[tuple[int, int, int]]  # (sequence, first row, end row)
+    # Whether the C++ kernel serves the decodes; else `decode_groups` do.
+    use_kernel: bool
     # For the C++ kernel: each decode's row of q and its sequence, and every sequence's length.
     decode_rows: torch.Tensor
     decode_seqs: torch.Tensor
@@ -82,14 +71,13 @@ class _StepPlan:
     decode_groups: list[_DecodeGroup]
 
 
-class _Scratch(threading.local):
-    """Per thread: the latest step's plan and one reused buffer for gathered K and V.
+class _GatherBuffer(threading.local):
+    """Per thread, one reused buffer for the padded path's gathered K and V.
 
-    Gathering into fresh memory of that size pays a page fault per page (measured: 2-3x slower
-    than into reused memory); the buffer's contents live only until a group's SDPA returns.
+    Reused because gathering into fresh memory pays a page fault per page (docs/benchmarks.md);
+    scratch only: its contents live until a group's SDPA returns, so no call depends on another.
     """
 
-    plan: _StepPlan | None = None
     buffer: torch.Tensor | None = None
 
     def take(self, numel: int, like: torch.Tensor) -> torch.Tensor:
@@ -108,7 +96,7 @@ class _Scratch(threading.local):
         return buffer[:numel]
 
 
-_scratch = _Scratch()
+_gather_buffer = _GatherBuffer()
 
 
 def paged_attention_ref(
@@ -144,24 +132,34 @@ def paged_attention_cpu(
     query_start_loc: list[int],
     seq_lens: list[int],
     scale: float,
+    plan: CpuAttentionPlan | None = None,
 ) -> torch.Tensor:
     """`paged_attention_ref`'s contract: single-query sequences in one C++ kernel call (or
-    batched by length bucket into padded SDPA calls), prefill chunks one SDPA call each."""
-    use_kernel = _use_decode_kernel(q, kv_cache)
-    plan = _step_plan(
-        block_tables, query_start_loc, seq_lens, kv_cache.shape[2], q.dtype, use_kernel
-    )
+    batched by length bucket into padded SDPA calls), prefill chunks one SDPA call each.
+
+    `plan` is this batch's `cpu_attention_plan`; without one, a plan is made for this call.
+    """
+    if plan is None:
+        plan = cpu_attention_plan(
+            block_tables, query_start_loc, seq_lens, kv_cache.shape[2], q.dtype
+        )
+    if not q.dtype == kv_cache.dtype == plan.dtype or kv_cache.shape[2] != plan.block_size:
+        raise ValueError(
+            f"the attention plan is for {plan.dtype} and blocks of {plan.block_size} tokens, "
+            f"but q is {q.dtype} and the cache {kv_cache.dtype} with blocks of "
+            f"{kv_cache.shape[2]}: build the step's inputs with the model's dtype and block size"
+        )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     for i, start, end in plan.prefills:
         out[start:end] = _attend_sequence(
             q[start:end], kv_cache, block_tables[i], seq_lens[i], scale
         )
-    if use_kernel and plan.decode_rows.numel():
+    if plan.use_kernel and plan.decode_rows.numel():
         torch.ops.baton_cpu.paged_decode(
             out,
             q,
             kv_cache,
-            plan.block_tables,
+            block_tables,
             plan.seq_lens,
             plan.decode_rows,
             plan.decode_seqs,
@@ -172,25 +170,16 @@ def paged_attention_cpu(
     return out
 
 
-def _step_plan(
+def cpu_attention_plan(
     block_tables: torch.Tensor,
     query_start_loc: list[int],
     seq_lens: list[int],
     block_size: int,
     dtype: torch.dtype,
-    use_kernel: bool,
-) -> _StepPlan:
-    """The plan for this batch: the previous call's when every layer of a step asks in turn."""
-    # Compared by value: a step may refill the same buffers in place.
-    key = (block_size, dtype, use_kernel, tuple(query_start_loc), tuple(seq_lens))
-    plan = _scratch.plan
-    if (
-        plan is not None
-        and plan.key == key
-        and plan.block_tables.shape == block_tables.shape
-        and torch.equal(plan.block_tables, block_tables)
-    ):
-        return plan
+) -> CpuAttentionPlan:
+    """How `paged_attention_cpu` runs this packed batch (arguments as `paged_attention_ref`'s)
+    in `dtype` over a cache of `block_size`-token blocks."""
+    use_kernel = _decode_kernel_allowed and dtype == torch.float32 and cpu_kernels_available()
     # Both are powers of two, so the larger is a multiple of the smaller.
     bucket_tokens = max(DECODE_BUCKET_TOKENS, block_size)
     prefills, decodes, buckets = [], [], {}
@@ -220,17 +209,16 @@ def _step_plan(
             groups.append(
                 _DecodeGroup(rows, tables.reshape(-1), key_bias[:, None, None], padded_len)
             )
-    plan = _StepPlan(
-        key,
-        block_tables.clone(),
+    return CpuAttentionPlan(
+        block_size,
+        dtype,
         prefills,
+        use_kernel,
         decode_rows=torch.tensor([query_start_loc[i] for i in decodes], dtype=torch.int64),
         decode_seqs=torch.tensor(decodes, dtype=torch.int64),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
         decode_groups=groups,
     )
-    _scratch.plan = plan
-    return plan
 
 
 def _attend_sequence(
@@ -239,9 +227,7 @@ def _attend_sequence(
     """One sequence's queries [Tq, Hq, D], the last Tq of its `seq_len` tokens, attending."""
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
     used = block_table[: -(-seq_len // block_size)]
-    # Blocks are gathered as rows of 2-d views: CPU index_select is fastest along dim 0 of a
-    # 2-d tensor (measured: 10-25% faster than over the 4-d cache or than K and V in one call
-    # along dim 1; int32 and int64 indices measured the same).
+    # Rows of 2-d views: CPU index_select is fastest along dim 0 of a 2-d tensor.
     k = kv_cache[0].view(num_blocks, -1).index_select(0, used)
     v = kv_cache[1].view(num_blocks, -1).index_select(0, used)
     k = k.view(1, -1, num_kv_heads, head_dim)[:, :seq_len]
@@ -280,7 +266,8 @@ def _attend_decode_group(
     num_seqs, num_rows = group.rows.numel(), group.blocks.numel()
     k_rows = kv_cache[0].view(num_blocks, -1)
     v_rows = kv_cache[1].view(num_blocks, -1)
-    k_out, v_out = _scratch.take(2 * num_rows * k_rows.shape[1], kv_cache).view(2, num_rows, -1)
+    gathered = _gather_buffer.take(2 * num_rows * k_rows.shape[1], kv_cache)
+    k_out, v_out = gathered.view(2, num_rows, -1)
     k = torch.index_select(k_rows, 0, group.blocks, out=k_out)
     v = torch.index_select(v_rows, 0, group.blocks, out=v_out)
     shape = (num_seqs, group.padded_len, num_kv_heads, head_dim)

@@ -54,6 +54,10 @@ def test_decode_and_prefill_chunks_pack_into_positions_slots_and_block_tables() 
     assert (metadata.max_query_len, metadata.max_seq_len) == (3, 6)
     # The mid-prompt chunk samples nothing, so only the decode's and the last chunk's rows.
     assert inputs.logits_indices.tolist() == [0, 5]
+    # On the CPU the step's attention plan comes with it: one decode, two prefill chunks.
+    assert metadata.cpu_plan is not None
+    assert metadata.cpu_plan.prefills == [(1, 1, 4), (2, 4, 6)]
+    assert metadata.cpu_plan.decode_seqs.tolist() == [0]
     assert inputs.input_ids.dtype == inputs.positions.dtype == torch.int64
     assert metadata.slot_mapping.dtype == torch.int64
     assert metadata.block_tables.dtype == metadata.seq_lens_tensor.dtype == torch.int32

@@ -18,6 +18,7 @@ from core.sampling_params import SamplingParams
 from gpu.input_batch import prepare_inputs
 from gpu.kv_cache import allocate_kv_caches
 from gpu.loader import load_model
+from kernels import paged_attention
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 128
@@ -205,6 +206,23 @@ def test_packed_batch_of_prefill_chunks_and_decodes_matches_transformers_per_req
         assert done[rid] == len(token_ids)
         expected = transformers_logits(checkpoint, token_ids)
         torch.testing.assert_close(torch.cat(logits[rid]), expected, atol=ATOL, rtol=RTOL)
+
+
+def test_every_layer_of_a_step_follows_the_attention_plan_its_inputs_carry(
+    make_checkpoint, monkeypatch
+) -> None:
+    path = make_checkpoint("llama")
+    token_ids = prompt(seed=5, length=12)
+    expected = PagedModel(path).run_in_chunks(token_ids, [9, 1, 1, 1])
+
+    def plan_per_layer(*args):
+        raise AssertionError("an attention layer planned the step again")
+
+    # The step's inputs are planned once by gpu.input_batch; a layer planning anew would call this.
+    monkeypatch.setattr(paged_attention, "cpu_attention_plan", plan_per_layer)
+    ours = PagedModel(path).run_in_chunks(token_ids, [9, 1, 1, 1])
+
+    assert torch.equal(ours, expected)
 
 
 def test_old_config_spellings_select_llama3_rope_in_both_implementations(

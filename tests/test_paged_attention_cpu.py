@@ -13,6 +13,7 @@ import torch
 from kernels.cpu_extension import cpu_kernels_available
 from kernels.paged_attention import (
     DECODE_GROUP,
+    cpu_attention_plan,
     paged_attention_cpu,
     paged_attention_ref,
     plain_torch_decodes,
@@ -107,7 +108,7 @@ def test_cpu_path_runs_in_and_out_of_inference_mode_alike() -> None:
 
 def test_a_block_table_refilled_in_place_is_not_served_a_stale_plan() -> None:
     # Same lengths and the same table tensor with other blocks, as when a step refills
-    # persistent input buffers: the plan made for the old blocks must not be reused.
+    # persistent input buffers: nothing made for the old blocks may be reused.
     batch = packed_batch([(40, 1), (40, 1), (9, 3)], 16, 4, 2, seed=5)
     block_tables = batch[2]
     before = paged_attention_cpu(*batch, scale=0.25)
@@ -115,6 +116,23 @@ def test_a_block_table_refilled_in_place_is_not_served_a_stale_plan() -> None:
     after = paged_attention_cpu(*batch, scale=0.25)
     torch.testing.assert_close(after, paged_attention_ref(*batch, scale=0.25))
     assert not torch.allclose(after[:2], before[:2])
+
+
+def test_a_plan_made_once_serves_every_layer_as_a_plan_per_call_would() -> None:
+    q, kv_cache, block_tables, query_start_loc, seq_lens = packed_batch(MIXED, 16, 8, 2, seed=4)
+    plan = cpu_attention_plan(block_tables, query_start_loc, seq_lens, 16, torch.float32)
+    for layer in range(3):
+        layer_cache = kv_cache * (layer + 1)
+        batch = (q, layer_cache, block_tables, query_start_loc, seq_lens)
+        planned = paged_attention_cpu(*batch, scale=0.25, plan=plan)
+        assert torch.equal(planned, paged_attention_cpu(*batch, scale=0.25))
+
+
+def test_a_plan_for_another_dtype_is_refused_with_what_to_change() -> None:
+    q, kv_cache, block_tables, query_start_loc, seq_lens = packed_batch(MIXED, 16, 4, 2, seed=6)
+    plan = cpu_attention_plan(block_tables, query_start_loc, seq_lens, 16, torch.bfloat16)
+    with pytest.raises(ValueError, match="build the step's inputs with the model's dtype"):
+        paged_attention_cpu(q, kv_cache, block_tables, query_start_loc, seq_lens, 0.25, plan)
 
 
 @pytest.mark.parametrize("head_dim", [64, 80, 128])
