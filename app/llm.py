@@ -50,7 +50,7 @@ def build_engine(
     from gpu.executor import TorchExecutor  # torch loads only when a model is actually built
 
     if load_format == "dummy" and Path(model).is_file():
-        from gpu.random_checkpoint import write_config_folder
+        from gpu.config_folder import write_config_folder
 
         model = write_config_folder(model, tempfile.mkdtemp(prefix="baton-dummy-"))
     model_config = ModelConfig.from_pretrained(model)

@@ -1,8 +1,5 @@
 """Write small random-weight Hugging Face checkpoints, with a real tokenizer, for tests and
-benchmarks; nothing is downloaded.
-
-The tokenizer is byte-level BPE trained with `tokenizers` on the documentation topics that ship
-with CPython (`pydoc_data`), so prompts tokenize like English text.
+benchmarks; nothing is downloaded. The tokenizer is `gpu.tokenizer_trainer`'s.
 
     python -m gpu.random_checkpoint --out /tmp/tiny --family llama --preset bench
 """
@@ -13,12 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-SPECIAL_TOKENS = ["<|begin|>", "<|end|>", "<|pad|>"]
+from gpu.tokenizer_trainer import train_tokenizer
 
 # Shapes by name: "tiny" for fast tests, "bench" for the ~30M-parameter offline benchmark.
 PRESETS = {
@@ -41,41 +33,6 @@ PRESETS = {
 }
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-
-
-def training_text() -> list[str]:
-    from pydoc_data.topics import topics
-
-    return [topics[name] for name in sorted(topics)]
-
-
-def train_tokenizer(vocab_size: int):
-    """A byte-level BPE tokenizer wrapped as a transformers fast tokenizer with a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(training_text(), trainer=trainer)
-    bos = tokenizer.token_to_id("<|begin|>")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="<|begin|> $A", pair="<|begin|> $A <|begin|> $B", special_tokens=[("<|begin|>", bos)]
-    )
-    wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token="<|begin|>",
-        eos_token="<|end|>",
-        pad_token="<|pad|>",
-    )
-    wrapped.chat_template = CHAT_TEMPLATE
-    return wrapped
 
 
 def model_config(family: str, vocab_size: int, bos: int, eos: int, **overrides):
@@ -129,16 +86,6 @@ def write_checkpoint(
     tokenizer.save_pretrained(out)
     generation = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
     (out / "generation_config.json").write_text(json.dumps(generation))
-    return out
-
-
-def write_config_folder(config_file: str | Path, out: str | Path) -> Path:
-    """A weightless checkpoint folder for `--load-format dummy`: `config_file` as config.json
-    plus this module's small tokenizer (ids past its vocabulary decode to nothing)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(Path(config_file).read_text())
-    train_tokenizer(512).save_pretrained(out)
     return out
 
 

@@ -3,8 +3,8 @@
 The corpus ships with CPython under the PSF license: the help topics of `pydoc_data` and the
 docstrings of the standard library's modules, classes and functions. Each section becomes chat
 samples (a question about it, its opening text as the answer) and plain text. The tokenizer is
-byte-level BPE trained here with `tokenizers`; the model is a transformers `LlamaForCausalLM`.
-The run is deterministic for a given seed, thread count and Python version.
+`gpu.tokenizer_trainer`'s, trained on the training sections; the model is a transformers
+`LlamaForCausalLM`. The run is deterministic for a given seed, thread count and Python version.
 
     python -m gpu.train_demo --out app/demo_model --steps 1000 --max-minutes 40
 """
@@ -26,9 +26,8 @@ from pathlib import Path
 
 import torch
 
-from gpu.random_checkpoint import CHAT_TEMPLATE
+from gpu.tokenizer_trainer import BOS, EOS, train_tokenizer
 
-BOS, EOS, PAD = "<|begin|>", "<|end|>", "<|pad|>"
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
 MAX_ANSWER_CHARS = 600
 SYSTEM_PROMPTS = [
@@ -172,33 +171,6 @@ def build_samples(
     return samples
 
 
-def train_tokenizer(texts: list[str], vocab_size: int):
-    """Byte-level BPE over `texts`, with BOS/EOS/PAD and the chat roles as special tokens, wrapped
-    as a transformers fast tokenizer that carries the chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[BOS, EOS, PAD, *ROLE_TOKENS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(texts, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        additional_special_tokens=ROLE_TOKENS,
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
 def is_validation(section: Section) -> bool:
     """A stable 1-in-20 of the docstrings is held out; every help topic is trained on."""
     return section.kind != "topic" and zlib.crc32(section.name.encode()) % 20 == 0
@@ -304,7 +276,12 @@ def train(args: argparse.Namespace) -> None:
     trained_kinds = ("topic", *DOCSTRING_KINDS[args.docstrings])
     train_sections = [s for s in sections if s.kind in trained_kinds and not is_validation(s)]
     val_sections = [s for s in sections if is_validation(s)]
-    tokenizer = train_tokenizer([s.text for s in train_sections], args.vocab_size)
+    tokenizer = train_tokenizer(
+        args.vocab_size,
+        [s.text for s in train_sections],
+        role_tokens=ROLE_TOKENS,
+        prepend_bos=False,
+    )
     train_stream = encode(build_samples(train_sections, rng, args.questions), tokenizer)
     val_stream = encode(build_samples(val_sections, rng, args.questions), tokenizer)
     print(

@@ -30,7 +30,7 @@ atexit.register(_drop_triton_teardown_report)
 @pytest.fixture(scope="session")
 def hf_tokenizer():
     """The byte-level BPE tokenizer every test checkpoint shares (trained once per session)."""
-    from gpu.random_checkpoint import train_tokenizer
+    from gpu.tokenizer_trainer import train_tokenizer
 
     return train_tokenizer(512)
 

@@ -13,9 +13,9 @@ import torch
 from app.llm import LLM
 from core.model_config import ModelConfig
 from core.sampling_params import SamplingParams
+from gpu.config_folder import write_config_folder
 from gpu.loader import CheckpointError, load_model
 from gpu.model import CausalLM
-from gpu.random_checkpoint import write_config_folder
 
 CONFIGS = Path(__file__).parent.parent / "benchmarks" / "configs"
 # A Qwen3 shape whose vocabulary is larger than the 512-token tokenizer a config file gets.
