@@ -175,6 +175,25 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-queued-requests", type=int, default=defaults.max_queued_requests)
     parser.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout_s)
+    parser.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=defaults.max_header_bytes,
+        help="answer 431 to a request whose target and header fields are larger",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=defaults.header_timeout_s,
+        help="seconds a request's headers may take to arrive (408 and close after)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=defaults.body_timeout_s,
+        help="seconds a request's body may take to arrive once its headers have (408 and close "
+        "after); streamed responses are not limited",
+    )
     parser.add_argument("--ttft-slo-ms", type=float, default=None)
     parser.add_argument("--tpot-slo-ms", type=float, default=None)
     parser.add_argument(
@@ -207,6 +226,9 @@ def server_settings_from(args: argparse.Namespace) -> ServerSettings:
         allowed_hosts=[h.strip() for h in args.allowed_hosts.split(",") if h.strip()],
         max_queued_requests=args.max_queued_requests,
         shutdown_timeout_s=args.shutdown_timeout,
+        max_header_bytes=args.max_header_bytes,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
         ttft_slo_ms=args.ttft_slo_ms,
         tpot_slo_ms=args.tpot_slo_ms,
         slo_admission_factor=args.slo_admission_factor,

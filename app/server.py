@@ -31,6 +31,7 @@ from starlette.staticfiles import StaticFiles
 
 from app.async_engine import AsyncEngine
 from app.errors import APIError
+from app.http_limits import http_protocol
 from app.metrics import ServerMetrics, metrics_endpoint
 from app.settings import ServerSettings
 from app.stats import stats_endpoint
@@ -208,7 +209,8 @@ def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools",
+        # httptools, plus the header size limit and the header and body timeouts.
+        http=http_protocol(settings),
         ws="websockets-sansio",
         log_level="warning",
         access_log=False,

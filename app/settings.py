@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -18,6 +19,11 @@ class ServerSettings:
     # Bodies past this get 413 before they are read whole.
     max_body_bytes: int = 4 * 1024 * 1024
     shutdown_timeout_s: float = 30.0
+    # The request target and header fields past this get 431 (app.http_limits).
+    max_header_bytes: int = 64 * 1024
+    # A request whose headers, or whose body, take longer than this to arrive gets 408.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
     # With the slo policy: refuse (429) a request predicted to miss its TTFT target by this
@@ -41,5 +47,13 @@ class ServerSettings:
             )
         if self.shutdown_timeout_s < 0:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout_s}")
+        if self.max_header_bytes < 1:
+            raise ValueError(f"--max-header-bytes must be >= 1, got {self.max_header_bytes}")
+        for flag, seconds in [
+            ("--header-timeout", self.header_timeout_s),
+            ("--body-timeout", self.body_timeout_s),
+        ]:
+            if not 0 < seconds < math.inf:
+                raise ValueError(f"{flag} must be a positive number of seconds, got {seconds}")
         if any(not key for key in self.api_keys):
             raise ValueError("--api-key must not be empty")
