@@ -1,12 +1,8 @@
 """Baton's C++ kernels for the CPU (kernels/csrc), built by torch's extension builder on first use.
 
-The build needs a C++ compiler and ninja on PATH (scripts/setup installs Debian's g++ and
-ninja-build when missing) and takes ~15-20 s once; torch caches it (`~/.cache/torch_extensions`
-or `$TORCH_EXTENSIONS_DIR`) and rebuilds only when the source or the flags change. It is
-compiled for the machine that builds it (`-march=native`): a cache folder shared between
-different CPUs needs its own `TORCH_EXTENSIONS_DIR` per machine. When the build fails,
-`cpu_kernels_available()` says False, the reason is logged once, and the CPU keeps the
-plain-torch path: slower, the same results up to float rounding.
+The build needs g++ and ninja (scripts/setup installs them) and is cached by torch until the
+source or flags change, for the CPU that built it (`-march=native`: one `TORCH_EXTENSIONS_DIR`
+per kind of machine). Where it fails the CPU keeps the plain-torch path, and says why once.
 """
 
 from __future__ import annotations

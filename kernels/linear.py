@@ -1,13 +1,9 @@
 """Linear layers on the CPU through oneDNN, over weights packed once when the model loads.
 
-For float32 on the CPU `F.linear` calls MKL's sgemm, which picks its kernel by the number of
-rows: a decode step's few dozen rows run at about half the speed of a large GEMM, and a row's
-bits depend on how many rows share the step. oneDNN's inner product over a weight reordered
-once into its blocked layout ran those shapes 1.2-1.9x faster on the 2-core AVX2 VM and gives a
-row the same bits whatever the batch (docs/benchmarks.md, "The CPU's own kernels"). At one
-row on a small model (hidden 256) it costs ~20 us more per call than MKL. The
-operators are the ones torch's own compiler uses for CPU linears (`torch.ops.mkldnn`); a torch
-built without them keeps `F.linear`.
+Chosen over `F.linear` (MKL's sgemm, whose kernel and so a row's bits depend on how many rows
+share the call): oneDNN over a weight reordered once is faster at a decode step's few dozen rows
+and batch-invariant (docs/benchmarks.md, "The CPU's own kernels"). The operators are the ones
+torch's compiler uses for CPU linears; a torch built without them keeps `F.linear`.
 """
 
 from __future__ import annotations

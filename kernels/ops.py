@@ -1,14 +1,9 @@
 """Kernel dispatch: Triton on CUDA tensors, the plain-torch references everywhere else.
 
-The model calls only these (its linear layers excepted: kernels.linear). On the CPU they are the
-references themselves, attention excepted: `paged_attention_cpu` runs a step's decodes in the C++
-kernel of kernels/csrc, or batched by length bucket where that cannot build (the reference's
-results up to float rounding, and batch-invariant either way). Triton is imported only once a
-CUDA tensor arrives. `force_triton()` runs the Triton kernels on CPU tensors too (under
-`TRITON_INTERPRET=1`), `force_reference()` the references on CUDA tensors, for tests.
-
-The Triton path may be captured in a CUDA graph: it reads only tensors and the batch's scalars
-fixed per graph bucket (`max_query_len`, `max_seq_len`), never its Python lists, and never syncs.
+The model calls only these (its linear layers excepted: kernels.linear). On the CPU, attention
+is `paged_attention_cpu` over the step's plan; Triton is imported only once a CUDA tensor
+arrives. The Triton path reads only tensors and the scalars fixed per graph bucket, never the
+batch's lists, and never syncs, so a CUDA graph can capture it.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Flash-decoding: paged attention for one-token queries with the KV sequence split across programs.
 
-The grid is (sequence, KV head, partition of `partition_size` keys), so a batch of one with a
-long context still occupies every SM. Each program folds its partition into a softmax state with
-`paged_attention_triton`'s tile loop and writes, per query head, the partial max `m_p`, sum
-`l_p` and normalised output `o_p` in float32; the reduce kernel merges them with weights
-`2^(m_p - max_p m_p) * l_p`. The grid may be sized for the longest sequence the model serves
-(a fixed grid, as CUDA graphs need): a program whose partition starts past its sequence's end
-returns at once, and the reduce reads only the partitions that hold keys, `BLOCK_P` at a time,
-so the static bound costs empty programs, not memory traffic.
+The grid is (sequence, KV head, partition of keys), so a batch of one with a long context still
+occupies every SM; a reduce kernel merges the partitions' softmax states. The grid may be sized
+for the longest sequence served, as CUDA graphs need: partitions past a sequence's end cost an
+empty program each, not memory traffic.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Paged attention over a packed batch of variable-length queries, in Triton.
 
-Same contract as `paged_attention_ref`: sequence i owns rows `query_start_loc[i]:
-query_start_loc[i + 1]` of q, the last of its `seq_lens[i]` tokens, whose K/V already sit in the
-paged cache [2, num_blocks, block_size, Hkv, D] at the blocks of `block_tables[i]`.
-
-`paged_attention_triton` is one kernel for decodes and prefill chunks: a program takes a tile of
-one sequence's query tokens times all query heads sharing one KV head (GQA: K/V are read once for
-the group), and streams that sequence's K/V tile by tile with an online softmax, causally masked.
-The split-KV (flash-decoding) variant for long decodes is in `paged_attention_split_kv_triton`.
+One kernel for decodes and prefill chunks, with `paged_attention_ref`'s contract: a program
+takes a tile of one sequence's query tokens times the query heads of one KV head (so GQA reads
+K/V once per group) and streams the sequence's K/V with an online softmax, causally masked.
 """
 
 from __future__ import annotations
