@@ -1,10 +1,10 @@
-"""Who may call Baton and how much they may send: Host names, API keys, CORS, WebSocket origins,
-body limits.
+"""Who may call Baton and how much they may send: Host names, cross-site requests, API keys,
+CORS, WebSocket origins, body limits.
 
 All of it is pure ASGI middleware, so streaming responses pass through untouched and a request
 costs a few dict lookups. `security_middleware(settings)` returns the stack, outermost first:
-the Host check, CORS (only with `--allowed-origins`), API keys (only with `--api-key`), the
-WebSocket gate, the body limit.
+the Host check, CORS (only with `--allowed-origins`), the cross-site check, API keys (only with
+`--api-key`), the WebSocket gate, the body limit.
 
 **Host names.** A server on a loopback address (the default `--host 127.0.0.1`) answers only
 requests whose `Host` names loopback (`localhost`, `127.0.0.1`, `[::1]`, any port) or a name in
@@ -13,8 +13,18 @@ rebinding: a web page whose own name is made to resolve to 127.0.0.1 would other
 local server from a visitor's browser as a *same-origin* page, past the WebSocket origin check
 and without CORS, and drive it with no key. On any other address the server cannot know the
 names it is reached by, so every Host is accepted unless `--allowed-hosts` lists them
-(`*.example.org` matches subdomains; `*` turns the check off). A request with no Host (HTTP/1.0)
-passes: browsers always send one.
+(`*.example.org` matches subdomains; `*` turns the check off). A Host must be a name or an IP
+literal with an optional numeric port and nothing else: `localhost:8200@evil.example` or
+`[::1]evil.example` is refused. A request with no Host (HTTP/1.0) passes: browsers always send one.
+
+**Cross-site requests.** A page on another site can make a visitor's browser send a "simple"
+request (say a POST with `Content-Type: text/plain`) without asking the server first; CORS only
+keeps the page from reading the answer, after the generation has run. So every request to the
+API namespace (below) that a browser marks as coming from another page is refused with 403:
+`Sec-Fetch-Site` other than `same-origin` or `none` (`same-site` too: another port or subdomain
+is another program), or an `Origin` that is not the server's own (the request's scheme, and its
+Host's name and port). Origins listed in `--allowed-origins` pass, and so do requests with
+neither header (curl, SDKs). CORS preflights are answered before this check when CORS is on.
 
 **What needs a key.** With keys configured, every request needs one except
 
@@ -42,9 +52,10 @@ key without stopping at a match, so the time taken tells nothing about which key
 one, matched.
 
 **WebSocket origins.** An upgrade with no `Origin` (a non-browser client), with the server's own
-origin (the chat UI served from here), or with an origin listed in `--allowed-origins` (`*` allows
-all) is let through; any other is refused with 403 before the socket is accepted, which stops
-other web pages from driving the server with a visitor's browser.
+origin (the chat UI served from here: an http page for ws://, https for wss://, the same name and
+port), or with an origin listed in `--allowed-origins` (`*` allows all) is let through; any
+other is refused with 403 before the socket is accepted, which stops other web pages from driving
+the server with a visitor's browser.
 """
 
 from __future__ import annotations
@@ -53,8 +64,9 @@ import hashlib
 import hmac
 import ipaddress
 import posixpath
+import re
 from collections.abc import Iterable
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -73,6 +85,14 @@ MAX_UNQUOTE_ROUNDS = 8
 
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+# A Host header or an origin's authority: a DNS name or IPv4 address, or a bracketed IPv6 address,
+# and an optional port. Nothing else: no userinfo, no path, no spaces.
+AUTHORITY = re.compile(r"(?P<name>[a-z0-9._-]+|\[[0-9a-f:.]+\])(?::(?P<port>[0-9]{1,5}))?")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+# The scheme of the page that opens a request of each scope scheme.
+PAGE_SCHEMES = {"http": "http", "https": "https", "ws": "http", "wss": "https"}
+# Sec-Fetch-Site values of requests no other site's page started.
+OWN_FETCH_SITES = frozenset({b"same-origin", b"none"})
 
 
 def security_middleware(settings: ServerSettings) -> list[Middleware]:
@@ -91,6 +111,7 @@ def security_middleware(settings: ServerSettings) -> list[Middleware]:
                 expose_headers=["Retry-After"],
             )
         )
+    stack.append(Middleware(CrossSiteGate, allowed_origins=settings.allowed_origins))
     if settings.api_keys:
         stack.append(Middleware(APIKeyMiddleware, api_keys=settings.api_keys))
     stack.append(Middleware(WebSocketGate, allowed_origins=settings.allowed_origins))
@@ -116,13 +137,27 @@ def effective_allowed_hosts(bind_host: str, allowed_hosts: list[str]) -> list[st
     return list(allowed_hosts) or ["*"]
 
 
-def host_name(value: str) -> str:
-    """A Host header's name without its port: `[::1]:8000` → `[::1]`, `Example.org:80` →
-    `example.org`."""
-    value = value.strip().casefold()
-    if value.startswith("["):
-        return value[: value.find("]") + 1] if "]" in value else value
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+def authority(value: str) -> tuple[str, int | None] | None:
+    """A Host value's name and port: `[::1]:8000` → (`[::1]`, 8000), `Example.org` →
+    (`example.org`, None); None for anything malformed."""
+    match = AUTHORITY.fullmatch(value.casefold())
+    if match is None:
+        return None
+    name, port = match["name"], match["port"]
+    if port is not None and int(port) > 65535:
+        return None
+    if name.startswith("["):
+        try:
+            ipaddress.IPv6Address(name[1:-1])
+        except ValueError:
+            return None
+    return name, None if port is None else int(port)
+
+
+def host_name(value: str) -> str | None:
+    """A Host header's name without its port; None when the header is malformed."""
+    parsed = authority(value)
+    return None if parsed is None else parsed[0]
 
 
 class HostGate:
@@ -136,7 +171,7 @@ class HostGate:
 
     def allows(self, host: str) -> bool:
         name = host_name(host)
-        return name in self.exact or name.endswith(self.suffixes)
+        return name is not None and (name in self.exact or name.endswith(self.suffixes))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
@@ -167,13 +202,18 @@ def canonical_path(scope: Scope) -> str:
     return "/" + path.lstrip("/").casefold()
 
 
+def in_api(path: str) -> bool:
+    """Whether a canonical path lies in the API namespace."""
+    return path.split("/")[1] in API_ROOTS
+
+
 def needs_key(scope: Scope) -> bool:
     if scope["type"] == "websocket":
         return True
     path = canonical_path(scope)
     if path == OPEN_PATH:
         return False
-    if path.split("/")[1] in API_ROOTS:
+    if in_api(path):
         return True
     return scope["method"] not in ("GET", "HEAD")
 
@@ -256,19 +296,83 @@ class APIKeyMiddleware:
         )
 
 
+def is_own_origin(origin: str, scope: Scope) -> bool:
+    """Whether `origin` is the one the request was sent to, so a page served from here: the
+    request's scheme (http for ws, https for wss), and its Host's name and port."""
+    scheme, _, rest = origin.casefold().partition("://")
+    host = header(scope, b"host")
+    if host is None or scheme != PAGE_SCHEMES.get(scope.get("scheme", "http")):
+        return False
+    theirs, ours = authority(rest), authority(host.decode("latin-1"))
+    if theirs is None or ours is None:
+        return False
+    default = DEFAULT_PORTS[scheme]
+    return theirs[0] == ours[0] and (theirs[1] or default) == (ours[1] or default)
+
+
+class AllowedOrigins:
+    """The web pages that may use the API: this server's own and those --allowed-origins lists
+    (`*`: every page)."""
+
+    def __init__(self, listed: list[str]) -> None:
+        self.listed = frozenset(listed)
+
+    def lists(self, origin: str) -> bool:
+        return "*" in self.listed or origin in self.listed
+
+    def allows(self, origin: str, scope: Scope) -> bool:
+        return self.lists(origin) or is_own_origin(origin, scope)
+
+
+class CrossSiteGate:
+    """403 for API requests a browser sends for another site's page (see the module's notes)."""
+
+    def __init__(self, app: ASGIApp, allowed_origins: list[str]) -> None:
+        self.app = app
+        self.origins = AllowedOrigins(allowed_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and in_api(canonical_path(scope)) and self.is_foreign(scope):
+            origin = header(scope, b"origin")
+            await deny(scope, receive, send, self._refusal(origin))
+            return
+        await self.app(scope, receive, send)
+
+    def is_foreign(self, scope: Scope) -> bool:
+        origin = header(scope, b"origin")
+        if origin is not None and self.origins.lists(origin.decode("latin-1")):
+            return False
+        site = header(scope, b"sec-fetch-site")
+        if site is not None and site.lower() not in OWN_FETCH_SITES:
+            return True
+        return origin is not None and not is_own_origin(origin.decode("latin-1"), scope)
+
+    @staticmethod
+    def _refusal(origin: bytes | None) -> APIError:
+        pages = (
+            "another site's pages" if origin is None else f"pages at {origin.decode('latin-1')!r}"
+        )
+        return APIError(
+            403,
+            f"API requests from {pages} are not allowed; list the page's origin in "
+            f"--allowed-origins to let it use the API",
+            code="origin_not_allowed",
+        )
+
+
 class WebSocketGate:
     """The upgrade's Origin check, and the subprotocol side of passing a key in a browser."""
 
     def __init__(self, app: ASGIApp, allowed_origins: list[str]) -> None:
         self.app = app
-        self.allowed_origins = frozenset(allowed_origins)
+        self.origins = AllowedOrigins(allowed_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "websocket":
             await self.app(scope, receive, send)
             return
         origin = header(scope, b"origin")
-        if origin is not None and not self._origin_allowed(origin.decode("latin-1"), scope):
+        if origin is not None and not self.origins.allows(origin.decode("latin-1"), scope):
             message = f"WebSocket connections from {origin.decode('latin-1')!r} are not allowed"
             await deny(scope, receive, send, APIError(403, f"{message}; see --allowed-origins"))
             return
@@ -279,14 +383,6 @@ class WebSocketGate:
         if WS_PROTOCOL in offered:
             send = _accepting_protocol(send, WS_PROTOCOL)
         await self.app(scope, receive, send)
-
-    def _origin_allowed(self, origin: str, scope: Scope) -> bool:
-        if "*" in self.allowed_origins or origin in self.allowed_origins:
-            return True
-        # Same origin: the chat UI served by this server talks to its own /v1/ws.
-        host = header(scope, b"host")
-        netloc = urlsplit(origin).netloc
-        return host is not None and netloc.casefold() == host.decode("latin-1").casefold()
 
 
 def _accepting_protocol(send: Send, protocol: str) -> Send:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -16,6 +17,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import uvicorn
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -26,6 +29,8 @@ from websockets.sync.client import connect
 
 import app.server
 from app.security import (
+    LOOPBACK_NAMES,
+    HostGate,
     canonical_path,
     effective_allowed_hosts,
     host_name,
@@ -274,6 +279,8 @@ def test_websocket_origin_must_be_absent_same_or_listed():
         assert ws_open(address, origin=f"http://{address}")["subprotocols"] == []
         assert ws_refusal(address, origin="https://evil.example") == 403
         assert ws_refusal(address, origin="null") == 403
+        # The same name and port under another scheme is another origin.
+        assert ws_refusal(address, origin=f"https://{address}") == 403
     with serving(ServerSettings()) as address:
         assert ws_refusal(address, origin="https://chat.example") == 403
         assert ws_open(address, origin=f"http://{address}")["subprotocols"] == []
@@ -373,3 +380,124 @@ def test_listed_hosts_and_subdomain_patterns_are_answered():
             (address, 200),
         ]:
             assert raw_status(port, "POST", "/v1/echo", {"Host": host}) == status, host
+
+
+LOOPBACK_GATE = HostGate(app=None, allowed_hosts=list(LOOPBACK_NAMES))
+PORT = re.compile(r":[0-9]{1,5}")
+
+
+@settings(max_examples=500, deadline=None)
+@given(name=st.sampled_from(LOOPBACK_NAMES), tail=st.text(max_size=24))
+@example(name="localhost", tail=":8200@evil.example")
+@example(name="[::1]", tail="evil.example")
+@example(name="127.0.0.1", tail=":8000/x")
+@example(name="localhost", tail=":99999")
+@example(name="localhost", tail=":8200")
+def test_a_loopback_name_is_answered_bare_or_with_a_port_and_nothing_else(name, tail):
+    is_port = PORT.fullmatch(tail) is not None and int(tail[1:]) <= 65535
+    assert LOOPBACK_GATE.allows(name + tail) == (tail == "" or is_port)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.from_regex(r"[a-z0-9_-]{1,12}(\.[a-z0-9_-]{1,12}){0,3}", fullmatch=True),
+    port=st.none() | st.integers(0, 65535),
+)
+def test_a_name_with_an_optional_port_reads_as_that_name(name, port):
+    value = name if port is None else f"{name}:{port}"
+    assert host_name(value.upper()) == name
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="ab01:.[]@/\\%#? -_", max_size=20))
+def test_a_host_is_read_only_when_it_is_a_name_or_ip_literal_and_a_port(value):
+    name = host_name(value)
+    if name is not None:
+        assert value == name or PORT.fullmatch(value.removeprefix(name))
+        assert not set(name) & set("@/\\%#? ")
+        assert name.count("[") == name.count("]") == (1 if name.startswith("[") else 0)
+
+
+def test_malformed_host_headers_are_refused(guarded):
+    port = guarded.settings.port
+    for host in [
+        f"localhost:{port}@evil.example",
+        f"[::1]evil.example:{port}",
+        f"127.0.0.1:{port}/",
+        f"localhost:{port}:{port}",
+        "[::1",
+        f"localhost :{port}",
+        f"[localhost]:{port}",
+    ]:
+        assert raw_status(port, "GET", "/health", {"Host": host}) == 400, host
+    assert raw_status(port, "GET", "/health", {"Host": f"[::1]:{port}"}) == 200
+
+
+@pytest.fixture(scope="module")
+def open_baton(llama_checkpoint):
+    """Baton with no key, as most local installs run, and one origin listed for CORS."""
+    engine = simulated_engine(llama_checkpoint)
+    with running_server(engine, allowed_origins=["https://chat.example"]) as state:
+        yield state
+
+
+def own_origin(state, scheme: str = "http") -> str:
+    return f"{scheme}://127.0.0.1:{state.settings.port}"
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({}, 200),
+        ({"Origin": "{own}"}, 200),
+        ({"Origin": "{own}", "Sec-Fetch-Site": "same-origin"}, 200),
+        ({"Sec-Fetch-Site": "none"}, 200),
+        ({"Origin": "https://chat.example", "Sec-Fetch-Site": "cross-site"}, 200),
+        ({"Origin": "https://evil.example"}, 403),
+        ({"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}, 403),
+        ({"Sec-Fetch-Site": "cross-site"}, 403),
+        ({"Origin": "http://localhost:1", "Sec-Fetch-Site": "same-site"}, 403),
+        ({"Origin": "{own}", "Sec-Fetch-Site": "cross-site"}, 403),
+        ({"Origin": "https://127.0.0.1:{port}"}, 403),
+        ({"Origin": "http://127.0.0.1:1"}, 403),
+        ({"Origin": "null"}, 403),
+    ],
+)
+def test_only_requests_from_no_page_this_servers_or_a_listed_one_may_generate(
+    open_baton, headers, status
+):
+    # What a foreign page can send without a preflight: a POST with a text/plain body.
+    filled = {
+        name: value.format(own=own_origin(open_baton), port=open_baton.settings.port)
+        for name, value in headers.items()
+    }
+    body = json.dumps({"prompt": "hi", "max_tokens": 2})
+    response = httpx.post(
+        f"{base_url(open_baton)}/v1/completions",
+        content=body,
+        headers={"Content-Type": "text/plain", **filled},
+    )
+    assert response.status_code == status, response.text
+    if status == 403:
+        error = response.json()["error"]
+        assert error["type"] == "permission_error"
+        assert error["code"] == "origin_not_allowed"
+        assert "--allowed-origins" in error["message"]
+
+
+def test_the_whole_api_is_closed_to_foreign_pages_and_the_rest_open(open_baton):
+    port = open_baton.settings.port
+    foreign = {"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}
+    for target in ["/v1/models", "//v1/models", "/V1/stats", "/metrics", "/%2Fmetrics"]:
+        assert raw_status(port, "GET", target, foreign) == 403, target
+    message = httpx.get(f"{base_url(open_baton)}/v1/models", headers=foreign).json()
+    assert "'https://evil.example'" in message["error"]["message"]
+    # A link from another site to the chat UI, and a probe of /health, still work.
+    assert raw_status(port, "GET", "/", {"Sec-Fetch-Site": "cross-site"}) == 200
+    assert raw_status(port, "GET", "/health", foreign) == 200
+    # CORS preflights from listed origins are answered before the check.
+    preflight = httpx.options(
+        f"{base_url(open_baton)}/v1/completions",
+        headers={"Origin": "https://chat.example", "Access-Control-Request-Method": "POST"},
+    )
+    assert preflight.status_code == 200
