@@ -40,8 +40,13 @@ from core.engine import Engine
 from core.tokenizer import Tokenizer
 
 logger = logging.getLogger("baton.server")
-# After aborting at shutdown, how long the last chunks and done frames get to go out.
+# The end of --shutdown-timeout: the last quarter, up to CLOSE_GRACE_S, for uvicorn's own
+# shutdown (closing connections, the lifespan); the tenth before it, up to FINAL_FRAMES_GRACE_S,
+# for the final chunks and done frames of the requests aborted then.
+CLOSE_GRACE_S = 0.5
 FINAL_FRAMES_GRACE_S = 2.0
+# uvicorn's graceful wait with no time left cancels even an idle server's tasks: the least it gets.
+MIN_CLOSE_S = 0.1
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
 
@@ -163,8 +168,9 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
 
 class BatonServer(uvicorn.Server):
     """uvicorn, plus Baton's graceful shutdown: on SIGTERM/SIGINT new connections are refused
-    at once, running streams get `shutdown_timeout_s` to finish, then the engine aborts the
-    rest so every stream still ends with a final chunk and a finish reason."""
+    at once, running streams get most of `shutdown_timeout_s` to finish, then the engine aborts
+    the rest so every stream still ends with a final chunk and a finish reason. Clients that
+    stopped reading are cut off, and the whole shutdown ends within the timeout."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
@@ -187,20 +193,42 @@ class BatonServer(uvicorn.Server):
             sock.close()
         engine = self.state.engine
         engine.draining = True
-        delay = self.state.settings.shutdown_timeout_s
-        logger.info("shutting down: in-flight requests have %.1f s to finish", delay)
-        await self._wait_idle(delay)
+        loop = asyncio.get_running_loop()
+        timeout_s = self.state.settings.shutdown_timeout_s
+        deadline = loop.time() + timeout_s
+        close_s = min(CLOSE_GRACE_S, timeout_s / 4)
+        abort_at = deadline - close_s - min(FINAL_FRAMES_GRACE_S, timeout_s / 10)
+        logger.info(
+            "shutting down: in-flight requests have %.1f s to finish", abort_at - loop.time()
+        )
+        await self._wait_idle(abort_at)
         if engine.num_in_flight:
             # Aborted requests still end with a final chunk or done frame with a reason.
             engine.abort_all()
-            await self._wait_idle(FINAL_FRAMES_GRACE_S)
+            await self._wait_idle(deadline - close_s)
+        await self._drop_stalled_connections()
+        # uvicorn's own shutdown gets what is left of the timeout, not a fixed wait on top.
+        self.config.timeout_graceful_shutdown = max(deadline - loop.time(), MIN_CLOSE_S)
         await super().shutdown(sockets)
 
-    async def _wait_idle(self, timeout_s: float) -> None:
+    async def _wait_idle(self, deadline: float) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
         while self.state.engine.num_in_flight and loop.time() < deadline and not self.force_exit:
             await asyncio.sleep(0.05)
+
+    async def _drop_stalled_connections(self) -> None:
+        """Abort the connections whose client has stopped reading. Closing one would wait for
+        the client to take what is queued, so its stream would hang until uvicorn cancelled it."""
+        stalled = [
+            connection.transport
+            for connection in self.server_state.connections
+            if connection.transport.get_write_buffer_size()
+        ]
+        for transport in stalled:
+            transport.abort()
+        if stalled:
+            # The hang-ups reach the streams on the loop's next turn, before uvicorn looks.
+            await asyncio.sleep(0)
 
 
 def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
@@ -218,8 +246,6 @@ def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
         ws_max_size=settings.max_body_bytes,
         # Token frames are a few dozen bytes: compressing each costs more CPU than it saves.
         ws_per_message_deflate=False,
-        # BatonServer.shutdown has drained the streams already; this only bounds the rest.
-        timeout_graceful_shutdown=5,
     )
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +22,7 @@ import pytest
 from starlette.testclient import TestClient
 from websockets.sync.client import connect
 
+import tests.server_harness
 from app.async_engine import AsyncEngine
 from app.server import ServerState, create_app
 from app.settings import ServerSettings
@@ -80,7 +83,9 @@ def test_step_thread_death_fails_streams_and_turns_health_503(llama_checkpoint):
         tokens, error, done = payloads[:-2], payloads[-2], payloads[-1]
         assert tokens and all(chunk["choices"][0]["finish_reason"] is None for chunk in tokens)
         assert error["error"]["type"] == "service_unavailable"
-        assert "executor crashed for good" in error["error"]["message"]
+        # The exception's own text stays in the server log.
+        assert "server log" in error["error"]["message"]
+        assert "executor crashed for good" not in error["error"]["message"]
         assert done == "[DONE]"
 
         health = httpx.get(f"{url}/health")
@@ -222,7 +227,94 @@ def test_sigterm_finishes_short_streams_cancels_long_ones_and_exits_0(
     assert socket_stream.frames[-1]["type"] == "done"
     assert socket_stream.frames[-1]["finish_reason"] == "cancelled"
     assert len(socket_stream.frames) > SHUTDOWN_TIMEOUT_S
-    # Refused while the long stream was still being served; cut only at the timeout.
+    # Refused while the long stream was still being served; cut near the end of the timeout.
     assert refused_at < long.ended_at
-    assert SHUTDOWN_TIMEOUT_S - 0.5 < long.ended_at - signalled < SHUTDOWN_TIMEOUT_S + 2
-    assert exited - signalled < SHUTDOWN_TIMEOUT_S + 5
+    assert SHUTDOWN_TIMEOUT_S / 2 < long.ended_at - signalled < SHUTDOWN_TIMEOUT_S
+    # The timeout bounds the whole drain; what is left is the process exiting.
+    assert exited - signalled < SHUTDOWN_TIMEOUT_S + 1
+    assert "Traceback" not in log
+
+
+def with_small_send_buffers(make_config):
+    """`make_config` whose HTTP connections have a 4 KiB kernel send buffer, so a client that
+    stops reading stalls the server's writes after some kilobytes, not the megabytes Linux
+    would otherwise buffer on loopback."""
+
+    def config(app, settings):
+        made = make_config(app, settings)
+
+        class SmallSendBuffer(made.http):
+            def connection_made(self, transport) -> None:
+                sock = transport.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                super().connection_made(transport)
+
+        made.http = SmallSendBuffer
+        return made
+
+    return config
+
+
+def stalled_stream(port: int) -> socket.socket:
+    """A streaming completion from a client that never reads its answer."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    sock.connect(("127.0.0.1", port))
+    body = orjson.dumps({"prompt": "hello", "max_tokens": 4000, "ignore_eos": True, "stream": True})
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n"
+    sock.sendall(head % len(body) + body)
+    return sock
+
+
+@contextlib.contextmanager
+def stalled_websocket(port: int) -> Iterator[None]:
+    """A WebSocket whose client stops reading after asking for a long generation."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    sock.connect(("127.0.0.1", port))
+    url = f"ws://127.0.0.1:{port}/v1/ws"
+    # It will not read the close handshake either: it only drops the socket.
+    with connect(url, sock=sock, max_queue=1, close_timeout=0) as ws:
+        frame = {
+            "type": "generate",
+            "id": 1,
+            "prompt": "hi",
+            "max_tokens": 4000,
+            "ignore_eos": True,
+        }
+        ws.send(json.dumps(frame))
+        yield
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    sock.settimeout(5)
+    data = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def test_shutdown_cuts_clients_that_stopped_reading_within_the_timeout_and_quietly(
+    llama_checkpoint, monkeypatch, caplog, capfd
+):
+    make_config = with_small_send_buffers(tests.server_harness.uvicorn_config)
+    monkeypatch.setattr(tests.server_harness, "uvicorn_config", make_config)
+    engine = simulated_engine(llama_checkpoint)
+    with contextlib.ExitStack() as clients:
+        with running_server(engine, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S) as state:
+            port = state.settings.port
+            stalled = [stalled_stream(port) for _ in range(3)]
+            clients.enter_context(stalled_websocket(port))
+            # Instant tokens fill the small buffers in well under this.
+            time.sleep(0.5)
+            assert state.engine.num_in_flight == 4
+            shutting_down = time.monotonic()
+        assert time.monotonic() - shutting_down < SHUTDOWN_TIMEOUT_S
+        for sock in stalled:
+            answer = read_to_end(sock)
+            sock.close()
+            assert answer.startswith(b"HTTP/1.1 200 ")
+            assert b"HTTP/1.1 500" not in answer and b"Internal Server Error" not in answer
+    assert "Traceback" not in capfd.readouterr().err
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
