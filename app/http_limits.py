@@ -155,7 +155,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._body_timer = None
         if self.flow.read_paused:
             self._start_body_timer()
-        elif self.cycle.response_started:
+        elif self.cycle is None or self.cycle.response_started:
+            # An answer has begun, or none can be given (an upgrade left half-done).
             self._close()
         else:
             self._close(self._timed_out("body", self.body_timeout_s, "--body-timeout"))
