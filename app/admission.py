@@ -10,18 +10,15 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from app.async_engine import EngineDeadError, EngineStream, QueueFullError
 from app.errors import APIError
 from app.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from app.state import ServerState
 from core.request import SLO
 from core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, SamplingParams
 from core.step_loop import AddRequest
 from core.tokenizer import ChatTemplateError, Tokenizer
-
-if TYPE_CHECKING:
-    from app.server import ServerState
 
 # Tokenizing more characters than this would hold the event loop for a millisecond or more,
 # delaying every other stream's tokens, so it moves to a worker thread.
@@ -107,7 +104,7 @@ async def admit(state: ServerState, request: GenerationRequest) -> AdmittedReque
     """Tokenize and check `request` against the model; raises APIError on anything wrong."""
     check_model(state, request.model)
     params = request.sampling_params()
-    prompts = await _tokenize(state.tokenizer, request, state.engine.engine.max_model_len)
+    prompts = await _tokenize(state.tokenizer, request, state.engine.max_model_len)
     admitted = []
     for token_ids in prompts:
         try:
@@ -128,7 +125,7 @@ def check_slo(state: ServerState, request: AdmittedRequest) -> None:
     predicted drain time, than accepted and failed late."""
     factor = state.settings.slo_admission_factor
     ttft_ms = request.slo.ttft_ms
-    if factor <= 0 or ttft_ms is None or state.engine.engine.config.scheduling_policy != "slo":
+    if factor <= 0 or ttft_ms is None or state.engine.config.scheduling_policy != "slo":
         return
     forecast = state.engine.forecast_ttft(request.num_prompt_tokens, ttft_ms)
     if not forecast.refuses(ttft_ms, factor):

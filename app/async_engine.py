@@ -12,9 +12,14 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
+from core.config import EngineConfig
 from core.engine import Engine
+from core.engine_stats import EngineStats
+from core.metrics import EngineMetrics
 from core.outputs import RequestOutput
+from core.request import Request
 from core.sampling_params import SamplingParams
 from core.step_loop import AddRequest, StepLoop
 from core.ttft_forecast import Forecast, TTFTForecast
@@ -89,6 +94,9 @@ class AsyncEngine:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, EngineStream] = {}
         self._step_loop = StepLoop(engine, self._deliver_from_step_thread, self._on_death)
+        # The engine as of the last step the event loop has taken: what metrics, stats and
+        # admission read, never the step thread's live queues.
+        self.stats: EngineStats = engine.make_stats()
         self._dead: str | None = None
         # Set at shutdown: in-flight requests finish, new ones are refused with 503.
         self.draining = False
@@ -106,6 +114,33 @@ class AsyncEngine:
             config.max_num_seqs,
             config.max_wait_ms / 1000,
         )
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def clock(self) -> float:
+        """The engine's clock, on which arrival times are given."""
+        return self.engine.clock()
+
+    def attach(self, metrics: EngineMetrics) -> None:
+        """Let `metrics` subscribe to the engine's step and finish listeners, which run on the
+        step thread: before `start()` only."""
+        self._before_start()
+        metrics.attach(self.engine)
+
+    def add_finish_listener(self, listener: Callable[[Request, RequestOutput], None]) -> None:
+        """Call `listener` on the step thread as each request finishes: before `start()` only."""
+        self._before_start()
+        self.engine.finish_listeners.append(listener)
+
+    def _before_start(self) -> None:
+        if self._step_loop.is_alive:
+            raise RuntimeError("engine listeners must be added before the step thread starts")
 
     @property
     def healthy(self) -> bool:
@@ -195,21 +230,22 @@ class AsyncEngine:
         self._dead = "the engine stopped after an internal error; the server log has the details"
         self._call_on_loop(self._fail_all, EngineDeadError(self._dead))
 
-    def _deliver_from_step_thread(self, outputs: list[RequestOutput]) -> None:
+    def _deliver_from_step_thread(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
         # One hop per step, whatever the number of requests and tokens in it. The step thread
         # may run one step ahead of the event loop, no more: it computes step N+1 while the loop
         # sends step N, but never piles steps up in the queues, which would burst tokens to
         # clients and hog the GIL when steps are cheap.
         self._dispatched.wait(DISPATCH_WAIT_S)
         self._dispatched.clear()
-        self._call_on_loop(self._dispatch, outputs)
+        self._call_on_loop(self._dispatch, outputs, stats)
 
-    def _call_on_loop(self, callback, argument) -> None:
+    def _call_on_loop(self, callback, *arguments) -> None:
         loop = self.loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(callback, argument)
+            loop.call_soon_threadsafe(callback, *arguments)
 
-    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+    def _dispatch(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
+        self.stats = stats
         now = time.monotonic()
         for output in outputs:
             stream = self._streams.get(output.request_id)

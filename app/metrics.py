@@ -1,12 +1,11 @@
-"""`GET /metrics`: the engine's live state and `core.metrics` aggregates in Prometheus's text
-format, names prefixed `baton:` after vLLM's. Everything is read at scrape time by one
-collector on a per-app registry, so nothing is paid per token and several servers can share a
-process."""
+"""`GET /metrics`: the engine's published stats snapshot and `core.metrics` aggregates in
+Prometheus's text format, names prefixed `baton:` after vLLM's. Everything is read at scrape
+time by one collector on a per-app registry, so nothing is paid per token and several servers
+can share a process."""
 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -20,7 +19,8 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
-from core.engine import Engine
+from app.async_engine import AsyncEngine
+from core.engine_stats import EngineStats
 from core.metrics import EngineMetrics, Histogram
 
 PREFIX = "baton:"
@@ -29,12 +29,12 @@ PREFIX = "baton:"
 class ServerMetrics:
     """The app's registry, the engine aggregates it reads, and what only the app sees."""
 
-    def __init__(self, engine: Engine, window_s: float = 60.0, *, record: bool = True) -> None:
+    def __init__(self, engine: AsyncEngine, window_s: float = 60.0, *, record: bool = True) -> None:
         self.engine = engine
         self.started_at = time.monotonic()
         self.aggregates = EngineMetrics(window_s, engine.clock)
         if record:
-            self.aggregates.attach(engine)
+            engine.attach(self.aggregates)
         # Requests refused with 429 before reaching the engine; counted on the event loop.
         self.admission_rejections = 0
         self.registry = CollectorRegistry()
@@ -57,20 +57,18 @@ class EngineCollector(Collector):
         self.server_metrics = server_metrics
 
     def collect(self) -> Iterator[Metric]:
-        engine = self.server_metrics.engine
-        yield from _engine_state(engine)
-        yield _counter(
-            "num_preemptions", "Preemptions (by recompute).", engine.scheduler.num_preemptions
-        )
+        stats = self.server_metrics.engine.stats
+        yield from _engine_state(stats)
+        yield _counter("num_preemptions", "Preemptions (by recompute).", stats.num_preemptions)
         yield _counter(
             "prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache.",
-            engine.scheduler.prefix_cache_queries,
+            stats.prefix_cache_queries,
         )
         yield _counter(
             "prefix_cache_hits",
             "Prompt tokens served from the prefix cache.",
-            engine.scheduler.prefix_cache_hits,
+            stats.prefix_cache_hits,
         )
         yield _counter(
             "admission_rejections",
@@ -82,27 +80,23 @@ class EngineCollector(Collector):
             yield from _aggregates(aggregates)
 
 
-def _engine_state(engine: Engine) -> Iterator[Metric]:
-    # Single attribute reads and a list copy: safe while the step thread runs.
-    yield _gauge("num_requests_running", "Requests running.", engine.num_running)
-    yield _gauge("num_requests_waiting", "Requests waiting.", engine.num_waiting)
-    yield _gauge("kv_cache_usage_perc", "KV blocks in use (0-1).", engine.kv_cache.usage)
+def _engine_state(stats: EngineStats) -> Iterator[Metric]:
+    yield _gauge("num_requests_running", "Requests running.", stats.num_running)
+    yield _gauge("num_requests_waiting", "Requests waiting.", stats.num_waiting)
+    yield _gauge("kv_cache_usage_perc", "KV blocks in use (0-1).", stats.kv_cache_usage)
     by_priority = GaugeMetricFamily(
         PREFIX + "num_requests_waiting_by_priority",
         "Requests waiting, by priority.",
         labels=["priority"],
     )
-    for priority, count in sorted(
-        Counter(r.priority for r in list(engine.scheduler.waiting)).items()
-    ):
+    for priority, count in stats.waiting_by_priority:
         by_priority.add_metric([str(priority)], count)
     yield by_priority
-    model = getattr(engine, "step_cost_model", None)
-    if model is not None and model.mean_abs_error_ratio is not None:
+    if stats.step_cost_error is not None:
         yield _gauge(
             "step_cost_model_mean_error_ratio",
             "Running mean of |predicted - measured| / measured step time.",
-            model.mean_abs_error_ratio,
+            stats.step_cost_error,
         )
 
 

@@ -12,10 +12,10 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -39,11 +39,9 @@ from app.protocol import (
     parse_json_object,
     validate_request,
 )
+from app.state import ServerState, server_state
 from core.outputs import RequestOutput
 from core.request import FinishReason
-
-if TYPE_CHECKING:
-    from app.server import ServerState
 
 
 async def completions(request: Request) -> Response:
@@ -57,11 +55,15 @@ async def chat_completions(request: Request) -> Response:
 async def _serve(
     request: Request, model: type[GenerationRequest], format_class: type[ResponseFormat]
 ) -> Response:
-    state: ServerState = request.app.state.baton
+    state = server_state(request)
     # On the engine's clock, so queue time and TTFT count parsing and tokenizing too.
-    arrival_time = state.engine.engine.clock()
+    arrival_time = state.engine.clock()
     check_capacity(state)
-    parsed = validate_request(model, parse_json_object(await request.body()))
+    try:
+        body = await request.body()
+    except ClientDisconnect:
+        return Response(status_code=499)  # gone before its body arrived: nobody to answer
+    parsed = validate_request(model, parse_json_object(body))
     if isinstance(parsed, CompletionRequest):
         # Each prompt is an engine request: refuse what cannot fit before tokenizing any.
         check_capacity(state, len(parsed.prompts))

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import signal
 import socket
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-import orjson
 import uvicorn
 from opentelemetry.sdk.trace.export import SpanExporter
 from starlette.applications import Starlette
@@ -33,11 +30,14 @@ from app.async_engine import AsyncEngine
 from app.errors import APIError
 from app.http_limits import http_protocol
 from app.metrics import ServerMetrics, metrics_endpoint
+from app.openai_api import chat_completions, completions
+from app.security import security_middleware
 from app.settings import ServerSettings
+from app.state import ServerState, json_response, server_metrics, server_state
 from app.stats import stats_endpoint
 from app.telemetry import Tracing, exporters_from
+from app.websocket_api import websocket_endpoint
 from core.engine import Engine
-from core.tokenizer import Tokenizer
 
 logger = logging.getLogger("baton.server")
 # The end of --shutdown-timeout: the last quarter, up to CLOSE_GRACE_S, for uvicorn's own
@@ -50,44 +50,21 @@ MIN_CLOSE_S = 0.1
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
 
-@dataclass
-class ServerState:
-    """Everything a route needs, reachable as `request.app.state.baton`."""
-
-    engine: AsyncEngine
-    tokenizer: Tokenizer
-    model_name: str
-    settings: ServerSettings
-    created: int = 0
-    # Set when spans are exported (--otlp-traces-endpoint, --trace-console or a test's exporter).
-    tracing: Tracing | None = None
-    _ids: itertools.count = field(default_factory=itertools.count)
-
-    def next_request_id(self, prefix: str) -> str:
-        return f"{prefix}-{next(self._ids)}"
-
-
-def json_response(body: object, status: int = 200, headers: dict | None = None) -> Response:
-    return Response(
-        orjson.dumps(body), status_code=status, headers=headers, media_type="application/json"
-    )
-
-
 async def health(request: Request) -> Response:
-    state: ServerState = request.app.state.baton
+    state = server_state(request)
     if state.engine.healthy:
         return json_response({"status": "ok"})
     return APIError(503, state.engine.failure).response()
 
 
 async def models(request: Request) -> Response:
-    state: ServerState = request.app.state.baton
+    state = server_state(request)
     card = {
         "id": state.model_name,
         "object": "model",
         "created": state.created,
         "owned_by": "baton",
-        "max_model_len": state.engine.engine.max_model_len,
+        "max_model_len": state.engine.max_model_len,
     }
     return json_response({"object": "list", "data": [card]})
 
@@ -95,7 +72,7 @@ async def models(request: Request) -> Response:
 async def api_error_handler(request: Request, error: Exception) -> Response:
     assert isinstance(error, APIError)
     if error.status == 429:
-        request.app.state.metrics.count_rejection()
+        server_metrics(request).count_rejection()
     return error.response()
 
 
@@ -113,9 +90,6 @@ async def server_error_handler(request: Request, error: Exception) -> Response:
 def create_app(state: ServerState, span_exporter: SpanExporter | None = None) -> Starlette:
     """The app around `state`. A `span_exporter` (tests) receives each span as it ends,
     besides any exporter the settings name."""
-    from app.openai_api import chat_completions, completions
-    from app.security import security_middleware
-    from app.websocket_api import websocket_endpoint
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -156,11 +130,11 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
     )
     app.state.baton = state
     app.state.metrics = ServerMetrics(
-        state.engine.engine, state.settings.stats_window_s, record=state.settings.record_metrics
+        state.engine, state.settings.stats_window_s, record=state.settings.record_metrics
     )
     exporters = exporters_from(state.settings)
     if span_exporter is not None or exporters:
-        state.tracing = Tracing(state.engine.engine, state.model_name, exporters)
+        state.tracing = Tracing(state.engine, state.model_name, exporters)
         if span_exporter is not None:
             state.tracing.add_exporter(span_exporter, batch=False)
     return app

@@ -1,4 +1,4 @@
-"""`GET /v1/stats`: a JSON snapshot for the live dashboard — the engine's state now and what
+"""`GET /v1/stats`: a JSON snapshot for the live dashboard — the engine's published state and what
 happened over a sliding window (default 60 s): latency percentiles, throughput, SLO attainment
 and goodput, step composition. Times in ms, fractions in 0..1, null where the window is empty."""
 
@@ -10,24 +10,22 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.state import ServerState, json_response, server_metrics, server_state
 from core.latency import percentile
 from core.metrics import FinishedRecord, StepRecord
 
 if TYPE_CHECKING:
     from app.metrics import ServerMetrics
-    from app.server import ServerState
-    from core.step_cost import StepCostModel
+    from core.engine_stats import EngineStats
 
 
 async def stats_endpoint(request: Request) -> Response:
-    from app.server import json_response
-
-    state: ServerState = request.app.state.baton
-    return json_response(snapshot(state, request.app.state.metrics))
+    return json_response(snapshot(server_state(request), server_metrics(request)))
 
 
 def snapshot(state: ServerState, server_metrics: ServerMetrics) -> dict[str, Any]:
-    engine = state.engine.engine
+    engine = state.engine
+    stats = engine.stats
     aggregates = server_metrics.aggregates
     requests, steps = aggregates.window()
     uptime_s = time.monotonic() - server_metrics.started_at
@@ -44,9 +42,9 @@ def snapshot(state: ServerState, server_metrics: ServerMetrics) -> dict[str, Any
         "model": state.model_name,
         "policy": engine.config.scheduling_policy,
         "uptime_s": uptime_s,
-        "running": engine.num_running,
-        "waiting": engine.num_waiting,
-        "kv_cache_usage": engine.kv_cache.usage,
+        "running": stats.num_running,
+        "waiting": stats.num_waiting,
+        "kv_cache_usage": stats.kv_cache_usage,
         "window_s": window_s,
         "requests_finished": len(requests),
         "throughput": {
@@ -57,24 +55,24 @@ def snapshot(state: ServerState, server_metrics: ServerMetrics) -> dict[str, Any
         "ttft_ms": _percentiles([r.ttft_ms for r in requests if r.completed]),
         "tpot_ms": _percentiles([r.tpot_ms for r in requests if r.tpot_ms is not None]),
         "slo": _slo(requests, window_s),
-        "steps": _steps(steps, engine.num_steps),
-        "step_cost": step_cost(engine.step_cost_model),
+        "steps": _steps(steps, stats.num_steps),
+        "step_cost": step_cost(stats),
         "totals": total,
     }
 
 
-def step_cost(model: StepCostModel) -> dict[str, float | int | None]:
+def step_cost(stats: EngineStats) -> dict[str, float | int | None]:
     """The engine's online step-cost fit, in readable units: what `baton simulate
     --calibrate-from` takes as its cost model (so a simulation sees the steps as they run
     inside this server, not as they run alone)."""
-    cost = model.current
+    cost = stats.step_cost
     return {
         "base_ms": cost.base_s * 1e3,
         "prefill_us_per_token": cost.per_prefill_token_s * 1e6,
         "decode_us_per_token": cost.per_decode_token_s * 1e6,
         "context_ns_per_token": cost.per_context_token_s * 1e9,
-        "mean_abs_error_ratio": model.mean_abs_error_ratio,
-        "observations": model.num_observations,
+        "mean_abs_error_ratio": stats.step_cost_error,
+        "observations": stats.step_cost_observations,
     }
 
 

@@ -33,8 +33,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from app.async_engine import AsyncEngine
 from app.settings import ServerSettings
-from core.engine import Engine
 from core.latency import percentile, slo_outcome
 from core.metrics import token_gaps
 from core.outputs import RequestOutput, RequestTiming
@@ -83,7 +83,7 @@ class Tracing:
     """Span trees for the requests that carry a `TraceStart` (the engine request's
     `trace_context`, which the route sets from `start()`), built as each finishes."""
 
-    def __init__(self, engine: Engine, model_name: str, exporters: list[SpanExporter]) -> None:
+    def __init__(self, engine: AsyncEngine, model_name: str, exporters: list[SpanExporter]) -> None:
         self.model_name = model_name
         self.policy = engine.config.scheduling_policy
         # Processors of its own, not a global provider: several servers may share a process.
@@ -96,7 +96,7 @@ class Tracing:
         clock: Callable[[], float] = engine.clock
         # Engine times are monotonic seconds; spans want epoch nanoseconds.
         self.offset_ns = time.time_ns() - int(clock() * 1e9)
-        engine.finish_listeners.append(self.on_finish)
+        engine.add_finish_listener(self.on_finish)
 
     def add_exporter(self, exporter: SpanExporter, *, batch: bool = True) -> None:
         """Batched export runs on the SDK's thread; unbatched (tests) exports as a span ends."""

@@ -21,10 +21,10 @@ import contextlib
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from app.admission import AdmittedRequest, admit, check_capacity, submit
 from app.async_engine import EngineDeadError
@@ -39,11 +39,9 @@ from app.protocol import (
     parse_json_object,
     validate_request,
 )
+from app.state import ServerState, server_metrics, server_state
 from core.outputs import RequestOutput
 from core.request import FinishReason
-
-if TYPE_CHECKING:
-    from app.server import ServerState
 
 logger = logging.getLogger("baton.websocket")
 
@@ -52,7 +50,7 @@ ClientId = str | int
 
 async def websocket_endpoint(websocket: WebSocket) -> None:
     await websocket.accept()
-    session = Session(websocket, websocket.app.state.baton)
+    session = Session(websocket, server_state(websocket))
     try:
         await session.serve()
     finally:
@@ -145,7 +143,7 @@ class Session:
             await self._generate(record, frame)
         except APIError as error:
             if error.status == 429:
-                self.websocket.app.state.metrics.count_rejection()
+                server_metrics(self.websocket).count_rejection()
             await self._send_error(record.client_id, error)
         except EngineDeadError as error:
             await self._send_error(record.client_id, APIError(503, str(error)))
@@ -159,7 +157,7 @@ class Session:
             del self._requests[record.client_id]
 
     async def _generate(self, record: InFlight, frame: dict[str, Any]) -> None:
-        arrival_time = self.state.engine.engine.clock()
+        arrival_time = self.state.engine.clock()
         check_capacity(self.state)
         request = _validate_generate(frame)
         record.token_timestamps = request.return_token_timestamps
@@ -213,7 +211,12 @@ class Session:
         # One writer at a time: a frame waiting on flow control must not let another overtake
         # it halfway through the ASGI send.
         async with self._send_lock:
-            await self.websocket.send_text(orjson.dumps(frame).decode())
+            try:
+                await self.websocket.send_text(orjson.dumps(frame).decode())
+            except WebSocketDisconnected:
+                # The connection dropped without a close frame: read as the client leaving.
+                self._closed = True
+                raise WebSocketDisconnect(1006) from None
 
     async def _send_error(self, client_id: ClientId | None, error: APIError) -> None:
         with contextlib.suppress(WebSocketDisconnect):

@@ -32,14 +32,16 @@ class Keep(SpanExporter):
 
 
 class Listeners:
-    """Just enough of an Engine for the listeners to attach to."""
+    """Just enough of an engine for tracing to attach to."""
 
     config = EngineConfig()
     clock = staticmethod(time.monotonic)
 
     def __init__(self) -> None:
-        self.step_listeners = []
         self.finish_listeners = []
+
+    def add_finish_listener(self, listener) -> None:
+        self.finish_listeners.append(listener)
 
 
 def finished_request(num_prompt: int, num_output: int) -> tuple[Request, RequestOutput]:

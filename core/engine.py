@@ -7,10 +7,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from core.batch import Batch, ExecutorOutput, TokenLogprobs
 from core.config import EngineConfig
+from core.engine_stats import EngineStats
 from core.executor import Executor
 from core.kv_cache_manager import KVCacheManager
 from core.length_predictor import LengthPredictor
@@ -90,6 +92,25 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
+
+    def make_stats(self) -> EngineStats:
+        """A snapshot of the queues, the cache and the counters, for the step loop to publish."""
+        scheduler = self.scheduler
+        by_priority = Counter(request.priority for request in scheduler.waiting)
+        cost = self.step_cost_model
+        return EngineStats(
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            waiting_by_priority=tuple(sorted(by_priority.items())),
+            kv_cache_usage=self.kv_cache.usage,
+            num_steps=self.num_steps,
+            num_preemptions=scheduler.num_preemptions,
+            prefix_cache_queries=scheduler.prefix_cache_queries,
+            prefix_cache_hits=scheduler.prefix_cache_hits,
+            step_cost=cost.current,
+            step_cost_error=cost.mean_abs_error_ratio,
+            step_cost_observations=cost.num_observations,
+        )
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
         """Validate a request against the model and the cache; return its params with

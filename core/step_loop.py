@@ -1,5 +1,6 @@
 """The step thread: drains a thread-safe inbox of adds and aborts, steps the engine, and hands
-each iteration's outputs for all requests to one callback. Idle means blocked on the inbox."""
+each iteration's outputs for all requests, with the engine's stats snapshot, to one callback.
+Idle means blocked on the inbox."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.engine import INTERNAL_ERROR, Engine
+from core.engine_stats import EngineStats
 from core.outputs import RequestOutput
 from core.request import SLO, FinishReason
 from core.sampling_params import InvalidRequestError, SamplingParams
@@ -44,7 +46,7 @@ class StepLoop:
     def __init__(
         self,
         engine: Engine,
-        deliver: Callable[[list[RequestOutput]], None],
+        deliver: Callable[[list[RequestOutput], EngineStats], None],
         on_death: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.engine = engine
@@ -93,8 +95,9 @@ class StepLoop:
                 break
             if self.engine.has_unfinished_requests:
                 outputs.extend(self._step())
-            if outputs:
-                self.deliver(outputs)
+            # Each iteration did something (it drained a message or stepped): the outputs and
+            # the state they leave go out together, the front end's only view of the engine.
+            self.deliver(outputs, self.engine.make_stats())
         self._cancel_all()
 
     def _drain_inbox(self, block: bool) -> list[RequestOutput]:
@@ -155,7 +158,7 @@ class StepLoop:
             if output is not None:
                 outputs.append(output)
         if outputs:
-            self.deliver(outputs)
+            self.deliver(outputs, self.engine.make_stats())
 
 
 def _rejected(add: AddRequest, message: str) -> RequestOutput:

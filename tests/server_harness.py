@@ -15,8 +15,9 @@ import uvloop
 
 from app.async_engine import AsyncEngine
 from app.llm import build_engine, build_simulated_engine
-from app.server import BatonServer, ServerState, create_app, uvicorn_config
+from app.server import BatonServer, create_app, uvicorn_config
 from app.settings import ServerSettings
+from app.state import ServerState
 from core.config import EngineConfig
 from core.engine import Engine
 from core.simulated_executor import SimulatedExecutor

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import httpx
 import orjson
@@ -117,7 +118,8 @@ def test_queue_depth_by_priority_and_admission_rejections(llama_checkpoint):
     with running_server(engine, max_queued_requests=2) as state:
         url = base_url(state)
         executor.running.clear()
-        body = {"prompt": "held", "max_tokens": 2}
+        # Long enough that the first request still runs when the others have joined the queue.
+        body = {"prompt": "held", "max_tokens": 8, "ignore_eos": True}
         threads = [
             threading.Thread(
                 target=httpx.post,
@@ -133,8 +135,9 @@ def test_queue_depth_by_priority_and_admission_rejections(llama_checkpoint):
         refused = httpx.post(f"{url}/v1/completions", json=body)
         ws_url = f"ws://127.0.0.1:{state.settings.port}/v1/ws"
         refused_frame = asyncio.run(refused_over_socket(ws_url, body))
-        while engine.num_waiting < 2:
-            pass
+        # The gauges read the snapshot the step loop publishes after each iteration.
+        while state.engine.stats.num_waiting < 2:
+            time.sleep(0.01)
         samples = scrape(url)
         executor.running.set()
         for thread in threads:

@@ -8,6 +8,7 @@ import time
 
 from core.config import EngineConfig
 from core.engine import Engine
+from core.engine_stats import EngineStats
 from core.outputs import RequestOutput
 from core.request import FinishReason
 from core.sampling_params import SamplingParams
@@ -18,12 +19,16 @@ from core.step_loop import AddRequest, StepLoop
 class Collector:
     def __init__(self) -> None:
         self.deliveries: list[list[RequestOutput]] = []
+        self.stats: list[EngineStats] = []
         self.finished: dict[str, RequestOutput] = {}
         self.tokens: dict[str, list[int]] = {}
         self._cond = threading.Condition()
 
-    def __call__(self, outputs: list[RequestOutput]) -> None:
+    def __call__(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
         with self._cond:
+            self.stats.append(stats)
+            if not outputs:
+                return
             self.deliveries.append(outputs)
             for output in outputs:
                 self.tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
@@ -183,3 +188,18 @@ def test_a_scheduling_fault_fails_only_the_request_that_brought_it():
             assert len(collector.tokens[request_id]) == 40
     finally:
         loop.stop(5)
+
+
+def test_each_iteration_publishes_a_snapshot_and_the_last_shows_the_engine_idle():
+    loop, collector = make_loop()
+    try:
+        for i in range(3):
+            loop.submit(AddRequest(f"r{i}", [1, 2, 3, i], SamplingParams(max_tokens=8)))
+        collector.wait_finished({"r0", "r1", "r2"})
+    finally:
+        loop.stop(timeout=5)
+    assert max(stats.num_running for stats in collector.stats) == 3
+    last = collector.stats[-1]
+    assert (last.num_running, last.num_waiting, last.kv_cache_usage) == (0, 0, 0.0)
+    assert last.num_steps == loop.engine.num_steps
+    assert [s.num_steps for s in collector.stats] == sorted(s.num_steps for s in collector.stats)

@@ -1,0 +1,49 @@
+"""What every route reaches: the server's shared state, set on the app at start-up, and typed
+accessors for it and for the metrics."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import orjson
+from starlette.requests import HTTPConnection
+from starlette.responses import Response
+
+from app.async_engine import AsyncEngine
+from app.metrics import ServerMetrics
+from app.settings import ServerSettings
+from app.telemetry import Tracing
+from core.tokenizer import Tokenizer
+
+
+@dataclass
+class ServerState:
+    """Everything a route needs; `server_state(request)` returns it."""
+
+    engine: AsyncEngine
+    tokenizer: Tokenizer
+    model_name: str
+    settings: ServerSettings
+    created: int = 0
+    # Set when spans are exported (--otlp-traces-endpoint, --trace-console or a test's exporter).
+    tracing: Tracing | None = None
+    _ids: itertools.count = field(default_factory=itertools.count)
+
+    def next_request_id(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+
+def server_state(connection: HTTPConnection) -> ServerState:
+    """The state of the app serving `connection` (a request or a WebSocket)."""
+    return connection.app.state.baton
+
+
+def server_metrics(connection: HTTPConnection) -> ServerMetrics:
+    return connection.app.state.metrics
+
+
+def json_response(body: object, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(
+        orjson.dumps(body), status_code=status, headers=headers, media_type="application/json"
+    )

@@ -1,0 +1,26 @@
+"""The engine's state as the front end may see it: one immutable snapshot the step loop
+publishes after every iteration, so nothing outside the step thread reads its live queues."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.step_cost import CostCoefficients
+
+
+@dataclass(slots=True, frozen=True)
+class EngineStats:
+    """Counts are totals since start; `waiting_by_priority` is (priority, count), sorted."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    waiting_by_priority: tuple[tuple[int, int], ...] = ()
+    kv_cache_usage: float = 0.0
+    num_steps: int = 0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    # The online step-cost fit: coefficients, its mean |error| / measured, steps observed.
+    step_cost: CostCoefficients = field(default_factory=CostCoefficients)
+    step_cost_error: float | None = None
+    step_cost_observations: int = 0
