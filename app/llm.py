@@ -2,7 +2,6 @@
 
 from app.llm import LLM
 from core.sampling_params import SamplingParams
-from core.simulated_executor import SimulatedExecutor, StepCost
 
 llm = LLM("path/to/checkpoint")
 for result in llm.generate(["The capital of France is"], SamplingParams(max_tokens=16)):
@@ -24,8 +23,9 @@ from core.model_config import ModelConfig
 from core.outputs import RequestOutput, RequestTiming
 from core.request import FinishReason
 from core.sampling_params import SamplingParams
-from core.simulated_executor import SimulatedExecutor, StepCost
-from core.step_cost import profile_executor
+from core.simulated_executor import SimulatedExecutor
+from core.step_cost import CostCoefficients
+from core.step_cost_profile import profile_executor
 from core.tokenizer import Tokenizer
 
 Prompt = str | list[int]
@@ -94,7 +94,7 @@ def build_simulated_engine(
         config.num_kv_blocks or 4096,
         config.block_size,
         tokenizer.vocab_size,
-        cost=StepCost(0, 0, 0),
+        cost=CostCoefficients(0.0, 0.0, 0.0, 0.0),
     )
     return Engine(
         config,

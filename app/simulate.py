@@ -14,7 +14,8 @@ import urllib.request
 from app.settings import ServerSettings
 from core.config import POLICIES, EngineConfig
 from core.simulator import DEFAULT_COST, SimulationConfig, simulate, summarize
-from core.step_cost import CostCoefficients, profile_executor
+from core.step_cost import CostCoefficients
+from core.step_cost_profile import profile_executor
 from core.workloads import WORKLOADS, sample_requests
 
 # Timed passes over the profile's step shapes when calibrating to a model (a server takes one).
@@ -267,14 +268,17 @@ def print_table(
     for policy, row in report.items():
         print(
             f"{policy:<18}{row['goodput_rps']:>10.2f}{row['slo_attainment']:>9.1%}"
-            f"{row['ttft_p50_ms']:>8.0f}ms{row['ttft_p99_ms']:>8.0f}ms"
-            f"{row['tpot_p99_ms']:>8.0f}ms{row['max_wait_ms']:>8.0f}ms{row['num_preemptions']:>9}"
-            f"{row['rejected']:>10}"
+            f"{_ms(row['ttft_p50_ms'])}{_ms(row['ttft_p99_ms'])}{_ms(row['tpot_p99_ms'])}"
+            f"{_ms(row['max_wait_ms'])}{row['num_preemptions']:>9}{row['rejected']:>10}"
         )
         for name, cls in row["classes"].items():
             print(
                 f"  {name:<16}{cls['goodput_rps']:>10.2f}{cls['slo_attainment']:>9.1%}"
-                f"{cls['ttft_p50_ms']:>8.0f}ms{cls['ttft_p99_ms']:>8.0f}ms"
-                f"{cls['tpot_p99_ms']:>8.0f}ms{cls['max_wait_ms']:>8.0f}ms{'':>9}"
-                f"{cls['rejected']:>10}"
+                f"{_ms(cls['ttft_p50_ms'])}{_ms(cls['ttft_p99_ms'])}{_ms(cls['tpot_p99_ms'])}"
+                f"{_ms(cls['max_wait_ms'])}{'':>9}{cls['rejected']:>10}"
             )
+
+
+def _ms(value: float | None) -> str:
+    """A latency cell; a dash where no request was served to measure it."""
+    return f"{'-':>10}" if value is None else f"{value:>8.0f}ms"

@@ -6,12 +6,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from core.request import FinishReason, Request
-
-if TYPE_CHECKING:
-    from core.outputs import RequestTiming
 
 # Requests that ran to their end; a cancelled or failed one is not judged against its targets.
 COMPLETED = (FinishReason.STOP, FinishReason.LENGTH)
@@ -57,7 +54,15 @@ class SLOOutcome:
         return cls(ttft, tpot)
 
 
-def slo_outcome(request: Request, timing: RequestTiming) -> SLOOutcome:
+class Latencies(Protocol):
+    """What a request's SLO is judged on (core.outputs.RequestTiming, which imports this
+    module for its TPOT)."""
+
+    ttft_ms: float
+    tpot_ms: float
+
+
+def slo_outcome(request: Request, timing: Latencies) -> SLOOutcome:
     """The outcome of a finished engine request against its own targets; only one that ran to
     completion (stop or length) is judged."""
     if request.finish_reason not in COMPLETED:

@@ -57,15 +57,18 @@ class OutputProcessor:
             return self._release(stream, None), FinishReason.STOP
         if may_stop and token_id in params.stop_token_ids:
             return self._release(stream, None), FinishReason.STOP
-        if stream.detokenizer is not None:
-            stream.text += stream.detokenizer.add(token_id)
+        at_limit = (params.max_tokens is not None and num_output >= params.max_tokens) or (
+            request.num_tokens >= self.max_model_len
+        )
+        if stream.detokenizer is None:
+            # No tokenizer (the simulator, tests), no text: nothing to hold back or match.
+            return "", FinishReason.LENGTH if at_limit else None
+        stream.text += stream.detokenizer.add(token_id)
         if params.stop and may_stop:
             cut = _find_stop(stream, params.stop)
             if cut is not None:
                 return self._release(stream, cut), FinishReason.STOP
-        if (params.max_tokens is not None and num_output >= params.max_tokens) or (
-            request.num_tokens >= self.max_model_len
-        ):
+        if at_limit:
             return self._release(stream, None), FinishReason.LENGTH
         holdback = max(stream.max_stop_len - 1, 0)
         end = max(stream.num_emitted_chars, len(stream.text) - holdback)

@@ -1,12 +1,18 @@
-"""An executor without a model, for scheduler tests and the simulator: it "samples" a token that
-is a pure function of the sequence so far and charges each step a modelled duration on a
-simulated clock."""
+"""An executor without a model, for tests and the simulator: it "samples" a token that is a pure
+function of the sequence so far, ends an answer where a script says, and charges each step the
+duration a step-cost model gives it on a simulated clock."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.batch import Batch, ExecutorOutput
+from core.step_cost import CostCoefficients, StepShape
+
+# What a scripted answer says until its end.
+FILLER_TOKEN_ID = 0
 
 
 @dataclass(slots=True)
@@ -17,42 +23,73 @@ class SimulatedClock:
         return self.now
 
 
-@dataclass(slots=True)
-class StepCost:
-    """Seconds a step takes: a fixed overhead plus per-token and per-sequence terms."""
-
-    base_s: float = 0.005
-    per_token_s: float = 0.0001
-    per_seq_s: float = 0.0002
-
-    def __call__(self, batch: Batch) -> float:
-        return self.base_s + self.per_token_s * batch.num_tokens + self.per_seq_s * len(batch)
-
-
 class SimulatedExecutor:
+    """`cost` is the machine's true step cost; `noise` makes each step's duration uniformly up
+    to that share longer or shorter (drawn from `seed`), so a model fitted to the steps is never
+    exact, as on a real machine. `on_batch` sees every batch before it runs."""
+
     def __init__(
         self,
         num_kv_blocks: int,
         block_size: int,
         vocab_size: int,
         clock: SimulatedClock | None = None,
-        cost: StepCost | None = None,
+        cost: CostCoefficients | None = None,
+        *,
+        noise: float = 0.0,
+        seed: int = 0,
+        eos_token_id: int | None = None,
+        on_batch: Callable[[Batch], None] | None = None,
     ) -> None:
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.clock = clock or SimulatedClock()
-        self.cost = cost or StepCost()
+        self.cost = cost if cost is not None else CostCoefficients()
+        self.noise = noise
+        self.rng = random.Random(seed)
+        self.eos_token_id = eos_token_id
+        # Request id → the output length at which a scripted answer ends with EOS (None: it
+        # goes on until max_tokens).
+        self.scripts: dict[str, int | None] = {}
+        self.on_batch = on_batch
+
+    def script_answer(self, request_id: str, output_len: int | None) -> None:
+        """Answer `request_id` with filler tokens, ending with EOS as its `output_len`-th token
+        (None: never by itself). The simulator's tokens are never read, so it skips the hash."""
+        if output_len is not None and self.eos_token_id is None:
+            raise ValueError("give the executor an eos_token_id to end answers with")
+        self.scripts[request_id] = output_len
 
     def execute(self, batch: Batch) -> ExecutorOutput:
-        self.clock.now += self.cost(batch)
-        return ExecutorOutput(
-            [self.next_token(seq.all_token_ids) for seq in batch.sequences if seq.sample]
-        )
+        if self.on_batch is not None:
+            self.on_batch(batch)
+        seconds = self.cost.predict(StepShape.of_batch(batch))
+        if self.noise:
+            seconds *= 1 + self.rng.uniform(-self.noise, self.noise)
+        self.clock.now += seconds
+        # One loop, no call per sequence: the simulator runs it for every token it simulates.
+        scripts = self.scripts
+        sampled = []
+        for seq in batch.sequences:
+            if not seq.sample:
+                continue
+            if seq.request_id not in scripts:
+                sampled.append(self.next_token(seq.all_token_ids))
+                continue
+            output_len = scripts[seq.request_id]
+            num_output = len(seq.all_token_ids) - seq.num_prompt_tokens + 1
+            ended = output_len is not None and num_output >= output_len
+            sampled.append(self.eos_token_id if ended else FILLER_TOKEN_ID)
+        return ExecutorOutput(sampled)
 
     def next_token(self, token_ids: list[int]) -> int:
         """Deterministic in the whole history, so a request's output cannot depend on batching."""
         state = len(token_ids)
         for token_id in token_ids[-8:]:
             state = (state * 1_000_003 + token_id) % 2_147_483_647
-        return state % self.vocab_size
+        token_id = state % self.vocab_size
+        # Only a script ends an answer: a token that happens to be EOS becomes its neighbour.
+        if token_id == self.eos_token_id:
+            token_id = (token_id + 1) % self.vocab_size
+        return token_id

@@ -1,42 +1,44 @@
-"""The discrete-event simulator behind `baton simulate`: the real scheduler, KV block pool and
-policies, driven by a workload's arrivals, with each step charged the duration the step-cost
-model gives it. No model runs, so thousands of requests simulate in seconds.
+"""The discrete-event simulator behind `baton simulate`: the real `Engine`, with its scheduler,
+KV block pool, policies and stop conditions, on a `SimulatedExecutor` whose simulated clock
+advances each step by the duration the machine's true step-cost coefficients give it. No model
+runs, so thousands of requests simulate in seconds.
 
-The policies see what they would see in a server: their own step-cost model, seeded by the
-same warm-up profile and refitted to every simulated step, and an output-length predictor
-learning from finished requests; the "machine" is the true cost coefficients. With the `slo`
-policy, arrivals pass the server's SLO admission control first, on the simulated clock.
+The policies see what they would see in a server: the engine's own step-cost model, seeded by
+the same warm-up profile and refitted by its step listener to every simulated step, and its
+output-length predictor learning from finished requests. A request ends when the simulated
+model ends its answer at the workload's output length (EOS), or at its `max_tokens`. With the
+`slo` policy, arrivals pass the server's SLO admission control first, on the simulated clock.
 """
 
 from __future__ import annotations
 
-import math
-import random
+import dataclasses
+import sys
 from dataclasses import dataclass, field
 
-from core.batch import ExecutorOutput
+from core import latency
 from core.config import EngineConfig
-from core.kv_cache_manager import KVCacheManager
-from core.length_predictor import LengthPredictor
-from core.policy import PolicyContext, make_policy
+from core.engine import Engine
+from core.outputs import RequestOutput
 from core.request import SLO, FinishReason, Request
-from core.sampling_params import SamplingParams
-from core.scheduler import Scheduler
-from core.step_cost import (
-    CostCoefficients,
-    StepCostModel,
-    StepShape,
-    profile_shapes,
-    warm_up,
-)
+from core.sampling_params import InvalidRequestError, SamplingParams
+from core.simulated_executor import SimulatedClock, SimulatedExecutor
+from core.step_cost import CostCoefficients
+from core.step_cost_profile import profile_shapes, warm_up
 from core.ttft_forecast import TTFTForecast
-from core.workloads import WorkloadRequest
+from core.workloads import RequestClass, WorkloadRequest
 
 # Roughly an 8B model on one H100-class GPU: 10 ms per step, 16k prefill tokens/s, 0.2 ms per
 # decoding sequence and 0.1 µs per KV entry read.
 DEFAULT_COST = CostCoefficients(
     base_s=0.010, per_prefill_token_s=6e-5, per_decode_token_s=2e-4, per_context_token_s=1e-7
 )
+# Prompt token ids cycle below this; the simulated model's EOS is the one id above them.
+PROMPT_VOCAB = 50_000
+EOS_TOKEN_ID = PROMPT_VOCAB
+VOCAB_SIZE = PROMPT_VOCAB + 1
+# The context length the warm-up profile's step shapes span, as for a server with an 8k model.
+PROFILE_MODEL_LEN = 8192
 
 
 @dataclass(slots=True)
@@ -59,6 +61,7 @@ class SimulationConfig:
 class RequestRecord:
     """What the simulation measured for one request (seconds on the simulated clock)."""
 
+    request_id: str
     class_name: str
     arrival_s: float
     num_output_tokens: int
@@ -67,6 +70,8 @@ class RequestRecord:
     first_scheduled_s: float
     first_token_s: float
     finish_s: float
+    # Stop (its answer ended) or length (cut at max_tokens); None when rejected.
+    finish_reason: FinishReason | None = None
     # Refused by SLO admission control at arrival (its times are then its arrival time).
     rejected: bool = False
 
@@ -76,9 +81,7 @@ class RequestRecord:
 
     @property
     def tpot_ms(self) -> float:
-        if self.num_output_tokens < 2:
-            return 0.0
-        return (self.finish_s - self.first_token_s) * 1000 / (self.num_output_tokens - 1)
+        return latency.tpot_ms(self.first_token_s, self.finish_s, self.num_output_tokens)
 
     @property
     def wait_ms(self) -> float:
@@ -86,11 +89,17 @@ class RequestRecord:
 
     @property
     def slo_met(self) -> bool:
+        """A rejected request missed its targets; one without targets met them."""
         if self.rejected:
             return False
-        ttft_ok = self.ttft_ms_target is None or self.ttft_ms <= self.ttft_ms_target
-        tpot_ok = self.tpot_ms_target is None or self.tpot_ms <= self.tpot_ms_target
-        return ttft_ok and tpot_ok
+        outcome = latency.SLOOutcome.judge(
+            self.ttft_ms,
+            self.tpot_ms,
+            self.num_output_tokens,
+            ttft_target_ms=self.ttft_ms_target,
+            tpot_target_ms=self.tpot_ms_target,
+        )
+        return outcome.met is not False
 
 
 @dataclass(slots=True)
@@ -108,87 +117,78 @@ def simulate(
 ) -> SimulationResult:
     """Serve `workload` under `policy` on the simulated machine; every request runs to its
     output length (or `max_tokens`)."""
-    engine_config = config.engine
-    cost_model = StepCostModel()
-    full = engine_config.max_num_batched_tokens
-    warm_up(cost_model, config.cost.predict, profile_shapes(full, engine_config.max_num_seqs, 8192))
-    predictor = LengthPredictor()
-    context = PolicyContext(
-        cost_model, predictor, engine_config.max_wait_ms / 1000, full, engine_config.max_num_seqs
+    clock = SimulatedClock()
+    engine_config = dataclasses.replace(config.engine, scheduling_policy=policy)
+    executor = SimulatedExecutor(
+        config.num_kv_blocks,
+        engine_config.block_size,
+        VOCAB_SIZE,
+        clock,
+        config.cost,
+        noise=config.noise,
+        seed=config.seed,
+        eos_token_id=EOS_TOKEN_ID,
     )
-    kv_cache = KVCacheManager(
-        config.num_kv_blocks, engine_config.block_size, engine_config.enable_prefix_caching
+    engine = Engine(
+        engine_config,
+        executor,
+        # The simulated model has no context limit: the KV cache is the only one.
+        max_model_len=sys.maxsize,
+        vocab_size=VOCAB_SIZE,
+        eos_token_ids=[EOS_TOKEN_ID],
+        clock=clock,
     )
-    scheduler = Scheduler(
-        kv_cache,
-        make_policy(policy, context),
-        engine_config.max_num_seqs,
-        engine_config.max_num_batched_tokens,
+    warm_up(
+        engine.step_cost_model,
+        config.cost.predict,
+        profile_shapes(
+            engine_config.max_num_batched_tokens, engine_config.max_num_seqs, PROFILE_MODEL_LEN
+        ),
     )
     admission = None
     if policy == "slo" and config.slo_admission_factor > 0:
-        admission = SLOAdmission(context, config.slo_admission_factor)
-    noise = random.Random(config.seed)
-    specs = sorted(enumerate(workload), key=lambda item: item[1].arrival_s)
-    targets: dict[str, WorkloadRequest] = {}
+        admission = SLOAdmission(engine, config.slo_admission_factor)
     records: list[RequestRecord] = []
-    now = 0.0
+    class_names: dict[str, str] = {}
+    engine.finish_listeners.append(
+        lambda request, _: records.append(_record(request, class_names[request.request_id]))
+    )
+    specs = sorted(enumerate(workload), key=lambda item: item[1].arrival_s)
     next_arrival = 0
-    num_steps = 0
-    while next_arrival < len(specs) or scheduler.has_unfinished_requests:
+    while next_arrival < len(specs) or engine.has_unfinished_requests:
+        now = clock.now
         while next_arrival < len(specs) and specs[next_arrival][1].arrival_s <= now:
             index, spec = specs[next_arrival]
             next_arrival += 1
-            request = _request(index, spec, config.slo_scale)
-            if admission is not None and not admission.admit(request, spec.arrival_s):
-                records.append(_rejected_record(request, spec))
+            request_id = f"sim-{index}"
+            class_names[request_id] = spec.request_class.name
+            slo = _slo(spec.request_class, config.slo_scale)
+            if admission is not None and not admission.admit(
+                request_id, spec.prompt_len, slo, spec.arrival_s
+            ):
+                records.append(_rejected_record(request_id, spec, slo))
                 continue
-            targets[request.request_id] = spec
-            scheduler.add_request(request)
+            _submit(engine, executor, request_id, index, spec, slo)
         if admission is not None:
             admission.settle(now)
-        batch = scheduler.schedule(now)
-        if not batch.sequences:
+        num_steps = engine.num_steps
+        outputs = engine.step()
+        if engine.num_steps == num_steps:
             if next_arrival >= len(specs):
                 raise RuntimeError(
                     "the scheduler stalled with requests left; is the cache too small?"
                 )
-            now = max(now, specs[next_arrival][1].arrival_s)
+            clock.now = max(now, specs[next_arrival][1].arrival_s)
             continue
-        shape = StepShape(
-            batch.num_prefill_tokens,
-            batch.num_decode_tokens,
-            sum(seq.seq_len for seq in batch.sequences),
-        )
-        duration = config.cost.predict(shape)
-        if config.noise:
-            duration *= 1 + noise.uniform(-config.noise, config.noise)
-        now += duration
-        num_steps += 1
-        cost_model.update(shape, duration)
-        num_samples = sum(1 for seq in batch.sequences if seq.sample)
-        for request, _, _ in scheduler.update(batch, ExecutorOutput([0] * num_samples)):
-            if request.first_token_time is None:
-                request.first_token_time = now
-                if admission is not None:
-                    admission.output(request.request_id, finished=False)
-            spec = targets[request.request_id]
-            if request.num_output_tokens >= spec.output_len:
-                reason = (
-                    FinishReason.LENGTH if spec.output_len >= spec.max_tokens else FinishReason.STOP
-                )
-                scheduler.finish_request(request, reason, now)
-                predictor.observe(request)
-                records.append(_record(request, spec))
-                if admission is not None:
-                    admission.output(request.request_id, finished=True)
+        if admission is not None:
+            admission.receive(outputs)
     return SimulationResult(
         policy,
         records,
-        num_steps,
-        scheduler.num_preemptions,
-        cost_model.mean_abs_error_ratio,
-        predictor.mean_abs_error_ratio,
+        engine.num_steps,
+        engine.scheduler.num_preemptions,
+        engine.step_cost_model.mean_abs_error_ratio,
+        engine.length_predictor.mean_abs_error_ratio,
     )
 
 
@@ -197,12 +197,13 @@ class SLOAdmission:
     same `TTFTForecast` ledger and rule, fed as the server's event loop feeds it (added at
     arrival, settled at the first token, dropped at the finish)."""
 
-    def __init__(self, context: PolicyContext, factor: float):
+    def __init__(self, engine: Engine, factor: float):
+        config = engine.config
         self.forecast = TTFTForecast(
-            context.cost_model,
-            context.max_num_batched_tokens,
-            context.max_num_seqs,
-            context.max_wait_s,
+            engine.step_cost_model,
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            config.max_wait_ms / 1000,
         )
         self.factor = factor
         # The event loop receives a step's outputs when the step ends, so a request arriving
@@ -210,19 +211,24 @@ class SLOAdmission:
         # just simulated wait here until that step's arrivals are judged.
         self._pending: list[tuple[str, bool]] = []
 
-    def admit(self, request: Request, now: float) -> bool:
-        """Whether the server would accept `request` arriving at `now`; if so it is in flight."""
-        ttft_ms = request.slo.ttft_ms
-        num_prompt_tokens = request.num_prompt_tokens
+    def admit(self, request_id: str, num_prompt_tokens: int, slo: SLO, now: float) -> bool:
+        """Whether the server would accept a request arriving at `now`; if so it is in flight."""
+        ttft_ms = slo.ttft_ms
         if ttft_ms is not None:
             forecast = self.forecast.predict(num_prompt_tokens, ttft_ms, now)
             if forecast.refuses(ttft_ms, self.factor):
                 return False
-        self.forecast.add(request.request_id, num_prompt_tokens, request.slo, now)
+        self.forecast.add(request_id, num_prompt_tokens, slo, now)
         return True
 
-    def output(self, request_id: str, *, finished: bool) -> None:
-        self._pending.append((request_id, finished))
+    def receive(self, outputs: list[RequestOutput]) -> None:
+        """A step's outputs, as the event loop gets them; only a first token and a finish
+        change the ledger."""
+        for output in outputs:
+            if output.num_output_tokens == 1 and output.new_token_ids:
+                self._pending.append((output.request_id, False))
+            if output.finished:
+                self._pending.append((output.request_id, True))
 
     def settle(self, now: float) -> None:
         for request_id, finished in self._pending:
@@ -233,46 +239,66 @@ class SLOAdmission:
         self._pending.clear()
 
 
-def _request(index: int, spec: WorkloadRequest, slo_scale: float) -> Request:
-    request_class = spec.request_class
+def _submit(
+    engine: Engine,
+    executor: SimulatedExecutor,
+    request_id: str,
+    index: int,
+    spec: WorkloadRequest,
+    slo: SLO,
+) -> None:
     # Distinct token ids per request, so no two prompts share a cached block by accident.
     start = index * 7919
-    prompt = [(start + i) % 50_000 for i in range(spec.prompt_len)]
-    return Request(
-        f"sim-{index}",
-        prompt,
-        SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True),
-        spec.arrival_s,
-        request_class.priority,
-        SLO(_scaled(request_class.ttft_ms, slo_scale), _scaled(request_class.tpot_ms, slo_scale)),
+    prompt = [(start + i) % PROMPT_VOCAB for i in range(spec.prompt_len)]
+    # An answer as long as max_tokens is cut there (length), a shorter one ends on its own.
+    executor.script_answer(
+        request_id, spec.output_len if spec.output_len < spec.max_tokens else None
     )
+    try:
+        engine.add_request(
+            request_id,
+            prompt,
+            SamplingParams(max_tokens=spec.max_tokens),
+            priority=spec.request_class.priority,
+            slo=slo,
+            arrival_time=spec.arrival_s,
+        )
+    except InvalidRequestError as error:
+        raise ValueError(f"workload request {index} cannot be simulated: {error}") from None
+
+
+def _slo(request_class: RequestClass, slo_scale: float) -> SLO:
+    return SLO(_scaled(request_class.ttft_ms, slo_scale), _scaled(request_class.tpot_ms, slo_scale))
 
 
 def _scaled(target_ms: float | None, scale: float) -> float | None:
     return None if target_ms is None else target_ms * scale
 
 
-def _record(request: Request, spec: WorkloadRequest) -> RequestRecord:
+def _record(request: Request, class_name: str) -> RequestRecord:
     return RequestRecord(
-        spec.request_class.name,
-        spec.arrival_s,
+        request.request_id,
+        class_name,
+        request.arrival_time,
         request.num_output_tokens,
         request.slo.ttft_ms,
         request.slo.tpot_ms,
         request.first_scheduled_time,
         request.first_token_time,
         request.finish_time,
+        request.finish_reason,
     )
 
 
-def _rejected_record(request: Request, spec: WorkloadRequest) -> RequestRecord:
+def _rejected_record(request_id: str, spec: WorkloadRequest, slo: SLO) -> RequestRecord:
     arrival = spec.arrival_s
     return RequestRecord(
+        request_id,
         spec.request_class.name,
         arrival,
         0,
-        request.slo.ttft_ms,
-        request.slo.tpot_ms,
+        slo.ttft_ms,
+        slo.tpot_ms,
         arrival,
         arrival,
         arrival,
@@ -282,7 +308,8 @@ def _rejected_record(request: Request, spec: WorkloadRequest) -> RequestRecord:
 
 def summarize(records: list[RequestRecord]) -> dict[str, float | int | None]:
     """The figures `baton simulate` reports for a set of requests. Goodput and attainment count
-    every arrival, a rejected one as missing its SLO; latencies are of the served ones."""
+    every arrival, a rejected one as missing its SLO; latencies are of the served ones (None
+    where none was served)."""
     if not records:
         return {"num_requests": 0}
     served = [r for r in records if not r.rejected]
@@ -299,20 +326,10 @@ def summarize(records: list[RequestRecord]) -> dict[str, float | int | None]:
         "throughput_rps": len(served) / duration,
         "goodput_rps": met / duration,
         "slo_attainment": met / len(records),
-        "ttft_p50_ms": percentile(ttfts, 50),
-        "ttft_p99_ms": percentile(ttfts, 99),
-        "ttft_max_ms": ttfts[-1] if ttfts else math.nan,
-        "tpot_p50_ms": percentile(tpots, 50),
-        "tpot_p99_ms": percentile(tpots, 99),
-        "max_wait_ms": max((r.wait_ms for r in served), default=math.nan),
+        "ttft_p50_ms": latency.percentile(ttfts, 50),
+        "ttft_p99_ms": latency.percentile(ttfts, 99),
+        "ttft_max_ms": ttfts[-1] if ttfts else None,
+        "tpot_p50_ms": latency.percentile(tpots, 50),
+        "tpot_p99_ms": latency.percentile(tpots, 99),
+        "max_wait_ms": max((r.wait_ms for r in served), default=None),
     }
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks, as numpy's default."""
-    if not sorted_values:
-        return math.nan
-    position = (len(sorted_values) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)

@@ -6,11 +6,12 @@ from core.config import EngineConfig
 from core.engine import Engine
 from core.request import FinishReason
 from core.sampling_params import SamplingParams
-from core.simulated_executor import SimulatedClock, SimulatedExecutor, StepCost
+from core.simulated_executor import SimulatedClock, SimulatedExecutor
+from core.step_cost import CostCoefficients
 
 
 def make_engine(clock: SimulatedClock) -> Engine:
-    cost = StepCost(base_s=0.01, per_token_s=0.001, per_seq_s=0.0)
+    cost = CostCoefficients(0.01, 0.001, 0.001, per_context_token_s=0.0)
     executor = SimulatedExecutor(64, 4, 100, clock=clock, cost=cost)
     return Engine(
         EngineConfig(max_num_batched_tokens=8, max_num_seqs=4),

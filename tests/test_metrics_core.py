@@ -8,11 +8,12 @@ from core.engine import Engine
 from core.metrics import EngineMetrics, Histogram, token_gaps
 from core.request import SLO
 from core.sampling_params import SamplingParams
-from core.simulated_executor import SimulatedClock, SimulatedExecutor, StepCost
+from core.simulated_executor import SimulatedClock, SimulatedExecutor
+from core.step_cost import CostCoefficients
 
 
 def make_engine(clock: SimulatedClock, num_blocks: int = 64, **config) -> Engine:
-    cost = StepCost(base_s=0.01, per_token_s=0.001, per_seq_s=0.0)
+    cost = CostCoefficients(0.01, 0.001, 0.001, per_context_token_s=0.0)
     executor = SimulatedExecutor(num_blocks, 4, 100, clock=clock, cost=cost)
     return Engine(
         EngineConfig(**config),

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from core.batch import Batch
 from core.config import EngineConfig
 from core.engine import Engine
 from core.request import FinishReason, RequestStatus
@@ -47,24 +48,15 @@ def run_to_completion(engine: Engine, max_steps: int = 10_000) -> dict[str, list
 
 
 def scheduled_steps(engine: Engine, max_steps: int = 10_000):
-    """Yield each step's batch (scheduled but not yet executed), then run the step."""
-    scheduler = engine.scheduler
+    """Run the engine's own steps and yield the batch each one ran."""
+    batches: list[Batch] = []
+    engine.executor.on_batch = batches.append
     for _ in range(max_steps):
         if not engine.has_unfinished_requests:
             return
-        batch = scheduler.schedule(engine.clock())
-        yield batch
-        result = engine.executor.execute(batch)
-        for request, token_id, _ in scheduler.update(batch, result):
-            _, reason = engine.outputs.process(request, token_id)
-            if reason is not None:
-                engine._finish(request, _blank(request), reason, engine.clock())
-
-
-def _blank(request):
-    from core.outputs import RequestOutput
-
-    return RequestOutput(request.request_id, [], "", request.num_prompt_tokens, 0)
+        engine.step()
+        yield from batches
+        batches.clear()
 
 
 def test_every_step_respects_token_budget_and_sequence_cap():

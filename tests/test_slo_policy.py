@@ -19,7 +19,8 @@ from core.request import SLO, Request
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
 from core.slo_policy import SLOPolicy
-from core.step_cost import CostCoefficients, StepShape, profile_shapes, warm_up
+from core.step_cost import CostCoefficients, StepShape
+from core.step_cost_profile import profile_shapes, warm_up
 
 VOCAB = 1000
 TRUE = CostCoefficients(
@@ -44,13 +45,7 @@ class Arrival:
 
 def make_engine(policy: str, on_batch=None, num_blocks: int = 8192, **config) -> Engine:
     clock = SimulatedClock()
-
-    def cost(batch: Batch) -> float:
-        if on_batch is not None:
-            on_batch(batch)
-        return TRUE.predict(shape_of(batch))
-
-    executor = SimulatedExecutor(num_blocks, 16, VOCAB, clock, cost)
+    executor = SimulatedExecutor(num_blocks, 16, VOCAB, clock, TRUE, on_batch=on_batch)
     engine = Engine(
         EngineConfig(scheduling_policy=policy, enable_prefix_caching=False, **config),
         executor,

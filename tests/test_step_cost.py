@@ -1,5 +1,6 @@
 """The step-cost model: recursive least squares recovers known coefficients, follows a drift,
-keeps every coefficient non-negative and reports its error; the warm-up profile seeds it."""
+keeps every coefficient non-negative and reports its error; the engine refits it to every step,
+and the simulated executor charges each step what its coefficients give."""
 
 from __future__ import annotations
 
@@ -12,14 +13,7 @@ from core.config import EngineConfig
 from core.engine import Engine
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
-from core.step_cost import (
-    CostCoefficients,
-    StepCostModel,
-    StepShape,
-    profile_executor,
-    profile_shapes,
-    warm_up,
-)
+from core.step_cost import CostCoefficients, StepCostModel, StepShape
 
 TRUE = CostCoefficients(0.008, 6e-5, 3e-4, 2e-7)
 
@@ -64,26 +58,9 @@ def test_coefficients_never_go_negative_under_noise():
         assert min(model.coefficients) >= 0.0
 
 
-def test_warm_up_profile_alone_predicts_within_ten_percent():
-    model = StepCostModel(CostCoefficients(0.05, 1e-5, 1e-3, 0.0))
-    warm_up(model, TRUE.predict, profile_shapes(2048, 64, 4096))
-    for shape in random_shapes(50, seed=5):
-        assert model.predict(shape) == pytest.approx(TRUE.predict(shape), rel=0.1)
-
-
 def test_engine_fits_its_model_to_every_step():
     clock = SimulatedClock()
-
-    def cost(batch: Batch) -> float:
-        return TRUE.predict(
-            StepShape(
-                batch.num_prefill_tokens,
-                batch.num_decode_tokens,
-                sum(seq.seq_len for seq in batch.sequences),
-            )
-        )
-
-    executor = SimulatedExecutor(512, 16, 1000, clock, cost)
+    executor = SimulatedExecutor(512, 16, 1000, clock, TRUE)
     engine = Engine(
         EngineConfig(), executor, max_model_len=4096, vocab_size=1000, eos_token_ids=[], clock=clock
     )
@@ -100,33 +77,35 @@ def test_engine_fits_its_model_to_every_step():
     assert model.predict(probe) == pytest.approx(TRUE.predict(probe), rel=0.05)
 
 
-def test_executor_profile_runs_synthetic_steps_within_the_cache():
-    clock = SimulatedClock()
-    seen: list[Batch] = []
-
-    def cost(batch: Batch) -> float:
-        seen.append(batch)
-        return TRUE.predict(
-            StepShape(
-                batch.num_prefill_tokens,
-                batch.num_decode_tokens,
-                sum(seq.seq_len for seq in batch.sequences),
-            )
-        )
-
-    executor = SimulatedExecutor(32, 16, 1000, clock, cost)
-    model = StepCostModel()
-    profile_executor(model, executor, 2048, 64, 512, 1000, clock=clock)
-    assert model.num_observations > 0
-    # The fit's own errors are not reported: the metrics show the error on real steps.
-    assert model.last_error_ratio is None and model.mean_abs_error_ratio is None
-    probe = StepShape(100, 8, 8 * 200 + 100)
-    assert model.predict(probe) == pytest.approx(TRUE.predict(probe), rel=0.05)
-    for batch in seen:
-        for seq in batch.sequences:
-            assert all(0 <= block < 32 for block in seq.block_table)
-            assert seq.seq_len <= 511
-            assert len(seq.block_table) * 16 >= seq.seq_len
+def test_simulated_executor_charges_the_true_cost_with_bounded_noise():
+    batches: list[Batch] = []
+    exact = SimulatedExecutor(64, 16, 1000, cost=TRUE, on_batch=batches.append)
+    noisy = SimulatedExecutor(64, 16, 1000, cost=TRUE, noise=0.1, seed=7)
+    engine = Engine(
+        EngineConfig(),
+        exact,
+        max_model_len=1024,
+        vocab_size=1000,
+        eos_token_ids=[],
+        clock=exact.clock,
+    )
+    engine.add_request("r", list(range(300)), SamplingParams(max_tokens=3))
+    while engine.has_unfinished_requests:
+        engine.step()
+    assert [StepShape.of_batch(batch) for batch in batches] == [
+        StepShape(300, 0, 300),
+        StepShape(0, 1, 301),
+        StepShape(0, 1, 302),
+    ]
+    assert exact.clock.now == pytest.approx(
+        sum(TRUE.predict(StepShape.of_batch(b)) for b in batches)
+    )
+    durations = []
+    for batch in batches * 50:
+        before = noisy.clock.now
+        noisy.execute(batch)
+        durations.append((noisy.clock.now - before) / TRUE.predict(StepShape.of_batch(batch)))
+    assert 0.9 <= min(durations) < 0.93 and 1.07 < max(durations) <= 1.1
 
 
 def test_coefficients_parse_from_the_command_line_form():
