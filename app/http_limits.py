@@ -78,7 +78,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         # The target and header fields of the request being read, as the parser reports them.
         self._head_bytes = 0
-        # The chunks that arrived wholly inside that request's header block.
+        # Bytes of the chunks that arrived wholly inside that request's header block.
         self._head_bytes_received = 0
         self._requests_begun = 0
 
