@@ -15,9 +15,8 @@ from app.async_engine import EngineDeadError, EngineStream, QueueFullError
 from app.errors import APIError
 from app.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from app.state import ServerState
-from core.request import SLO
+from core.request import SLO, EngineRequest
 from core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, SamplingParams
-from core.step_loop import AddRequest
 from core.tokenizer import ChatTemplateError, Tokenizer
 
 # Tokenizing more characters than this would hold the event loop for a millisecond or more,
@@ -45,10 +44,10 @@ class AdmittedRequest:
 
     def engine_requests(
         self, request_ids: list[str], arrival_time: float, trace_context: object | None
-    ) -> list[AddRequest]:
+    ) -> list[EngineRequest]:
         """One engine request per prompt, under the given ids."""
         return [
-            AddRequest(
+            EngineRequest(
                 request_id,
                 prompt.token_ids,
                 prompt.params,
@@ -68,7 +67,7 @@ def check_capacity(state: ServerState, num_requests: int = 1) -> None:
         state.engine.check_capacity(num_requests)
 
 
-def submit(state: ServerState, adds: list[AddRequest]) -> list[EngineStream]:
+def submit(state: ServerState, adds: list[EngineRequest]) -> list[EngineStream]:
     """Register `adds` with the engine, all or none, and return their output streams."""
     with engine_errors():
         return state.engine.submit(adds)

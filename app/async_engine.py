@@ -19,9 +19,9 @@ from core.engine import Engine
 from core.engine_stats import EngineStats
 from core.metrics import EngineMetrics
 from core.outputs import RequestOutput
-from core.request import Request
+from core.request import EngineRequest, Request
 from core.sampling_params import SamplingParams
-from core.step_loop import AddRequest, StepLoop
+from core.step_loop import StepLoop
 from core.ttft_forecast import Forecast, TTFTForecast
 
 # Retry-After is the time the queue ahead takes to drain at the pace of recent completions.
@@ -109,7 +109,7 @@ class AsyncEngine:
         # Prefill owed by the requests in flight, kept on the event loop for admission control.
         config = engine.config
         self.forecast = TTFTForecast(
-            engine.step_cost_model,
+            self.stats.step_cost,
             config.max_num_batched_tokens,
             config.max_num_seqs,
             config.max_wait_ms / 1000,
@@ -182,7 +182,7 @@ class AsyncEngine:
         """When a request arriving now would get its first token, behind those in flight."""
         return self.forecast.predict(num_prompt_tokens, ttft_ms, time.monotonic())
 
-    def submit(self, requests: list[AddRequest]) -> list[EngineStream]:
+    def submit(self, requests: list[EngineRequest]) -> list[EngineStream]:
         """Hand `requests` to the step thread, all or none, and return their output streams.
 
         The capacity check and the registration are one synchronous step on the event loop, so
@@ -203,7 +203,7 @@ class AsyncEngine:
             streams.append(stream)
         return streams
 
-    def generate(self, add: AddRequest) -> EngineStream:
+    def generate(self, add: EngineRequest) -> EngineStream:
         """`submit` for one request."""
         return self.submit([add])[0]
 
@@ -246,6 +246,7 @@ class AsyncEngine:
 
     def _dispatch(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
         self.stats = stats
+        self.forecast.cost_model = stats.step_cost
         now = time.monotonic()
         for output in outputs:
             stream = self._streams.get(output.request_id)

@@ -21,7 +21,7 @@ from core.engine import Engine
 from core.executor import Executor
 from core.model_config import ModelConfig
 from core.outputs import RequestOutput, RequestTiming
-from core.request import FinishReason
+from core.request import EngineRequest, FinishReason
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedExecutor
 from core.step_cost import CostCoefficients
@@ -158,7 +158,7 @@ class LLM:
             token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             request_id = f"offline-{self._next_id}"
             self._next_id += 1
-            self.engine.add_request(request_id, token_ids, request_params)
+            self.engine.add_request(EngineRequest(request_id, token_ids, request_params))
             results[request_id] = GenerationResult(request_id, token_ids)
         while self.engine.has_unfinished_requests:
             for output in self.engine.step():

@@ -13,6 +13,7 @@ import urllib.request
 
 from app.settings import ServerSettings
 from core.config import POLICIES, EngineConfig
+from core.request import EngineRequest
 from core.simulator import DEFAULT_COST, SimulationConfig, simulate, summarize
 from core.step_cost import CostCoefficients
 from core.step_cost_profile import profile_executor
@@ -239,7 +240,7 @@ def _calibration_run(engine, args: argparse.Namespace) -> None:
         prompt_len = max(1, min(spec.prompt_len, engine.max_model_len - output_len - 1))
         prompt = [(index * 31 + i) % engine.vocab_size for i in range(prompt_len)]
         params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-        engine.add_request(f"calibrate-{index}", prompt, params)
+        engine.add_request(EngineRequest(f"calibrate-{index}", prompt, params))
     while engine.has_unfinished_requests:
         engine.step()
 

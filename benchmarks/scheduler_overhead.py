@@ -15,6 +15,7 @@ import time
 
 from core.config import EngineConfig
 from core.engine import Engine
+from core.request import EngineRequest
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
 
@@ -42,7 +43,9 @@ def main() -> None:
     rng = random.Random(0)
     for i in range(args.running):
         prompt = [rng.randrange(32000) for _ in range(args.prompt_len)]
-        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=args.steps + 4))
+        engine.add_request(
+            EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=args.steps + 4))
+        )
     engine.step()  # every prompt prefills in one step; from here on all are decoding
     gc.freeze()  # as the step thread does once it starts
 

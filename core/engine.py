@@ -20,7 +20,7 @@ from core.output_processor import OutputProcessor
 from core.outputs import RequestOutput, RequestTiming
 from core.policy import PolicyContext
 from core.policy_registry import make_policy
-from core.request import SLO, FinishReason, Request, check_priority
+from core.request import EngineRequest, FinishReason, Request, check_priority
 from core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, SamplingParams
 from core.scheduler import Scheduler
 from core.stats import StepStats
@@ -142,23 +142,12 @@ class Engine:
             )
         return params
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        *,
-        priority: int = 0,
-        slo: SLO | None = None,
-        arrival_time: float | None = None,
-        trace_context: object | None = None,
-    ) -> Request:
+    def add_request(self, spec: EngineRequest) -> Request:
         """Queue a request, or raise InvalidRequestError if it can never be served."""
-        params = self.check_request(prompt_token_ids, params)
-        check_priority(priority)
-        arrival = self.clock() if arrival_time is None else arrival_time
-        request = Request(request_id, prompt_token_ids, params, arrival, priority, slo)
-        request.trace_context = trace_context
+        params = self.check_request(spec.prompt_token_ids, spec.sampling_params)
+        check_priority(spec.priority)
+        arrival = self.clock() if spec.arrival_time is None else spec.arrival_time
+        request = Request.admit(spec, params, arrival)
         self.scheduler.add_request(request)
         self.outputs.add(request)
         return request

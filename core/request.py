@@ -58,6 +58,22 @@ def check_priority(priority: object) -> None:
         )
 
 
+@dataclass(slots=True, frozen=True)
+class EngineRequest:
+    """One request as admission hands it to the engine, built once and passed whole through
+    every hop (route → async engine → step thread → engine). `arrival_time` None means when the
+    engine receives it; `trace_context` is opaque to core. The prompt list is not copied: no hop
+    may change it."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    priority: int = 0
+    slo: SLO = SLO()
+    arrival_time: float | None = None
+    trace_context: object | None = None
+
+
 class Request:
     """A prompt and everything generated for it so far.
 
@@ -126,6 +142,22 @@ class Request:
         self.resumed_times: list[float] = []
         # Opaque to core: what the app's tracing needs to build this request's spans, if any.
         self.trace_context: object | None = None
+
+    @classmethod
+    def admit(
+        cls, spec: EngineRequest, sampling_params: SamplingParams, arrival_time: float
+    ) -> Request:
+        """The engine's state for `spec`, with its checked params and its arrival time."""
+        request = cls(
+            spec.request_id,
+            spec.prompt_token_ids,
+            sampling_params,
+            arrival_time,
+            spec.priority,
+            spec.slo,
+        )
+        request.trace_context = spec.trace_context
+        return request
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -20,7 +20,7 @@ from core import latency
 from core.config import EngineConfig
 from core.engine import Engine
 from core.outputs import RequestOutput
-from core.request import SLO, FinishReason, Request
+from core.request import SLO, EngineRequest, FinishReason, Request
 from core.sampling_params import InvalidRequestError, SamplingParams
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
 from core.step_cost import CostCoefficients
@@ -256,12 +256,14 @@ def _submit(
     )
     try:
         engine.add_request(
-            request_id,
-            prompt,
-            SamplingParams(max_tokens=spec.max_tokens),
-            priority=spec.request_class.priority,
-            slo=slo,
-            arrival_time=spec.arrival_s,
+            EngineRequest(
+                request_id,
+                prompt,
+                SamplingParams(max_tokens=spec.max_tokens),
+                priority=spec.request_class.priority,
+                slo=slo,
+                arrival_time=spec.arrival_s,
+            )
         )
     except InvalidRequestError as error:
         raise ValueError(f"workload request {index} cannot be simulated: {error}") from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from core.batch import Batch
 from core.stats import StepStats
@@ -108,6 +109,27 @@ class CostCoefficients:
 
     def predict(self, shape: StepShape) -> float:
         return sum(c * x for c, x in zip(self.as_tuple(), shape.features(), strict=True))
+
+    def predict_step(self, num_prefill: int, num_decode: int, num_context: int) -> float:
+        return (
+            self.base_s
+            + self.per_prefill_token_s * num_prefill
+            + self.per_decode_token_s * num_decode
+            + self.per_context_token_s * num_context
+        )
+
+    def prefill_token_s(self) -> float:
+        """Marginal seconds of one more prefill token (it is also read as context)."""
+        return self.per_prefill_token_s + self.per_context_token_s
+
+
+class StepCost(Protocol):
+    """What a forecast needs of a cost model: a frozen fit (`CostCoefficients`, as published
+    in the engine's stats) or the live one (`StepCostModel`, on the step thread)."""
+
+    def predict_step(self, num_prefill: int, num_decode: int, num_context: int) -> float: ...
+
+    def prefill_token_s(self) -> float: ...
 
 
 class StepCostModel:

@@ -14,21 +14,10 @@ from dataclasses import dataclass
 from core.engine import INTERNAL_ERROR, Engine
 from core.engine_stats import EngineStats
 from core.outputs import RequestOutput
-from core.request import SLO, FinishReason
-from core.sampling_params import InvalidRequestError, SamplingParams
+from core.request import EngineRequest, FinishReason
+from core.sampling_params import InvalidRequestError
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class AddRequest:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    priority: int = 0
-    slo: SLO | None = None
-    arrival_time: float | None = None
-    trace_context: object | None = None
 
 
 @dataclass(slots=True)
@@ -52,14 +41,14 @@ class StepLoop:
         self.engine = engine
         self.deliver = deliver
         self.on_death = on_death
-        self._inbox: queue.SimpleQueue[AddRequest | AbortRequest | _Stop] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[EngineRequest | AbortRequest | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopping = False
         # Requests added since the last step that went through: the suspects when one fails.
         self._newcomers: list[str] = []
 
-    def submit(self, add: AddRequest) -> None:
-        self._inbox.put(add)
+    def submit(self, request: EngineRequest) -> None:
+        self._inbox.put(request)
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(AbortRequest(request_id))
@@ -117,15 +106,7 @@ class StepLoop:
                     outputs.append(aborted)
                 continue
             try:
-                self.engine.add_request(
-                    message.request_id,
-                    message.prompt_token_ids,
-                    message.params,
-                    priority=message.priority,
-                    slo=message.slo,
-                    arrival_time=message.arrival_time,
-                    trace_context=message.trace_context,
-                )
+                self.engine.add_request(message)
             except InvalidRequestError as error:
                 outputs.append(_rejected(message, str(error)))
             else:
@@ -161,12 +142,12 @@ class StepLoop:
             self.deliver(outputs, self.engine.make_stats())
 
 
-def _rejected(add: AddRequest, message: str) -> RequestOutput:
+def _rejected(request: EngineRequest, message: str) -> RequestOutput:
     return RequestOutput(
-        add.request_id,
+        request.request_id,
         [],
         "",
-        len(add.prompt_token_ids),
+        len(request.prompt_token_ids),
         0,
         finished=True,
         finish_reason=FinishReason.ERROR,

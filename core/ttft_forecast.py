@@ -4,8 +4,8 @@ under the `slo` policy, and how long the queue takes to drain.
 
 It keeps its own ledger of requests in flight (added on submission, settled at their first
 token, dropped when they end) so that the thread admitting requests — the event loop — reads
-only its own state and the cost model's floats, never the scheduler's queues, which the step
-thread is changing.
+only its own state and the cost fit the engine last published, never the scheduler's queues
+or the live model, which the step thread is changing.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from core.arrival_rate import ArrivalRate
 from core.request import SLO
 from core.slo_policy import PATIENCE_S
-from core.step_cost import StepCostModel, prefill_seconds
+from core.step_cost import StepCost, prefill_seconds
 
 # Weight of the newest finished request in the running mean of request lifetimes.
 LIFETIME_EMA_WEIGHT = 0.05
@@ -60,7 +60,7 @@ class TTFTForecast:
 
     def __init__(
         self,
-        cost_model: StepCostModel,
+        cost_model: StepCost,
         max_num_batched_tokens: int,
         max_num_seqs: int,
         max_wait_s: float,

@@ -16,9 +16,9 @@ import app.async_engine
 from app.async_engine import MAX_RETRY_AFTER_S, AsyncEngine, QueueFullError
 from core.batch import Batch, ExecutorOutput
 from core.engine import Engine
+from core.request import EngineRequest
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedExecutor
-from core.step_loop import AddRequest
 from core.tokenizer import Tokenizer
 from tests.server_harness import base_url, running_server, simulated_engine
 
@@ -107,7 +107,7 @@ def test_retry_after_is_the_drain_time_at_the_recent_completion_rate(llama_check
     params = SamplingParams(max_tokens=1, ignore_eos=True)
 
     async def finish_one(request_id: str) -> None:
-        async for _ in bridge.generate(AddRequest(request_id, [5, 6, 7], params)):
+        async for _ in bridge.generate(EngineRequest(request_id, [5, 6, 7], params)):
             pass
 
     async def scenario() -> tuple[int, int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from core.config import EngineConfig
 from core.engine import Engine
-from core.request import FinishReason
+from core.request import EngineRequest, FinishReason
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
 from core.step_cost import CostCoefficients
@@ -28,9 +28,13 @@ def test_step_stats_describe_each_batch_and_its_duration():
     engine = make_engine(clock)
     steps = []
     engine.step_listeners.append(steps.append)
-    engine.add_request("long", list(range(1, 13)), SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.add_request(
+        EngineRequest("long", list(range(1, 13)), SamplingParams(max_tokens=2, ignore_eos=True))
+    )
     engine.step()  # 8 of the 12 prompt tokens
-    engine.add_request("short", [5, 6], SamplingParams(max_tokens=1, ignore_eos=True))
+    engine.add_request(
+        EngineRequest("short", [5, 6], SamplingParams(max_tokens=1, ignore_eos=True))
+    )
     engine.step()  # the last 4 prompt tokens of "long" and the 2 of "short"
     engine.step()  # one decode for "long"
 
@@ -50,8 +54,10 @@ def test_finish_listener_sees_every_finished_request_once():
     engine = make_engine(clock)
     finished = []
     engine.finish_listeners.append(lambda request, output: finished.append(output))
-    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))
-    engine.add_request("b", [4, 5, 6], SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.add_request(EngineRequest("a", [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True)))
+    engine.add_request(
+        EngineRequest("b", [4, 5, 6], SamplingParams(max_tokens=50, ignore_eos=True))
+    )
     engine.step()
     engine.abort_request("b")
     while engine.has_unfinished_requests:

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from core.config import EngineConfig
 from core.engine import Engine
-from core.request import MAX_SLO_MS, SLO, FinishReason
+from core.request import MAX_SLO_MS, SLO, EngineRequest, FinishReason
 from core.sampling_params import InvalidRequestError, SamplingParams
 from core.simulated_executor import SimulatedExecutor
 from core.tokenizer import Tokenizer
@@ -465,10 +465,14 @@ def test_any_valid_slo_and_priority_is_served_in_full_by_every_policy(ttft, tpot
         vocab_size=100,
         eos_token_ids=[],
     )
-    engine.add_request("steady", [1, 2, 3], SamplingParams(max_tokens=20), slo=SLO(50.0, 10.0))
+    engine.add_request(
+        EngineRequest("steady", [1, 2, 3], SamplingParams(max_tokens=20), slo=SLO(50.0, 10.0))
+    )
     engine.step()
     engine.add_request(
-        "edge", [4, 5, 6], SamplingParams(max_tokens=20), priority=priority, slo=SLO(ttft, tpot)
+        EngineRequest(
+            "edge", [4, 5, 6], SamplingParams(max_tokens=20), priority=priority, slo=SLO(ttft, tpot)
+        )
     )
     finished = {}
     for _ in range(200):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from core.config import EngineConfig
 from core.engine import Engine
 from core.metrics import EngineMetrics, Histogram, token_gaps
-from core.request import SLO
+from core.request import SLO, EngineRequest
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
 from core.step_cost import CostCoefficients
@@ -35,7 +35,9 @@ def test_each_output_token_and_prefill_chunk_is_timed_when_its_step_finished():
     engine = make_engine(clock, max_num_batched_tokens=8)
     finished = []
     engine.finish_listeners.append(lambda request, output: finished.append(request))
-    engine.add_request("r", list(range(1, 21)), SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.add_request(
+        EngineRequest("r", list(range(1, 21)), SamplingParams(max_tokens=4, ignore_eos=True))
+    )
     run(engine)
     [request] = finished
     # 20 prompt tokens in chunks of 8, 8 and 4; the last chunk also samples the first token.
@@ -61,7 +63,9 @@ def test_preemption_and_resumption_times_are_recorded():
         lambda request, output: finished.update({request.request_id: request})
     )
     for name in "ab":
-        engine.add_request(name, [7] * 8, SamplingParams(max_tokens=12, ignore_eos=True))
+        engine.add_request(
+            EngineRequest(name, [7] * 8, SamplingParams(max_tokens=12, ignore_eos=True))
+        )
     run(engine)
     preempted = [r for r in finished.values() if r.num_preemptions]
     assert preempted
@@ -79,8 +83,10 @@ def test_aggregates_count_tokens_slo_outcomes_and_keep_a_sliding_window():
     metrics = EngineMetrics(window_s=1.0)
     metrics.attach(engine)
     params = SamplingParams(max_tokens=5, ignore_eos=True)
-    engine.add_request("met", [1, 2, 3], params, slo=SLO(ttft_ms=1000.0, tpot_ms=1000.0))
-    engine.add_request("missed", [4, 5, 6], params, slo=SLO(ttft_ms=0.001))
+    engine.add_request(
+        EngineRequest("met", [1, 2, 3], params, slo=SLO(ttft_ms=1000.0, tpot_ms=1000.0))
+    )
+    engine.add_request(EngineRequest("missed", [4, 5, 6], params, slo=SLO(ttft_ms=0.001)))
     run(engine)
     assert (metrics.totals.requests, metrics.totals.generation_tokens) == (2, 10)
     assert metrics.slo_attained == {"ttft": 1, "tpot": 1}

@@ -15,7 +15,7 @@ from core.config import POLICIES, EngineConfig
 from core.engine import Engine
 from core.policy import PolicyContext
 from core.policy_registry import make_policy
-from core.request import SLO, Request
+from core.request import SLO, EngineRequest, Request
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
 from core.slo_policy import SLOPolicy
@@ -71,12 +71,14 @@ def run(engine: Engine, arrivals: list[Arrival]) -> dict[str, Request]:
             a = pending.pop(0)
             tokens = [rng.randrange(VOCAB) for _ in range(a.prompt_len)]
             engine.add_request(
-                a.request_id,
-                tokens,
-                SamplingParams(max_tokens=a.max_tokens),
-                priority=a.priority,
-                slo=a.slo,
-                arrival_time=a.time,
+                EngineRequest(
+                    a.request_id,
+                    tokens,
+                    SamplingParams(max_tokens=a.max_tokens),
+                    priority=a.priority,
+                    slo=a.slo,
+                    arrival_time=a.time,
+                )
             )
         if not engine.has_unfinished_requests:
             engine.clock.now = pending[0].time

@@ -11,6 +11,7 @@ import pytest
 from core.batch import Batch
 from core.config import EngineConfig
 from core.engine import Engine
+from core.request import EngineRequest
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
 from core.step_cost import CostCoefficients, StepCostModel, StepShape
@@ -67,7 +68,9 @@ def test_engine_fits_its_model_to_every_step():
     rng = random.Random(6)
     for i in range(40):
         tokens = [rng.randrange(1000) for _ in range(rng.randint(1, 600))]
-        engine.add_request(f"r{i}", tokens, SamplingParams(max_tokens=rng.randint(1, 60)))
+        engine.add_request(
+            EngineRequest(f"r{i}", tokens, SamplingParams(max_tokens=rng.randint(1, 60)))
+        )
     while engine.has_unfinished_requests:
         engine.step()
     model = engine.step_cost_model
@@ -89,7 +92,7 @@ def test_simulated_executor_charges_the_true_cost_with_bounded_noise():
         eos_token_ids=[],
         clock=exact.clock,
     )
-    engine.add_request("r", list(range(300)), SamplingParams(max_tokens=3))
+    engine.add_request(EngineRequest("r", list(range(300)), SamplingParams(max_tokens=3)))
     while engine.has_unfinished_requests:
         engine.step()
     assert [StepShape.of_batch(batch) for batch in batches] == [

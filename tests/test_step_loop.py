@@ -10,10 +10,10 @@ from core.config import EngineConfig
 from core.engine import Engine
 from core.engine_stats import EngineStats
 from core.outputs import RequestOutput
-from core.request import FinishReason
+from core.request import EngineRequest, FinishReason
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedExecutor
-from core.step_loop import AddRequest, StepLoop
+from core.step_loop import StepLoop
 
 
 class Collector:
@@ -76,7 +76,7 @@ def test_requests_from_another_thread_finish_with_one_delivery_per_step():
     loop, collector = make_loop()
     try:
         for i in range(5):
-            loop.submit(AddRequest(f"r{i}", [1, 2, 3, i], SamplingParams(max_tokens=10)))
+            loop.submit(EngineRequest(f"r{i}", [1, 2, 3, i], SamplingParams(max_tokens=10)))
         collector.wait_finished({f"r{i}" for i in range(5)})
         assert all(len(collector.tokens[f"r{i}"]) == 10 for i in range(5))
         for delivery in collector.deliveries:
@@ -89,7 +89,7 @@ def test_requests_from_another_thread_finish_with_one_delivery_per_step():
 def test_idle_loop_blocks_instead_of_stepping():
     loop, collector = make_loop()
     try:
-        loop.submit(AddRequest("a", [1, 2], SamplingParams(max_tokens=3)))
+        loop.submit(EngineRequest("a", [1, 2], SamplingParams(max_tokens=3)))
         collector.wait_finished({"a"})
         steps = loop.engine.num_steps
         time.sleep(0.2)
@@ -103,7 +103,7 @@ def test_idle_loop_blocks_instead_of_stepping():
 def test_abort_from_another_thread_frees_blocks():
     loop, collector = make_loop()
     try:
-        loop.submit(AddRequest("long", list(range(50)), SamplingParams(max_tokens=900)))
+        loop.submit(EngineRequest("long", list(range(50)), SamplingParams(max_tokens=900)))
         while "long" not in collector.tokens:
             time.sleep(0.001)
         loop.abort("long")
@@ -117,8 +117,8 @@ def test_abort_from_another_thread_frees_blocks():
 def test_invalid_request_is_rejected_without_disturbing_others():
     loop, collector = make_loop()
     try:
-        loop.submit(AddRequest("ok", [1, 2, 3], SamplingParams(max_tokens=5)))
-        loop.submit(AddRequest("bad", [1, 100], SamplingParams(max_tokens=5)))
+        loop.submit(EngineRequest("ok", [1, 2, 3], SamplingParams(max_tokens=5)))
+        loop.submit(EngineRequest("bad", [1, 100], SamplingParams(max_tokens=5)))
         collector.wait_finished({"ok", "bad"})
         assert collector.finished["bad"].finish_reason is FinishReason.ERROR
         assert "outside the vocabulary" in collector.finished["bad"].error
@@ -133,8 +133,8 @@ def test_fault_fails_only_its_request_and_batch_mates_finish_unharmed():
     try:
         for loop in (clean, faulty):
             for i in range(4):
-                loop.submit(AddRequest(f"ok{i}", [1, 2, 3, i], SamplingParams(max_tokens=20)))
-        faulty.submit(AddRequest("poisoned", [1, POISON], SamplingParams(max_tokens=20)))
+                loop.submit(EngineRequest(f"ok{i}", [1, 2, 3, i], SamplingParams(max_tokens=20)))
+        faulty.submit(EngineRequest("poisoned", [1, POISON], SamplingParams(max_tokens=20)))
         clean_collector.wait_finished({f"ok{i}" for i in range(4)})
         collector.wait_finished({"poisoned", *(f"ok{i}" for i in range(4))})
         assert collector.finished["poisoned"].finish_reason is FinishReason.ERROR
@@ -142,7 +142,7 @@ def test_fault_fails_only_its_request_and_batch_mates_finish_unharmed():
         for i in range(4):
             assert collector.finished[f"ok{i}"].finish_reason is FinishReason.LENGTH
             assert collector.tokens[f"ok{i}"] == clean_collector.tokens[f"ok{i}"]
-        faulty.submit(AddRequest("after", [4, 5], SamplingParams(max_tokens=4)))
+        faulty.submit(EngineRequest("after", [4, 5], SamplingParams(max_tokens=4)))
         collector.wait_finished({"after"})
         assert collector.finished["after"].finish_reason is FinishReason.LENGTH
         assert faulty.engine.kv_cache.pool.num_free_blocks == 256
@@ -153,7 +153,7 @@ def test_fault_fails_only_its_request_and_batch_mates_finish_unharmed():
 
 def test_stop_cancels_what_is_left():
     loop, collector = make_loop()
-    loop.submit(AddRequest("endless", [1], SamplingParams(max_tokens=1000)))
+    loop.submit(EngineRequest("endless", [1], SamplingParams(max_tokens=1000)))
     while "endless" not in collector.tokens:
         time.sleep(0.001)
     loop.stop(timeout=5)
@@ -176,10 +176,10 @@ def test_a_scheduling_fault_fails_only_the_request_that_brought_it():
     try:
         healthy = {f"h{i}" for i in range(3)}
         for request_id in sorted(healthy):
-            loop.submit(AddRequest(request_id, [1, 2, 3], SamplingParams(max_tokens=40)))
+            loop.submit(EngineRequest(request_id, [1, 2, 3], SamplingParams(max_tokens=40)))
         while not all(collector.tokens.get(request_id) for request_id in healthy):
             time.sleep(0.001)
-        loop.submit(AddRequest("bad", [4, 5], SamplingParams(max_tokens=40), priority=POISON))
+        loop.submit(EngineRequest("bad", [4, 5], SamplingParams(max_tokens=40), priority=POISON))
         collector.wait_finished({*healthy, "bad"})
         assert collector.finished["bad"].finish_reason is FinishReason.ERROR
         assert "cannot convert" not in collector.finished["bad"].error
@@ -194,7 +194,7 @@ def test_each_iteration_publishes_a_snapshot_and_the_last_shows_the_engine_idle(
     loop, collector = make_loop()
     try:
         for i in range(3):
-            loop.submit(AddRequest(f"r{i}", [1, 2, 3, i], SamplingParams(max_tokens=8)))
+            loop.submit(EngineRequest(f"r{i}", [1, 2, 3, i], SamplingParams(max_tokens=8)))
         collector.wait_finished({"r0", "r1", "r2"})
     finally:
         loop.stop(timeout=5)

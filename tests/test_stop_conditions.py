@@ -9,7 +9,7 @@ import pytest
 from core.batch import Batch, ExecutorOutput
 from core.config import EngineConfig
 from core.engine import Engine
-from core.request import FinishReason
+from core.request import EngineRequest, FinishReason
 from core.sampling_params import SamplingParams
 from core.tokenizer import Tokenizer
 
@@ -48,7 +48,7 @@ def run(tokenizer, script_text: str, params: SamplingParams, eos_after: bool = T
         eos_token_ids=[tokenizer.eos_token_id],
         tokenizer=tokenizer,
     )
-    engine.add_request("r", tokenizer.encode("Question:"), params)
+    engine.add_request(EngineRequest("r", tokenizer.encode("Question:"), params))
     pieces, last = [], None
     while engine.has_unfinished_requests:
         for output in engine.step():
