@@ -17,7 +17,7 @@ from collections.abc import Callable
 from core.config import EngineConfig
 from core.engine import Engine
 from core.engine_stats import EngineStats
-from core.metrics import EngineMetrics
+from core.metric_aggregates import EngineMetrics
 from core.outputs import RequestOutput
 from core.request import EngineRequest, Request
 from core.sampling_params import SamplingParams

@@ -29,12 +29,12 @@ from starlette.staticfiles import StaticFiles
 from app.async_engine import AsyncEngine
 from app.errors import APIError
 from app.http_limits import http_protocol
-from app.metrics import ServerMetrics, metrics_endpoint
 from app.openai_api import chat_completions, completions
+from app.prometheus import ServerMetrics, metrics_endpoint
 from app.security import security_middleware
 from app.settings import ServerSettings
 from app.state import ServerState, json_response, server_metrics, server_state
-from app.stats import stats_endpoint
+from app.stats_endpoint import stats_endpoint
 from app.telemetry import Tracing, exporters_from
 from app.websocket_api import websocket_endpoint
 from core.engine import Engine

@@ -11,7 +11,7 @@ from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
 from app.async_engine import AsyncEngine
-from app.metrics import ServerMetrics
+from app.prometheus import ServerMetrics
 from app.settings import ServerSettings
 from app.telemetry import Tracing
 from core.tokenizer import Tokenizer

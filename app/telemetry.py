@@ -36,7 +36,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from app.async_engine import AsyncEngine
 from app.settings import ServerSettings
 from core.latency import percentile, slo_outcome
-from core.metrics import token_gaps
+from core.metric_aggregates import token_gaps
 from core.outputs import RequestOutput, RequestTiming
 from core.request import FinishReason, Request
 

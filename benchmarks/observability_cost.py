@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from app.telemetry import Tracing
 from core.config import EngineConfig
-from core.metrics import EngineMetrics
+from core.metric_aggregates import EngineMetrics
 from core.outputs import RequestOutput, RequestTiming
 from core.request import FinishReason, Request
 from core.sampling_params import SamplingParams

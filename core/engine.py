@@ -23,8 +23,8 @@ from core.policy_registry import make_policy
 from core.request import EngineRequest, FinishReason, Request, check_priority
 from core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, SamplingParams
 from core.scheduler import Scheduler
-from core.stats import StepStats
 from core.step_cost import StepCostModel
+from core.step_stats import StepStats
 from core.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)

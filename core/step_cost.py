@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from core.batch import Batch
-from core.stats import StepStats
+from core.step_stats import StepStats
 
 NUM_FEATURES = 4
 # How quickly old steps are forgotten: an effective memory of about 1 / (1 - λ) = 200 steps.

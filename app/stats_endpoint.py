@@ -12,10 +12,10 @@ from starlette.responses import Response
 
 from app.state import ServerState, json_response, server_metrics, server_state
 from core.latency import percentile
-from core.metrics import FinishedRecord, StepRecord
+from core.metric_aggregates import FinishedRecord, StepRecord
 
 if TYPE_CHECKING:
-    from app.metrics import ServerMetrics
+    from app.prometheus import ServerMetrics
     from core.engine_stats import EngineStats
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from core.latency import COMPLETED, slo_outcome
 from core.outputs import RequestOutput, RequestTiming
 from core.request import FinishReason, Request
-from core.stats import StepStats
+from core.step_stats import StepStats
 
 logger = logging.getLogger("baton.requests")
 

@@ -1,7 +1,7 @@
-"""`GET /metrics`: the engine's published stats snapshot and `core.metrics` aggregates in
-Prometheus's text format, names prefixed `baton:` after vLLM's. Everything is read at scrape
-time by one collector on a per-app registry, so nothing is paid per token and several servers
-can share a process."""
+"""`GET /metrics`: the engine's published stats snapshot and the `core.metric_aggregates`
+histograms and counters in Prometheus's text format, names prefixed `baton:` after vLLM's.
+Everything is read at scrape time by one collector on a per-app registry, so nothing is paid
+per token and several servers can share a process."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from app.async_engine import AsyncEngine
 from core.engine_stats import EngineStats
-from core.metrics import EngineMetrics, Histogram
+from core.metric_aggregates import EngineMetrics, Histogram
 
 PREFIX = "baton:"
 

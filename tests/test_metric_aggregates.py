@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from core.config import EngineConfig
 from core.engine import Engine
-from core.metrics import EngineMetrics, Histogram, token_gaps
+from core.metric_aggregates import EngineMetrics, Histogram, token_gaps
 from core.request import SLO, EngineRequest
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
