@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from core.request import SLO
+from core.sampling_params import InvalidRequestError
+
 
 @dataclass(slots=True)
 class ServerSettings:
@@ -39,6 +42,11 @@ class ServerSettings:
     record_metrics: bool = True
 
     def __post_init__(self) -> None:
+        try:
+            SLO(self.ttft_slo_ms, self.tpot_slo_ms)  # the server's defaults obey a request's bounds
+        except InvalidRequestError as error:
+            flag = "--ttft-slo-ms" if "ttft" in str(error) else "--tpot-slo-ms"
+            raise ValueError(f"{flag}: {error}") from None
         if self.max_queued_requests < 0:
             raise ValueError(f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")
         if self.slo_admission_factor < 0:

@@ -22,6 +22,7 @@ import websockets
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from app.settings import ServerSettings
 from core.config import EngineConfig
 from core.engine import Engine
 from core.request import MAX_SLO_MS, SLO, EngineRequest, FinishReason
@@ -558,3 +559,10 @@ def test_a_websocket_dropped_mid_stream_without_a_close_frame_is_no_server_error
             time.sleep(0.01)
     assert server.engine.num_in_flight == 0
     assert _server_errors(caplog) == []
+
+
+@pytest.mark.parametrize("flag", ["ttft_slo_ms", "tpot_slo_ms"])
+@pytest.mark.parametrize("value", [1e308, 0.0, -5.0, float("nan"), float("inf")])
+def test_server_slo_defaults_obey_the_same_bounds_as_a_request(flag, value):
+    with pytest.raises(ValueError, match="--" + flag.replace("_", "-")):
+        ServerSettings(**{flag: value})
