@@ -1,21 +1,7 @@
-"""Limits uvicorn's HTTP/1.1 protocol lacks: how large a request's header block may be, and how
-long its headers and its body may take to arrive, so unfinished requests cannot hold connections.
-
-`http_protocol(settings)` is the class to give uvicorn as `http=`: its httptools protocol, which
-here also counts header bytes as they arrive and runs two timers per request.
-
-- **Header block.** A request whose target and header fields pass `--max-header-bytes` gets 431
-  and the connection is closed. Bytes are counted as they arrive, not only once a header is
-  parsed, so a header that never ends is refused before it is held whole.
-- **Header timeout.** From the connection's start, or a later request's first byte, to the end of
-  the headers: `--header-timeout`. Past it a begun request gets 408; a connection that sent
-  nothing is closed without an answer. A WebSocket upgrade ends it when the socket is handed over.
-- **Body timeout.** From the end of the headers to the end of the body: `--body-timeout`. Past it
-  the request gets 408 unless an answer has started, and the connection is closed. Responses are
-  not timed: a stream may run for minutes after its request has arrived.
-
-A timer that fires while the server itself has paused reading (the app has not taken the body
-yet, or the request waits behind a pipelined one) starts again: that wait is not the client's.
+"""Limits uvicorn's HTTP/1.1 protocol lacks, so unfinished requests cannot hold connections: the
+header block's size (`--max-header-bytes`) and how long headers and body may take to arrive
+(`--header-timeout`, `--body-timeout`). `http_protocol(settings)` is the class for uvicorn's
+`http=`; docs/architecture.md (Serving, Security) says what each limit answers.
 """
 
 from __future__ import annotations

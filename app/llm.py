@@ -1,11 +1,5 @@
-"""The offline Python API: build an engine for a checkpoint folder and generate, no server.
-
-from app.llm import LLM
-from core.sampling_params import SamplingParams
-
-llm = LLM("path/to/checkpoint")
-for result in llm.generate(["The capital of France is"], SamplingParams(max_tokens=16)):
-    print(result.text)
+"""The offline Python API: build an engine for a checkpoint folder and generate, no server
+(`LLM(path).generate(prompts, SamplingParams(...))`; README has an example).
 """
 
 from __future__ import annotations

@@ -1,61 +1,7 @@
 """Who may call Baton and how much they may send: Host names, cross-site requests, API keys,
-CORS, WebSocket origins, body limits.
+CORS, WebSocket origins, body limits, as plain ASGI middleware (streams pass untouched).
 
-All of it is pure ASGI middleware, so streaming responses pass through untouched and a request
-costs a few dict lookups. `security_middleware(settings)` returns the stack, outermost first:
-the Host check, CORS (only with `--allowed-origins`), the cross-site check, API keys (only with
-`--api-key`), the WebSocket gate, the body limit.
-
-**Host names.** A server on a loopback address (the default `--host 127.0.0.1`) answers only
-requests whose `Host` names loopback (`localhost`, `127.0.0.1`, `[::1]`, any port) or a name in
-`--allowed-hosts`; any other gets 400 before anything else runs. That is what stops DNS
-rebinding: a web page whose own name is made to resolve to 127.0.0.1 would otherwise reach the
-local server from a visitor's browser as a *same-origin* page, past the WebSocket origin check
-and without CORS, and drive it with no key. On any other address the server cannot know the
-names it is reached by, so every Host is accepted unless `--allowed-hosts` lists them
-(`*.example.org` matches subdomains; `*` turns the check off). A Host must be a name or an IP
-literal with an optional numeric port and nothing else: `localhost:8200@evil.example` or
-`[::1]evil.example` is refused. A request with no Host (HTTP/1.0) passes: browsers always send one.
-
-**Cross-site requests.** A page on another site can make a visitor's browser send a "simple"
-request (say a POST with `Content-Type: text/plain`) without asking the server first; CORS only
-keeps the page from reading the answer, after the generation has run. So every request to the
-API namespace (below) that a browser marks as coming from another page is refused with 403:
-`Sec-Fetch-Site` other than `same-origin` or `none` (`same-site` too: another port or subdomain
-is another program), or an `Origin` that is not the server's own (the request's scheme, and its
-Host's name and port). Origins listed in `--allowed-origins` pass, and so do requests with
-neither header (curl, SDKs). CORS preflights are answered before this check when CORS is on.
-
-**What needs a key.** With keys configured, every request needs one except
-
-- `/health`, so load balancers and orchestrators can probe without secrets, and
-- GET and HEAD outside the API namespace: those can only reach the static chat UI (`/`,
-  `/index.html` and the files beside it), which is public by design. It asks for the key itself.
-
-The API namespace is every path whose first segment is `v1` or `metrics`. Every other method,
-and every WebSocket upgrade whatever its path, needs the key too, so a route added later is
-guarded unless it is a GET outside `/v1` (put new API routes under `/v1`). The decision is made on
-a canonical form of the path: percent-escapes decoded until none are left, backslashes read as
-slashes, empty and `.` segments dropped, `..` resolved, case folded. So `//v1/models`,
-`/v1//models`, `/%2Fv1/models`, `/v1/models/`, `/V1/models` and `/x/../v1/models` are all
-guarded; routing needs the exact path to reach an endpoint, so nothing routed to a guarded
-endpoint escapes the check.
-
-**How to send the key.** HTTP: `Authorization: Bearer KEY`. WebSocket: the same header (non-browser
-clients), or, since browsers cannot set headers on a WebSocket, as a subprotocol:
-`new WebSocket(url, ["baton", "baton.bearer." + KEY])`. The key protocol is removed before the
-endpoint sees the handshake, and the server answers with the `baton` protocol, which browsers
-require when they offered any. A key sent this way must consist of token characters (letters,
-digits and ``!#$%&'*+-.^_`|~``). Keys are not accepted in the query string: URLs end up in logs.
-Keys are compared by their SHA-256 digests with `hmac.compare_digest`, against every configured
-key without stopping at a match, so the time taken tells nothing about which key, or how much of
-one, matched.
-
-**WebSocket origins.** An upgrade with no `Origin` (a non-browser client), with the server's own
-origin (the chat UI served from here: an http page for ws://, https for wss://, the same name and
-port), or with an origin listed in `--allowed-origins` (`*` allows all) is let through; any
-other is refused with 403 before the socket is accepted, which stops other web pages from driving
-the server with a visitor's browser.
+Each check's reason is in docs/architecture.md (Serving, Security).
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""Per-request OpenTelemetry tracing: one SERVER span per engine request, from arrival to
-finish, with child spans for the queue, each prefill chunk and the decode, and events for
-preemptions. The engine records its own timestamps as it goes (core/request.py); the span tree
-is built once the request has finished, with explicit start and end times converted from the
-engine's monotonic clock to epoch nanoseconds by one offset. With no exporter configured none
-of this exists: no processor, no listener, no span objects.
-
-Spans are made as finished `ReadableSpan`s and handed straight to the span processors rather
-than started and ended through a `Tracer`: the tree is known whole at the end, and skipping the
-live-span machinery (sampler, contexts, attribute copies, locks) makes a request's spans about
-2.5 times cheaper to build (docs/benchmarks.md). Every traced request is recorded; there is no
-sampler."""
+"""Per-request OpenTelemetry tracing: one SERVER span per engine request, with children for the
+queue, each prefill chunk and the decode, built once the request has finished from the engine's
+own timestamps. With no exporter configured none of it exists."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
-"""The WebSocket protocol at `/v1/ws`: many generate requests multiplexed on one socket.
-
-Client → server text frames: `{"type": "generate", "id": ID, "prompt" | "messages": ..., ...}`
-with the HTTP API's parameters, and `{"type": "cancel", "id": ID}`. ID is a string or an integer,
-chosen by the client and echoed back; it must be unique among the socket's in-flight requests.
-
-Server → client: `{"type": "token", "id", "text", "index"}` once per engine step that produced
-text for the request, where `index` counts that request's token frames from 0 (so a client can
-check it missed none); then `{"type": "done", "id", "finish_reason", "usage", "timing"}`, or
-`{"type": "error", "id", "error": {"message", "type", "param", "code"}}` instead. An id is a
-string of at most 256 characters or a 64-bit integer, since every frame echoes it. A frame the
-server cannot act on gets an error frame (`id` null when it has none) and the socket stays open.
-Binary frames are read as UTF-8 JSON too. A cancel for an id not in flight is ignored: it raced
-the request's end. Closing the socket aborts all of its requests.
+"""The WebSocket protocol at `/v1/ws`: many generate requests multiplexed on one socket, one
+task each; the frames are listed in docs/architecture.md (Serving, Routes).
 """
 
 from __future__ import annotations

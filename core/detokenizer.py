@@ -1,13 +1,6 @@
 """Incremental detokenization: one request's token ids in, text deltas out, no character split.
 
-The method is the prefix-window one (as in vLLM and `tokenizers`' own `DecodeStream`): decode a
-short window of recent ids and hand out the part of its text not handed out before. Decoding the
-window rather than the new token alone keeps what depends on neighbours right: byte-level BPE
-characters split over several tokens, and the leading space SentencePiece decoders drop from the
-first token of a decode. It is written here rather than taken from `DecodeStream` because that
-keeps no way to release what it holds back when the stream ends (an unfinished character would
-vanish instead of showing as U+FFFD) and withholds all new text while it ends in U+FFFD, where
-this releases the text before the unfinished character.
+A prefix window, as vLLM's; why not `tokenizers`' `DecodeStream` is in docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """The output-length predictor: how many tokens a request will generate, learned online from
-the requests that finished (prompt length and max_tokens → output length).
-
-Requests are bucketed by the powers of two of their prompt length and of their `max_tokens`;
-each bucket keeps the mean fraction of `max_tokens` its requests used. A bucket with few
-samples leans on the global mean, and with none at all the prediction is `max_tokens` itself
-(the pessimistic answer a scheduler without a predictor has to assume). Cancelled and failed
-requests are left out: their length says nothing about the model's.
+the requests that finished, as the mean fraction of `max_tokens` used per bucket of
+(log2 prompt length, log2 `max_tokens`), shrunk toward the global mean.
 """
 
 from __future__ import annotations

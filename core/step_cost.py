@@ -1,15 +1,8 @@
 """The step-cost model: how long a step takes, predicted from what it carries.
 
-A step's duration is modelled as linear in its composition, with non-negative coefficients:
-
     seconds = base + prefill_tokens·a_p + decode_tokens·a_d + context_tokens·a_c
 
-(the shape Sarathi-Serve and DistServe use for iteration latency: a fixed launch overhead, a
-compute term per token, an attention term per KV entry read). A per-sequence term is left out
-on purpose: a step's sequences are its decodes plus a chunk or two, so it is all but collinear
-with the decode count and would leave the fit unidentifiable.
-The coefficients are fitted online by recursive least squares with a forgetting factor, so the
-model follows a machine whose speed drifts; core/step_cost_profile.py seeds it before traffic.
+Non-negative coefficients, fitted online by recursive least squares with forgetting.
 """
 
 from __future__ import annotations
