@@ -2,9 +2,10 @@
 `transformers serve`, vLLM, ...), after the shape of vLLM's benchmark_serving.
 
 It streams completions or chat completions over SSE at a Poisson (or gamma-bursty) request
-rate, optionally capped in concurrency, and reports TTFT, TPOT, ITL and end-to-end latency
-(mean, p50, p90, p99), request and token throughput and goodput, as a table, a JSON file and a
-PNG of latency CDFs (and goodput against rate when several rates run).
+rate or at a recorded trace's own arrival times, optionally capped in concurrency, and reports
+TTFT, TPOT, ITL and end-to-end latency (mean, p50, p90, p99), request and token throughput and
+goodput, as a table, a JSON file and a PNG of latency CDFs (and goodput against rate when
+several rates run).
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ import time
 from dataclasses import dataclass, field
 
 from core.latency import SLOOutcome, percentile, tpot_ms
+from core.trace import load_trace
 from core.workloads import WORKLOADS, arrival_rng, arrival_times, sample_requests
+
+# Prompts sent from a random or synthetic dataset when --num-prompts is not given.
+DEFAULT_NUM_PROMPTS = 100
 
 # Common English words, about one token each in most vocabularies: prompts of N words are
 # prompts of about N tokens; the server's usage.prompt_tokens gives the exact count.
@@ -39,6 +44,7 @@ class BenchRequest:
     ttft_ms: float | None = None  # per-class targets (--slo-classes)
     tpot_ms: float | None = None
     priority: int = 0
+    arrival_s: float | None = None  # a trace's own arrival time
 
 
 @dataclass(slots=True)
@@ -68,7 +74,23 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default=None, help="model name (default: the server's first)")
     parser.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
     parser.add_argument("--api-key", default=None)
-    parser.add_argument("--dataset", choices=["random", "synthetic-chat"], default="random")
+    parser.add_argument(
+        "--dataset", choices=["random", "synthetic-chat", "trace"], default="random"
+    )
+    parser.add_argument(
+        "--trace-file",
+        metavar="PATH",
+        default=None,
+        help="trace: JSONL rows (arrival_s, prompt_tokens, output_tokens, optional ttft_ms, "
+        "tpot_ms, priority, class) or the Azure LLM inference trace CSV, replayed at its own "
+        "arrival times unless --request-rate is given",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="trace: multiply every arrival time (0.5 replays at twice the rate)",
+    )
     parser.add_argument("--input-len", type=int, default=128, help="random: prompt words")
     parser.add_argument("--output-len", type=int, default=64, help="random: max_tokens")
     parser.add_argument(
@@ -81,26 +103,37 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> None:
         "--length-scale",
         type=float,
         default=1.0,
-        help="synthetic-chat: multiply every prompt and output length (small models, CPUs)",
+        help="synthetic-chat, trace: multiply every prompt and output length (small models, CPUs)",
     )
     parser.add_argument(
-        "--slo-scale", type=float, default=1.0, help="synthetic-chat: multiply the class SLOs"
+        "--slo-scale",
+        type=float,
+        default=1.0,
+        help="synthetic-chat, trace: multiply the SLO targets",
     )
     parser.add_argument(
         "--slo-classes",
         action="store_true",
-        help="synthetic-chat: count goodput against each request class's SLO targets",
+        help="synthetic-chat, trace: count goodput against each request's own SLO targets (its "
+        "class's; a trace row's, or its named class's)",
     )
     parser.add_argument(
         "--send-slo",
         action="store_true",
         help="send each request's slo and priority (Baton's extension; other servers refuse it)",
     )
-    parser.add_argument("--num-prompts", type=int, default=100)
+    parser.add_argument(
+        "--num-prompts",
+        type=int,
+        default=None,
+        help=f"requests to send (default {DEFAULT_NUM_PROMPTS}); trace: its first rows "
+        "(default all)",
+    )
     parser.add_argument(
         "--request-rate",
-        default="inf",
-        help="requests per second, or a comma-separated list to sweep (inf: all at once)",
+        default=None,
+        help="requests per second, or a comma-separated list to sweep (inf: all at once; the "
+        "default, but a trace's own arrival times for --dataset trace)",
     )
     parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1: Poisson)")
     parser.add_argument("--max-concurrency", type=int, default=None)
@@ -121,16 +154,19 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    rates = parse_rates(args.request_rate)
     goodput = parse_goodput(args.goodput)
-    if args.num_prompts < 1:
+    if args.num_prompts is not None and args.num_prompts < 1:
         raise ValueError("--num-prompts must be >= 1")
+    if (args.dataset == "trace") != (args.trace_file is not None):
+        raise ValueError("--dataset trace and --trace-file PATH go together")
     requests = make_requests(args)
     runs = []
-    for rate in rates:
-        results, duration = asyncio.run(benchmark(args, requests, rate))
+    for rate, offsets in schedules(args, requests):
+        results, duration = asyncio.run(benchmark(args, requests, offsets))
         summary = summarize(results, duration, goodput)
         summary = {"label": args.label, "request_rate": rate, **summary}
+        if args.dataset == "trace":
+            summary["arrivals"] = "request-rate" if args.request_rate else "trace"
         print_summary(summary)
         runs.append((summary, results))
     report = runs[0][0] if len(runs) == 1 else {"runs": [summary for summary, _ in runs]}
@@ -140,6 +176,21 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(runs, args.plot)
     return 0 if all(summary["completed"] for summary, _ in runs) else 1
+
+
+def schedules(
+    args: argparse.Namespace, requests: list[BenchRequest]
+) -> list[tuple[float, list[float]]]:
+    """Each run's request rate and send times (seconds from its start): a trace's own, or
+    gamma-distributed at each --request-rate."""
+    if args.dataset == "trace" and args.request_rate is None:
+        offsets = [request.arrival_s or 0.0 for request in requests]
+        span = offsets[-1] - offsets[0]
+        return [((len(offsets) - 1) / span if span > 0 else math.inf, offsets)]
+    return [
+        (rate, arrival_times(len(requests), rate, arrival_rng(args.seed), args.burstiness))
+        for rate in parse_rates(args.request_rate or "inf")
+    ]
 
 
 def parse_rates(text: str) -> list[float]:
@@ -171,11 +222,23 @@ def make_requests(args: argparse.Namespace) -> list[BenchRequest]:
         out_high = max(out_low, round(args.output_len * (1 + args.range_ratio)))
         return [
             BenchRequest(words(rng, rng.randint(low, high)), rng.randint(out_low, out_high))
-            for _ in range(args.num_prompts)
+            for _ in range(args.num_prompts or DEFAULT_NUM_PROMPTS)
         ]
-    specs = sample_requests(
-        args.workload, args.num_prompts, math.inf, args.seed, length_scale=args.length_scale
-    )
+    if args.dataset == "trace":
+        specs = load_trace(
+            args.trace_file,
+            time_scale=args.time_scale,
+            length_scale=args.length_scale,
+            limit=args.num_prompts,
+        )
+    else:
+        specs = sample_requests(
+            args.workload,
+            args.num_prompts or DEFAULT_NUM_PROMPTS,
+            math.inf,
+            args.seed,
+            length_scale=args.length_scale,
+        )
     scale = args.slo_scale if args.slo_classes else None
     return [
         BenchRequest(
@@ -184,6 +247,7 @@ def make_requests(args: argparse.Namespace) -> list[BenchRequest]:
             _target(spec.request_class.ttft_ms, scale),
             _target(spec.request_class.tpot_ms, scale),
             spec.request_class.priority if scale is not None else 0,
+            spec.arrival_s,
         )
         for spec in specs
     ]
@@ -198,7 +262,7 @@ def words(rng: random.Random, count: int) -> str:
 
 
 async def benchmark(
-    args: argparse.Namespace, requests: list[BenchRequest], rate: float
+    args: argparse.Namespace, requests: list[BenchRequest], offsets: list[float]
 ) -> tuple[list[RequestResult], float]:
     import httpx  # the client's only dependency beyond the standard library
 
@@ -210,7 +274,6 @@ async def benchmark(
     ) as client:
         model = args.model or await first_model(client)
         limit = asyncio.Semaphore(args.max_concurrency or len(requests))
-        offsets = arrival_times(len(requests), rate, arrival_rng(args.seed), args.burstiness)
         started = time.perf_counter()
 
         async def issue(request: BenchRequest, offset: float) -> RequestResult:

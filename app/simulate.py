@@ -1,5 +1,6 @@
-"""`baton simulate`: run scheduling policies on the same simulated arrivals and compare their
-goodput, SLO attainment and latency (core/simulator.py does the simulating)."""
+"""`baton simulate`: run scheduling policies on the same simulated arrivals, drawn from a
+workload or replayed from a trace, and compare their goodput, SLO attainment and latency
+(core/simulator.py does the simulating)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ import urllib.request
 from app.settings import ServerSettings
 from core.config import POLICIES, EngineConfig
 from core.request import EngineRequest
-from core.simulator import DEFAULT_COST, SimulationConfig, simulate, summarize
+from core.simulator import DEFAULT_COST, SimulationConfig, queue_trend, simulate, summarize
 from core.step_cost import CostCoefficients
 from core.step_cost_profile import profile_executor
-from core.workloads import WORKLOADS, sample_requests
+from core.trace import load_trace
+from core.workloads import WORKLOADS, WorkloadRequest, sample_requests
+
+# Requests drawn from a synthetic workload when --num-requests is not given.
+DEFAULT_NUM_REQUESTS = 2000
 
 # Timed passes over the profile's step shapes when calibrating to a model (a server takes one).
 CALIBRATION_ROUNDS = 3
@@ -32,6 +37,20 @@ def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
     defaults = EngineConfig()
     parser.add_argument("--policy", default="slo,fcfs,static", help="comma-separated policies")
     parser.add_argument("--workload", choices=list(WORKLOADS), default="mixed")
+    parser.add_argument(
+        "--workload-file",
+        metavar="PATH",
+        default=None,
+        help="replay a trace instead of drawing a workload: JSONL rows (arrival_s, "
+        "prompt_tokens, output_tokens, optional ttft_ms, tpot_ms, priority, class) or the Azure "
+        "LLM inference trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="--workload-file: multiply every arrival time (0.5 replays at twice the rate)",
+    )
     rate = parser.add_mutually_exclusive_group()
     rate.add_argument("--rate", type=float, default=None, help="requests per second")
     rate.add_argument(
@@ -43,7 +62,13 @@ def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1: Poisson)"
     )
-    parser.add_argument("--num-requests", type=int, default=2000)
+    parser.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help=f"requests to draw (default {DEFAULT_NUM_REQUESTS}); with --workload-file, the "
+        "trace's first rows to replay (default all)",
+    )
     parser.add_argument(
         "--length-scale", type=float, default=1.0, help="multiply every prompt and output length"
     )
@@ -100,8 +125,15 @@ def run(args: argparse.Namespace) -> int:
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
         raise ValueError(f"--policy takes a comma-separated list of {', '.join(POLICIES)}")
-    if args.num_requests < 1:
+    if args.num_requests is not None and args.num_requests < 1:
         raise ValueError("--num-requests must be >= 1")
+    if args.workload_file and (args.rate is not None or args.load is not None):
+        raise ValueError(
+            "--rate and --load do not apply to --workload-file: the trace sets the arrival "
+            "times (--time-scale speeds them up or slows them down)"
+        )
+    if args.time_scale != 1.0 and not args.workload_file:
+        raise ValueError("--time-scale applies to --workload-file only; use --rate or --load")
     if args.slo_admission_factor < 0:
         raise ValueError(f"--slo-admission-factor must be >= 0, got {args.slo_admission_factor}")
     config = SimulationConfig(
@@ -119,22 +151,39 @@ def run(args: argparse.Namespace) -> int:
         slo_scale=args.slo_scale,
         slo_admission_factor=args.slo_admission_factor,
     )
-    saturation = None
-    rate = args.rate
-    if rate is None:
-        saturation = saturation_rps(
-            args.workload, args.num_requests, args.seed, config, args.length_scale
+    if args.workload_file:
+        workload = load_trace(
+            args.workload_file,
+            time_scale=args.time_scale,
+            length_scale=args.length_scale,
+            limit=args.num_requests,
         )
-        rate = (0.9 if args.load is None else args.load) * saturation
-    workload = sample_requests(
-        args.workload, args.num_requests, rate, args.seed, args.burstiness, args.length_scale
-    )
+        rate = mean_rate(workload)
+        # A trace's own rows queued at once say little of saturation: too few to fill the
+        # machine for long, they measure mostly the longest answer's drain.
+        saturation = None
+    else:
+        num_requests = args.num_requests or DEFAULT_NUM_REQUESTS
+        saturation = None
+        rate = args.rate
+        if rate is None:
+            saturation = saturation_rps(
+                args.workload, num_requests, args.seed, config, args.length_scale
+            )
+            rate = (0.9 if args.load is None else args.load) * saturation
+        workload = sample_requests(
+            args.workload, num_requests, rate, args.seed, args.burstiness, args.length_scale
+        )
     report = {}
     for policy in policies:
         started = time.perf_counter()
         result = simulate(policy, workload, config)
         summary = summarize(result.records)
         classes = sorted({r.class_name for r in result.records})
+        trend = queue_trend(result.records)
+        warning = trend.warning()
+        if warning:
+            print(f"baton simulate: warning: {policy}: {warning}", file=sys.stderr)
         report[policy] = {
             **summary,
             "rate_rps": rate,
@@ -143,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
             "num_steps": result.num_steps,
             "step_cost_model_error_ratio": result.step_cost_error,
             "length_predictor_error_ratio": result.length_error,
+            "queue": trend.as_dict(),
+            "warning": warning,
             "classes": {
                 name: summarize([r for r in result.records if r.class_name == name])
                 for name in classes
@@ -152,8 +203,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print_table(report, args, rate, saturation, config.cost)
+        print_table(report, args, len(workload), rate, saturation, config.cost)
     return 0
+
+
+def mean_rate(workload: list[WorkloadRequest]) -> float:
+    """Arrivals per second over a workload's arrival span (infinite when all arrive at once)."""
+    span = workload[-1].arrival_s - workload[0].arrival_s
+    return (len(workload) - 1) / span if span > 0 else math.inf
 
 
 def saturation_rps(
@@ -253,30 +310,42 @@ def _format_cost(cost: CostCoefficients) -> str:
 
 
 def print_table(
-    report: dict, args: argparse.Namespace, rate: float, saturation: float | None, cost
+    report: dict,
+    args: argparse.Namespace,
+    num_requests: int,
+    rate: float,
+    saturation: float | None,
+    cost,
 ) -> None:
     load = f" ({rate / saturation:.0%} of saturation {saturation:.2f}/s)" if saturation else ""
+    if args.workload_file:
+        source = f"trace {args.workload_file} (time scale {args.time_scale:g})"
+    else:
+        source = f"workload {args.workload}, burstiness {args.burstiness}"
     print(
-        f"workload {args.workload}, {args.num_requests} requests at {rate:.2f}/s{load}, "
-        f"burstiness {args.burstiness}, seed {args.seed}; cost {_format_cost(cost)}"
+        f"{source}, {num_requests} requests at {rate:.2f}/s{load}, seed {args.seed}; "
+        f"cost {_format_cost(cost)}"
     )
     header = (
         f"{'policy':<18}{'goodput/s':>10}{'SLO met':>9}{'TTFT p50':>10}{'TTFT p99':>10}"
-        f"{'TPOT p99':>10}{'max wait':>10}{'preempt':>9}{'rejected':>10}"
+        f"{'TTFT max':>10}{'TPOT p99':>10}{'max wait':>10}{'preempt':>9}{'max/req':>8}"
+        f"{'rejected':>10}"
     )
     print(header)
     print("-" * len(header))
     for policy, row in report.items():
         print(
             f"{policy:<18}{row['goodput_rps']:>10.2f}{row['slo_attainment']:>9.1%}"
-            f"{_ms(row['ttft_p50_ms'])}{_ms(row['ttft_p99_ms'])}{_ms(row['tpot_p99_ms'])}"
-            f"{_ms(row['max_wait_ms'])}{row['num_preemptions']:>9}{row['rejected']:>10}"
+            f"{_ms(row['ttft_p50_ms'])}{_ms(row['ttft_p99_ms'])}{_ms(row['ttft_max_ms'])}"
+            f"{_ms(row['tpot_p99_ms'])}{_ms(row['max_wait_ms'])}{row['num_preemptions']:>9}"
+            f"{row['max_preemptions_per_request']:>8}{row['rejected']:>10}"
         )
         for name, cls in row["classes"].items():
             print(
                 f"  {name:<16}{cls['goodput_rps']:>10.2f}{cls['slo_attainment']:>9.1%}"
-                f"{_ms(cls['ttft_p50_ms'])}{_ms(cls['ttft_p99_ms'])}{_ms(cls['tpot_p99_ms'])}"
-                f"{_ms(cls['max_wait_ms'])}{'':>9}{cls['rejected']:>10}"
+                f"{_ms(cls['ttft_p50_ms'])}{_ms(cls['ttft_p99_ms'])}{_ms(cls['ttft_max_ms'])}"
+                f"{_ms(cls['tpot_p99_ms'])}{_ms(cls['max_wait_ms'])}{'':>9}"
+                f"{cls['max_preemptions_per_request']:>8}{cls['rejected']:>10}"
             )
 
 

@@ -13,6 +13,7 @@ model ends its answer at the workload's output length (EOS), or at its `max_toke
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field
 
@@ -26,7 +27,7 @@ from core.simulated_executor import SimulatedClock, SimulatedExecutor
 from core.step_cost import CostCoefficients
 from core.step_cost_profile import profile_shapes, warm_up
 from core.ttft_forecast import TTFTForecast
-from core.workloads import RequestClass, WorkloadRequest
+from core.workloads import RequestClass, TraceClass, WorkloadRequest
 
 # Roughly an 8B model on one H100-class GPU: 10 ms per step, 16k prefill tokens/s, 0.2 ms per
 # decoding sequence and 0.1 µs per KV entry read.
@@ -74,6 +75,7 @@ class RequestRecord:
     finish_reason: FinishReason | None = None
     # Refused by SLO admission control at arrival (its times are then its arrival time).
     rejected: bool = False
+    num_preemptions: int = 0
 
     @property
     def ttft_ms(self) -> float:
@@ -269,7 +271,7 @@ def _submit(
         raise ValueError(f"workload request {index} cannot be simulated: {error}") from None
 
 
-def _slo(request_class: RequestClass, slo_scale: float) -> SLO:
+def _slo(request_class: RequestClass | TraceClass, slo_scale: float) -> SLO:
     return SLO(_scaled(request_class.ttft_ms, slo_scale), _scaled(request_class.tpot_ms, slo_scale))
 
 
@@ -289,6 +291,7 @@ def _record(request: Request, class_name: str) -> RequestRecord:
         request.first_token_time,
         request.finish_time,
         request.finish_reason,
+        num_preemptions=request.num_preemptions,
     )
 
 
@@ -334,4 +337,70 @@ def summarize(records: list[RequestRecord]) -> dict[str, float | int | None]:
         "tpot_p50_ms": latency.percentile(tpots, 50),
         "tpot_p99_ms": latency.percentile(tpots, 99),
         "max_wait_ms": max((r.wait_ms for r in served), default=None),
+        "max_preemptions_per_request": max(r.num_preemptions for r in records),
     }
+
+
+# Queue growth under this share of the second half's arrivals, or under this many requests, is
+# the noise of a stable load (a burst late in the run); above both, the load outruns the machine.
+QUEUE_GROWTH_SHARE = 0.02
+QUEUE_GROWTH_MIN = 10
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTrend:
+    """Whether the waiting queue was still growing when the arrivals ended: a run shorter than
+    the time an overload takes to show would otherwise report it as a healthy load. Counted at
+    the midpoint and the end of the arrival span, over the requests that were served."""
+
+    waiting_at_midpoint: int
+    waiting_at_last_arrival: int
+    # Served arrivals in the span's second half over the requests that started service then:
+    # above 1 the queue grows, as with arrivals faster than the machine serves them.
+    arrival_over_service_rate: float
+
+    @property
+    def growing(self) -> bool:
+        growth = self.waiting_at_last_arrival - self.waiting_at_midpoint
+        return (
+            growth >= QUEUE_GROWTH_MIN and self.arrival_over_service_rate > 1 + QUEUE_GROWTH_SHARE
+        )
+
+    def warning(self) -> str | None:
+        if not self.growing:
+            return None
+        return (
+            "the waiting queue was still growing when the arrivals ended "
+            f"({self.waiting_at_midpoint} waiting at the midpoint, "
+            f"{self.waiting_at_last_arrival} at the last arrival; "
+            f"requests arrived {self.arrival_over_service_rate:.2f}x as fast as they started): "
+            "the load is past what this machine serves, and a longer run would show worse figures"
+        )
+
+    def as_dict(self) -> dict[str, float | int | str | None]:
+        return {
+            "waiting_at_midpoint": self.waiting_at_midpoint,
+            "waiting_at_last_arrival": self.waiting_at_last_arrival,
+            "arrival_over_service_rate": self.arrival_over_service_rate,
+            "growing": self.growing,
+        }
+
+
+def queue_trend(records: list[RequestRecord]) -> QueueTrend:
+    """The waiting queue (arrived, not yet scheduled) at the midpoint and at the end of the
+    arrivals; a refused request never waited, so it is not counted."""
+    served = [r for r in records if not r.rejected]
+    if not served:
+        return QueueTrend(0, 0, 1.0)
+    first = min(r.arrival_s for r in served)
+    last = max(r.arrival_s for r in served)
+    middle = (first + last) / 2
+
+    def waiting(at: float) -> int:
+        return sum(1 for r in served if r.arrival_s <= at < r.first_scheduled_s)
+
+    at_middle, at_end = waiting(middle), waiting(last)
+    arrived = sum(1 for r in served if middle < r.arrival_s <= last)
+    started = arrived - (at_end - at_middle)
+    ratio = arrived / started if started > 0 else (math.inf if arrived else 1.0)
+    return QueueTrend(at_middle, at_end, ratio)

@@ -1,6 +1,7 @@
 """Request workloads shared by the simulator (`baton simulate`) and the benchmark client
 (`baton bench`): request classes with log-normal prompt and output lengths and their own SLO
-targets and priority, mixed by weight, and Poisson or bursty (gamma) arrivals."""
+targets and priority, mixed by weight, and Poisson or bursty (gamma) arrivals. Recorded traces
+(core/trace.py) become the same `WorkloadRequest`s."""
 
 from __future__ import annotations
 
@@ -72,18 +73,32 @@ WORKLOADS: dict[str, list[tuple[RequestClass, float]]] = {
     "mixed": [(CHAT, 0.7), (RAG, 0.3)],
     "long-generation": [(LONG_GENERATION, 1.0)],
 }
+# The classes a trace row may name to take their targets and priority.
+REQUEST_CLASSES = {c.name: c for c in (CHAT, RAG, LONG_GENERATION)}
+
+
+@dataclass(frozen=True, slots=True)
+class TraceClass:
+    """The class of a recorded request: its name, SLO targets and priority. Unlike a
+    `RequestClass` it draws no lengths: the trace row gives them."""
+
+    name: str
+    ttft_ms: float | None
+    tpot_ms: float | None
+    priority: int
 
 
 @dataclass(frozen=True, slots=True)
 class WorkloadRequest:
     """One request to issue: when, how long its prompt is, how many tokens it will generate
-    (`output_len`, its "true" length) and may generate (`max_tokens`), and its class."""
+    (`output_len`, its "true" length) and may generate (`max_tokens`), and its class, which
+    gives its name, SLO targets and priority."""
 
     arrival_s: float
     prompt_len: int
     output_len: int
     max_tokens: int
-    request_class: RequestClass
+    request_class: RequestClass | TraceClass
 
 
 def arrival_times(
@@ -134,14 +149,15 @@ def sample_requests(
         requests.append(
             WorkloadRequest(
                 arrival,
-                _scaled(prompt_len, length_scale),
-                _scaled(output_len, length_scale),
-                _scaled(request_class.max_tokens, length_scale),
+                scale_length(prompt_len, length_scale),
+                scale_length(output_len, length_scale),
+                scale_length(request_class.max_tokens, length_scale),
                 request_class,
             )
         )
     return requests
 
 
-def _scaled(length: int, scale: float) -> int:
+def scale_length(length: int, scale: float) -> int:
+    """A token count times `scale`, never below one token."""
     return max(1, round(length * scale))

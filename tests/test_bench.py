@@ -1,5 +1,6 @@
 """`baton bench` against a running test server: JSON metrics, goodput, a PNG of the CDFs, a
-rate sweep, the chat endpoint with per-class SLOs, and failures counted rather than fatal."""
+rate sweep, the chat endpoint with per-class SLOs, trace replay at the trace's own times or at
+a set rate, and failures counted rather than fatal."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 import pytest
 
 from app.cli import main
+from core.trace import load_trace
 from tests.server_harness import base_url, running_server, simulated_engine
+from tests.test_trace import AZURE_TRACE, JSONL_TRACE
 
 LATENCY_FIELDS = [
     f"{stat}_{metric}_ms"
@@ -100,6 +103,79 @@ def test_bench_sweeps_rates_on_the_chat_endpoint_with_class_slos(server, tmp_pat
     assert [run["request_rate"] for run in runs] == [50, float("inf")]
     assert all(run["completed"] == 12 for run in runs)
     assert png.stat().st_size > 0
+
+
+def test_bench_replays_a_trace_at_its_own_arrival_times_with_its_targets(server, tmp_path):
+    result_json = tmp_path / "trace.json"
+    code = main(
+        [
+            "bench",
+            "--base-url",
+            server,
+            "--dataset",
+            "trace",
+            "--trace-file",
+            str(JSONL_TRACE),
+            "--time-scale",
+            "0.05",
+            "--length-scale",
+            "0.02",
+            "--slo-classes",
+            "--slo-scale",
+            "100",
+            "--send-slo",
+            "--ignore-eos",
+            "--result-json",
+            str(result_json),
+        ]
+    )
+    assert code == 0
+    report = json.loads(result_json.read_text())
+    replayed = load_trace(JSONL_TRACE, time_scale=0.05, length_scale=0.02)
+    assert report["arrivals"] == "trace"
+    assert report["completed"] == len(replayed) == 48 and report["failed"] == 0
+    assert report["total_output_tokens"] == sum(r.output_len for r in replayed)
+    span = replayed[-1].arrival_s - replayed[0].arrival_s
+    assert report["request_rate"] == pytest.approx(47 / span)
+    # The last request is sent at the trace's last arrival, not before.
+    assert report["duration_s"] >= span
+    assert 0 <= report["slo_attainment"] <= 1
+
+
+def test_bench_replays_an_azure_trace_at_a_set_rate_and_refuses_a_missing_file(
+    server, tmp_path, capsys
+):
+    result_json = tmp_path / "azure.json"
+    code = main(
+        [
+            "bench",
+            "--base-url",
+            server,
+            "--dataset",
+            "trace",
+            "--trace-file",
+            str(AZURE_TRACE),
+            "--num-prompts",
+            "6",
+            "--length-scale",
+            "0.02",
+            "--request-rate",
+            "200",
+            "--ignore-eos",
+            "--result-json",
+            str(result_json),
+        ]
+    )
+    assert code == 0
+    report = json.loads(result_json.read_text())
+    assert report["arrivals"] == "request-rate" and report["request_rate"] == 200
+    assert report["completed"] == 6
+    expected = sum(r.output_len for r in load_trace(AZURE_TRACE, length_scale=0.02, limit=6))
+    assert report["total_output_tokens"] == expected
+    assert main(["bench", "--dataset", "trace"]) == 2
+    assert "--trace-file" in capsys.readouterr().err
+    missing = str(tmp_path / "missing.jsonl")
+    assert main(["bench", "--dataset", "trace", "--trace-file", missing]) == 2
 
 
 def test_bench_counts_refused_requests_as_failures(server, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """`baton simulate`: the JSON report's schema, repeatable runs, the engine's own loop charged
 the true step cost and stopping each answer at its length, arrival processes, the ordering of
-policies on a loaded mixed workload, and SLO admission control on the simulated clock."""
+policies on a loaded mixed workload, SLO admission control on the simulated clock, preemptions
+counted per request, and the warning when the queue is still growing at the end."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from app.cli import main
 from core.request import FinishReason
-from core.simulator import SimulationConfig, simulate, summarize
+from core.simulator import SimulationConfig, queue_trend, simulate, summarize
 from core.step_cost import CostCoefficients, StepShape
 from core.workloads import (
     LengthDistribution,
@@ -28,6 +29,7 @@ FIELDS = (
     "slo_attainment",
     "ttft_p50_ms",
     "ttft_p99_ms",
+    "ttft_max_ms",
     "tpot_p99_ms",
     "max_wait_ms",
 )
@@ -58,8 +60,12 @@ def test_simulate_json_has_one_entry_per_policy_with_the_contract_fields(capsys)
             assert isinstance(row[name], float) and math.isfinite(row[name])
         assert 0 <= row["slo_attainment"] <= 1
         assert row["num_requests"] == 150
-        assert row["ttft_p50_ms"] <= row["ttft_p99_ms"]
+        assert row["ttft_p50_ms"] <= row["ttft_p99_ms"] <= row["ttft_max_ms"]
         assert set(row["classes"]) == {"interactive", "rag"}
+        for figures in (row, *row["classes"].values()):
+            assert isinstance(figures["max_preemptions_per_request"], int)
+            assert math.isfinite(figures["ttft_max_ms"])
+        assert row["warning"] is None and row["queue"]["growing"] is False
     assert report["static"]["goodput_rps"] < report["slo"]["goodput_rps"]
 
 
@@ -222,3 +228,34 @@ def test_simulate_calibrates_the_cost_to_a_real_model(llama_checkpoint, capsys):
     decode_s = fitted.predict(StepShape(0, 1, 64))
     assert 2e-5 < decode_s < 1.0
     assert json.loads(captured.out)["slo"]["num_requests"] == 20
+
+
+def test_preemptions_are_counted_per_request_and_add_up_to_the_scheduler_total():
+    workload = sample_requests("mixed", 150, 8.0, seed=0)
+    result = simulate("fcfs", workload, SimulationConfig(num_kv_blocks=700))
+    per_request = [r.num_preemptions for r in result.records]
+    assert result.num_preemptions > 0
+    assert sum(per_request) == result.num_preemptions
+    assert summarize(result.records)["max_preemptions_per_request"] == max(per_request) >= 1
+
+
+def test_a_run_that_ends_while_the_queue_grows_warns_in_the_json_and_on_stderr(capsys):
+    args = ["simulate", "--json", "--policy", "fcfs", "--workload", "mixed", "--seed", "0"]
+    assert main([*args, "--rate", "30", "--num-requests", "300"]) == 0
+    captured = capsys.readouterr()
+    row = json.loads(captured.out)["fcfs"]
+    queue = row["queue"]
+    assert queue["growing"] is True
+    assert queue["waiting_at_last_arrival"] > queue["waiting_at_midpoint"] + 10
+    assert queue["arrival_over_service_rate"] > 1.5
+    assert "still growing" in row["warning"]
+    assert f"warning: fcfs: {row['warning']}" in captured.err
+
+
+def test_a_stable_load_or_a_burst_at_time_zero_does_not_warn():
+    stable = simulate("fcfs", sample_requests("chat", 400, 8.0, seed=2), SimulationConfig())
+    assert queue_trend(stable.records).warning() is None
+    backlog = simulate("fcfs", sample_requests("chat", 100, math.inf, seed=2), SimulationConfig())
+    trend = queue_trend(backlog.records)
+    assert trend.waiting_at_midpoint == trend.waiting_at_last_arrival
+    assert not trend.growing
