@@ -45,6 +45,14 @@ def simulated_engine(
     )
 
 
+def paced_executor(num_kv_blocks: int, vocab_size: int, step_s: float) -> SimulatedExecutor:
+    """Instant tokens after `step_s` of real time per step, so a request can be caught in
+    prefill or decode."""
+    return SimulatedExecutor(
+        num_kv_blocks, 16, vocab_size, on_batch=lambda _batch: time.sleep(step_s)
+    )
+
+
 # Prompts starting with this token id make a ControlledExecutor raise: an injected fault.
 FAULTY_TOKEN = 99
 

@@ -16,10 +16,9 @@ import app.async_engine
 from app.async_engine import MAX_RETRY_AFTER_S, AsyncEngine, QueueFullError
 from core.batch import Batch, ExecutorOutput
 from core.engine import Engine
-from core.request import EngineRequest
-from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedExecutor
 from core.tokenizer import Tokenizer
+from tests.factory import make_request
 from tests.server_harness import base_url, running_server, simulated_engine
 
 GATE_TIMEOUT_S = 20
@@ -104,10 +103,10 @@ def test_retry_after_is_the_drain_time_at_the_recent_completion_rate(llama_check
     monkeypatch.setattr(app.async_engine, "time", SimpleNamespace(monotonic=clock.monotonic))
     engine, gate = gated_engine(llama_checkpoint, max_num_seqs=2)
     bridge = AsyncEngine(engine, max_queued_requests=2)
-    params = SamplingParams(max_tokens=1, ignore_eos=True)
 
     async def finish_one(request_id: str) -> None:
-        async for _ in bridge.generate(EngineRequest(request_id, [5, 6, 7], params)):
+        request = make_request(request_id, [5, 6, 7], max_tokens=1, ignore_eos=True)
+        async for _ in bridge.generate(request):
             pass
 
     async def scenario() -> tuple[int, int]:

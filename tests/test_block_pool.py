@@ -11,14 +11,10 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precon
 from core.block_pool import BlockPool, hash_block
 from core.kv_cache_manager import KVCacheManager
 from core.request import Request
-from core.sampling_params import SamplingParams
+from tests.factory import make_core_request
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 24
-
-
-def make_request(request_id: str, tokens: list[int]) -> Request:
-    return Request(request_id, tokens, SamplingParams(max_tokens=64), arrival_time=0.0)
 
 
 def test_hash_chain_depends_on_every_earlier_block():
@@ -55,21 +51,21 @@ def test_double_free_is_refused():
 
 def test_allocation_that_does_not_fit_changes_nothing():
     kv = KVCacheManager(4, BLOCK_SIZE, enable_prefix_caching=True)
-    request = make_request("r", list(range(20)))
+    request = make_core_request("r", list(range(20)))
     assert not kv.allocate_slots(request, 20)
     assert kv.pool.num_free_blocks == 4 and not kv.holds("r")
 
 
 def test_cached_prefix_returns_the_same_blocks_and_leaves_a_token_to_compute():
     kv = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=True)
-    first = make_request("a", list(range(12)))
+    first = make_core_request("a", list(range(12)))
     assert kv.allocate_slots(first, 12)
     first.num_computed_tokens = 12
     kv.cache_computed_blocks(first)
-    same = make_request("b", list(range(12)))
+    same = make_core_request("b", list(range(12)))
     # 12 tokens = 3 full blocks, but the last token must be recomputed: 2 blocks hit.
     assert [b.block_id for b in kv.cached_prefix(same)] == kv.block_table("a")[:2]
-    longer = make_request("c", [*range(12), 99])
+    longer = make_core_request("c", [*range(12), 99])
     hit = kv.cached_prefix(longer)
     assert [b.block_id for b in hit] == kv.block_table("a")
     assert kv.allocate_slots(longer, 1, hit)
@@ -97,7 +93,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
     @rule(target=requests, tokens=st.lists(st.integers(0, 3), min_size=1, max_size=30))
     def allocate(self, tokens):
         """Admit a request with its prefix hit, as the scheduler does."""
-        request = make_request(self._new_id(), tokens)
+        request = make_core_request(self._new_id(), tokens)
         hit = self.kv.cached_prefix(request)
         num_hit = len(hit) * BLOCK_SIZE
         if self.kv.allocate_slots(request, len(tokens) - num_hit, hit):
@@ -132,7 +128,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         source = self.live.get(request_id)
         if source is None:
             return
-        fork = make_request(self._new_id(), list(source.token_ids))
+        fork = make_core_request(self._new_id(), list(source.token_ids))
         hit = self.kv.cached_prefix(fork)
         full = (source.num_tokens - 1) // BLOCK_SIZE
         assert len(hit) <= full

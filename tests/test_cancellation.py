@@ -9,23 +9,10 @@ import time
 import orjson
 import pytest
 
-from core.simulated_executor import SimulatedExecutor
-from tests.server_harness import running_server, simulated_engine
+from tests.server_harness import paced_executor, running_server, simulated_engine
 
 HANG_UPS = 1000
 CONCURRENCY = 25
-
-
-class PacedExecutor(SimulatedExecutor):
-    """Instant tokens, but each step takes real time, so prefill and decode can be caught."""
-
-    def __init__(self, vocab_size: int, step_s: float = 0.0005) -> None:
-        super().__init__(num_kv_blocks=2048, block_size=16, vocab_size=vocab_size)
-        self.step_s = step_s
-
-    def execute(self, batch):
-        time.sleep(self.step_s)
-        return super().execute(batch)
 
 
 async def hang_up(port: int, body: bytes, after_events: int) -> None:
@@ -73,7 +60,7 @@ def test_thousand_hang_ups_before_first_token_during_prefill_and_decode_leak_not
     engine = simulated_engine(
         llama_checkpoint, max_num_batched_tokens=64, num_kv_blocks=2048, block_size=16
     )
-    engine.executor = PacedExecutor(engine.vocab_size)
+    engine.executor = paced_executor(2048, engine.vocab_size, step_s=0.0005)
     long_prompt = " ".join(["statement"] * 300)
 
     def body(prompt: str) -> bytes:

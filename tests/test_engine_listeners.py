@@ -2,39 +2,32 @@
 
 from __future__ import annotations
 
-from core.config import EngineConfig
 from core.engine import Engine
-from core.request import EngineRequest, FinishReason
-from core.sampling_params import SamplingParams
-from core.simulated_executor import SimulatedClock, SimulatedExecutor
+from core.request import FinishReason
 from core.step_cost import CostCoefficients
+from tests.factory import make_engine, make_request
 
 
-def make_engine(clock: SimulatedClock) -> Engine:
-    cost = CostCoefficients(0.01, 0.001, 0.001, per_context_token_s=0.0)
-    executor = SimulatedExecutor(64, 4, 100, clock=clock, cost=cost)
-    return Engine(
-        EngineConfig(max_num_batched_tokens=8, max_num_seqs=4),
-        executor,
-        max_model_len=256,
+def listened_engine() -> Engine:
+    """Steps of 8 tokens, on a cost model without the context term: durations come out round."""
+    return make_engine(
+        num_kv_blocks=64,
+        block_size=4,
         vocab_size=100,
-        eos_token_ids=[],
-        clock=clock,
+        max_model_len=256,
+        cost=CostCoefficients(0.01, 0.001, 0.001, per_context_token_s=0.0),
+        max_num_batched_tokens=8,
+        max_num_seqs=4,
     )
 
 
 def test_step_stats_describe_each_batch_and_its_duration():
-    clock = SimulatedClock()
-    engine = make_engine(clock)
+    engine = listened_engine()
     steps = []
     engine.step_listeners.append(steps.append)
-    engine.add_request(
-        EngineRequest("long", list(range(1, 13)), SamplingParams(max_tokens=2, ignore_eos=True))
-    )
+    engine.add_request(make_request("long", list(range(1, 13)), max_tokens=2, ignore_eos=True))
     engine.step()  # 8 of the 12 prompt tokens
-    engine.add_request(
-        EngineRequest("short", [5, 6], SamplingParams(max_tokens=1, ignore_eos=True))
-    )
+    engine.add_request(make_request("short", [5, 6], max_tokens=1, ignore_eos=True))
     engine.step()  # the last 4 prompt tokens of "long" and the 2 of "short"
     engine.step()  # one decode for "long"
 
@@ -50,14 +43,11 @@ def test_step_stats_describe_each_batch_and_its_duration():
 
 
 def test_finish_listener_sees_every_finished_request_once():
-    clock = SimulatedClock()
-    engine = make_engine(clock)
+    engine = listened_engine()
     finished = []
     engine.finish_listeners.append(lambda request, output: finished.append(output))
-    engine.add_request(EngineRequest("a", [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True)))
-    engine.add_request(
-        EngineRequest("b", [4, 5, 6], SamplingParams(max_tokens=50, ignore_eos=True))
-    )
+    engine.add_request(make_request("a", [1, 2, 3], max_tokens=2, ignore_eos=True))
+    engine.add_request(make_request("b", [4, 5, 6], max_tokens=50, ignore_eos=True))
     engine.step()
     engine.abort_request("b")
     while engine.has_unfinished_requests:

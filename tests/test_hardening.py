@@ -23,13 +23,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from app.settings import ServerSettings
-from core.config import EngineConfig
 from core.engine import Engine
-from core.request import MAX_SLO_MS, SLO, EngineRequest, FinishReason
-from core.sampling_params import InvalidRequestError, SamplingParams
-from core.simulated_executor import SimulatedExecutor
+from core.request import MAX_SLO_MS, SLO, FinishReason
+from core.sampling_params import InvalidRequestError
 from core.tokenizer import Tokenizer
-from tests.server_harness import base_url, running_server, simulated_engine
+from tests.factory import make_engine, make_request
+from tests.server_harness import base_url, paced_executor, running_server, simulated_engine
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -37,21 +36,9 @@ CHAT = "/v1/chat/completions"
 STEP_S = 0.002
 
 
-class PacedExecutor(SimulatedExecutor):
-    """Instant tokens after a fixed real-time pause per step."""
-
-    def __init__(self, vocab_size: int, step_s: float = STEP_S) -> None:
-        super().__init__(4096, 16, vocab_size)
-        self.step_s = step_s
-
-    def execute(self, batch):
-        time.sleep(self.step_s)
-        return super().execute(batch)
-
-
 def paced_engine(checkpoint, step_s: float = STEP_S, **config) -> Engine:
     vocab_size = Tokenizer.from_pretrained(checkpoint).vocab_size
-    return simulated_engine(checkpoint, PacedExecutor(vocab_size, step_s), 2048, **config)
+    return simulated_engine(checkpoint, paced_executor(4096, vocab_size, step_s), 2048, **config)
 
 
 @pytest.fixture(scope="module")
@@ -459,21 +446,16 @@ def test_a_multi_megabyte_prompt_is_refused_untokenized_without_stalling_streams
     policy=st.sampled_from(["slo", "fcfs", "priority", "sjf", "hrrn", "ltr"]),
 )
 def test_any_valid_slo_and_priority_is_served_in_full_by_every_policy(ttft, tpot, priority, policy):
-    engine = Engine(
-        EngineConfig(scheduling_policy=policy, max_num_batched_tokens=64),
-        SimulatedExecutor(256, 16, 100),
-        max_model_len=512,
+    engine = make_engine(
         vocab_size=100,
-        eos_token_ids=[],
+        max_model_len=512,
+        scheduling_policy=policy,
+        max_num_batched_tokens=64,
     )
-    engine.add_request(
-        EngineRequest("steady", [1, 2, 3], SamplingParams(max_tokens=20), slo=SLO(50.0, 10.0))
-    )
+    engine.add_request(make_request("steady", [1, 2, 3], slo=SLO(50.0, 10.0), max_tokens=20))
     engine.step()
     engine.add_request(
-        EngineRequest(
-            "edge", [4, 5, 6], SamplingParams(max_tokens=20), priority=priority, slo=SLO(ttft, tpot)
-        )
+        make_request("edge", [4, 5, 6], priority=priority, slo=SLO(ttft, tpot), max_tokens=20)
     )
     finished = {}
     for _ in range(200):

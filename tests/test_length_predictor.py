@@ -8,12 +8,12 @@ import random
 import pytest
 
 from core.length_predictor import LengthPredictor
-from core.request import FinishReason, Request
-from core.sampling_params import SamplingParams
+from core.request import FinishReason
+from tests.factory import make_core_request
 
 
 def finished(prompt_len: int, max_tokens: int, output_len: int, reason=FinishReason.STOP):
-    request = Request("r", [1] * prompt_len, SamplingParams(max_tokens=max_tokens), 0.0)
+    request = make_core_request("r", [1] * prompt_len, max_tokens=max_tokens)
     request.token_ids.extend([2] * output_len)
     request.finish_reason = reason
     return request

@@ -3,25 +3,24 @@ plain-Python aggregates built from them, on a simulated clock."""
 
 from __future__ import annotations
 
-from core.config import EngineConfig
 from core.engine import Engine
 from core.metric_aggregates import EngineMetrics, Histogram, token_gaps
-from core.request import SLO, EngineRequest
-from core.sampling_params import SamplingParams
-from core.simulated_executor import SimulatedClock, SimulatedExecutor
+from core.request import SLO
+from core.simulated_executor import SimulatedClock
 from core.step_cost import CostCoefficients
+from tests.factory import make_engine, make_request
 
 
-def make_engine(clock: SimulatedClock, num_blocks: int = 64, **config) -> Engine:
-    cost = CostCoefficients(0.01, 0.001, 0.001, per_context_token_s=0.0)
-    executor = SimulatedExecutor(num_blocks, 4, 100, clock=clock, cost=cost)
-    return Engine(
-        EngineConfig(**config),
-        executor,
-        max_model_len=256,
+def timed_engine(clock: SimulatedClock, num_kv_blocks: int = 64, **config) -> Engine:
+    """Small blocks, on a cost model without the context term: durations come out round."""
+    return make_engine(
+        num_kv_blocks=num_kv_blocks,
+        block_size=4,
         vocab_size=100,
-        eos_token_ids=[],
+        max_model_len=256,
+        cost=CostCoefficients(0.01, 0.001, 0.001, per_context_token_s=0.0),
         clock=clock,
+        **config,
     )
 
 
@@ -32,12 +31,10 @@ def run(engine: Engine) -> None:
 
 def test_each_output_token_and_prefill_chunk_is_timed_when_its_step_finished():
     clock = SimulatedClock()
-    engine = make_engine(clock, max_num_batched_tokens=8)
+    engine = timed_engine(clock, max_num_batched_tokens=8)
     finished = []
     engine.finish_listeners.append(lambda request, output: finished.append(request))
-    engine.add_request(
-        EngineRequest("r", list(range(1, 21)), SamplingParams(max_tokens=4, ignore_eos=True))
-    )
+    engine.add_request(make_request("r", list(range(1, 21)), max_tokens=4, ignore_eos=True))
     run(engine)
     [request] = finished
     # 20 prompt tokens in chunks of 8, 8 and 4; the last chunk also samples the first token.
@@ -55,17 +52,15 @@ def test_each_output_token_and_prefill_chunk_is_timed_when_its_step_finished():
 def test_preemption_and_resumption_times_are_recorded():
     clock = SimulatedClock()
     # Without prefix caching the whole sequence is computed again after resuming.
-    engine = make_engine(
-        clock, num_blocks=6, max_num_batched_tokens=64, enable_prefix_caching=False
+    engine = timed_engine(
+        clock, num_kv_blocks=6, max_num_batched_tokens=64, enable_prefix_caching=False
     )
     finished = {}
     engine.finish_listeners.append(
         lambda request, output: finished.update({request.request_id: request})
     )
     for name in "ab":
-        engine.add_request(
-            EngineRequest(name, [7] * 8, SamplingParams(max_tokens=12, ignore_eos=True))
-        )
+        engine.add_request(make_request(name, [7] * 8, max_tokens=12, ignore_eos=True))
     run(engine)
     preempted = [r for r in finished.values() if r.num_preemptions]
     assert preempted
@@ -79,14 +74,14 @@ def test_preemption_and_resumption_times_are_recorded():
 
 def test_aggregates_count_tokens_slo_outcomes_and_keep_a_sliding_window():
     clock = SimulatedClock()
-    engine = make_engine(clock, max_num_batched_tokens=64)
+    engine = timed_engine(clock, max_num_batched_tokens=64)
     metrics = EngineMetrics(window_s=1.0)
     metrics.attach(engine)
-    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    params = {"max_tokens": 5, "ignore_eos": True}
     engine.add_request(
-        EngineRequest("met", [1, 2, 3], params, slo=SLO(ttft_ms=1000.0, tpot_ms=1000.0))
+        make_request("met", [1, 2, 3], slo=SLO(ttft_ms=1000.0, tpot_ms=1000.0), **params)
     )
-    engine.add_request(EngineRequest("missed", [4, 5, 6], params, slo=SLO(ttft_ms=0.001)))
+    engine.add_request(make_request("missed", [4, 5, 6], slo=SLO(ttft_ms=0.001), **params))
     run(engine)
     assert (metrics.totals.requests, metrics.totals.generation_tokens) == (2, 10)
     assert metrics.slo_attained == {"ttft": 1, "tpot": 1}

@@ -11,16 +11,16 @@ import pytest
 
 from core.arrival_rate import poisson_quantile
 from core.batch import Batch
-from core.config import POLICIES, EngineConfig
+from core.config import POLICIES
 from core.engine import Engine
 from core.policy import PolicyContext
 from core.policy_registry import make_policy
 from core.request import SLO, EngineRequest, Request
 from core.sampling_params import SamplingParams
-from core.simulated_executor import SimulatedClock, SimulatedExecutor
 from core.slo_policy import SLOPolicy
 from core.step_cost import CostCoefficients, StepShape
 from core.step_cost_profile import profile_shapes, warm_up
+from tests.factory import make_engine
 
 VOCAB = 1000
 TRUE = CostCoefficients(
@@ -43,16 +43,16 @@ class Arrival:
     priority: int = 0
 
 
-def make_engine(policy: str, on_batch=None, num_blocks: int = 8192, **config) -> Engine:
-    clock = SimulatedClock()
-    executor = SimulatedExecutor(num_blocks, 16, VOCAB, clock, TRUE, on_batch=on_batch)
-    engine = Engine(
-        EngineConfig(scheduling_policy=policy, enable_prefix_caching=False, **config),
-        executor,
-        max_model_len=8192,
+def warmed_engine(policy: str, num_kv_blocks: int = 8192, **config) -> Engine:
+    """An engine on the TRUE cost whose step-cost model already knows it exactly."""
+    engine = make_engine(
+        num_kv_blocks=num_kv_blocks,
         vocab_size=VOCAB,
-        eos_token_ids=[],
-        clock=clock,
+        max_model_len=8192,
+        cost=TRUE,
+        scheduling_policy=policy,
+        enable_prefix_caching=False,
+        **config,
     )
     # The exact model, as the warm-up profile would fit it on this "machine".
     warm_up(engine.step_cost_model, TRUE.predict, profile_shapes(2048, 64, 8192))
@@ -97,13 +97,13 @@ def long_prompt_flood() -> list[Arrival]:
 
 
 def test_short_request_behind_a_long_prompt_flood_meets_ttft_under_slo():
-    done = run(make_engine("slo"), long_prompt_flood())
+    done = run(warmed_engine("slo"), long_prompt_flood())
     assert ttft(done["chat"]) <= 0.5
     assert all(ttft(done[f"rag-{i}"]) <= 30 for i in range(20))
 
 
 def test_short_request_behind_a_long_prompt_flood_misses_ttft_under_fcfs():
-    done = run(make_engine("fcfs"), long_prompt_flood())
+    done = run(warmed_engine("fcfs"), long_prompt_flood())
     assert ttft(done["chat"]) > 2.0
 
 
@@ -116,7 +116,7 @@ def urgent_flood() -> list[Arrival]:
 
 
 def test_no_request_waits_past_the_starvation_bound_under_an_urgent_flood():
-    engine = make_engine("slo", max_num_batched_tokens=256, max_wait_ms=2000)
+    engine = warmed_engine("slo", max_num_batched_tokens=256, max_wait_ms=2000)
     done = run(engine, urgent_flood())
     assert len(done) == 323
     assert max(ttft(r) for r in done.values()) <= 2.0
@@ -127,7 +127,7 @@ def test_no_request_waits_past_the_starvation_bound_under_an_urgent_flood():
 
 def test_without_the_bound_the_urgent_flood_starves_batch_requests():
     # Proves the test above pins the aging: with an effectively infinite bound it fails.
-    engine = make_engine("slo", max_num_batched_tokens=256, max_wait_ms=1e9)
+    engine = warmed_engine("slo", max_num_batched_tokens=256, max_wait_ms=1e9)
     done = run(engine, urgent_flood())
     assert max(ttft(r) for r in done.values()) > 2.0
 
@@ -152,7 +152,7 @@ def chat_tpots_and_steps(policy: str) -> tuple[list[float], list[float]]:
         ):
             durations.append(TRUE.predict(shape_of(batch)))
 
-    done = run(make_engine(policy, on_batch=record, max_wait_ms=1e9), tpot_workload())
+    done = run(warmed_engine(policy, on_batch=record, max_wait_ms=1e9), tpot_workload())
     tpots = [
         (r.token_times[-1] - r.token_times[0]) / (r.num_output_tokens - 1)
         for r in done.values()
@@ -320,9 +320,9 @@ def test_every_policy_serves_a_mixed_load_to_completion_with_the_same_outputs(po
         )
         for i in range(60)
     ]
-    reference = run(make_engine("fcfs"), arrivals)
+    reference = run(warmed_engine("fcfs"), arrivals)
     # A small cache forces preemptions, so the victim choice is exercised too.
-    engine = make_engine(policy, num_blocks=64)
+    engine = warmed_engine(policy, num_kv_blocks=64)
     done = run(engine, arrivals)
     assert engine.scheduler.num_preemptions > 0
     assert {k: r.token_ids for k, r in done.items()} == {

@@ -9,12 +9,9 @@ import random
 import pytest
 
 from core.batch import Batch
-from core.config import EngineConfig
-from core.engine import Engine
-from core.request import EngineRequest
-from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
 from core.step_cost import CostCoefficients, StepCostModel, StepShape
+from tests.factory import make_engine, make_request
 
 TRUE = CostCoefficients(0.008, 6e-5, 3e-4, 2e-7)
 
@@ -60,17 +57,11 @@ def test_coefficients_never_go_negative_under_noise():
 
 
 def test_engine_fits_its_model_to_every_step():
-    clock = SimulatedClock()
-    executor = SimulatedExecutor(512, 16, 1000, clock, TRUE)
-    engine = Engine(
-        EngineConfig(), executor, max_model_len=4096, vocab_size=1000, eos_token_ids=[], clock=clock
-    )
+    engine = make_engine(num_kv_blocks=512, vocab_size=1000, max_model_len=4096, cost=TRUE)
     rng = random.Random(6)
     for i in range(40):
         tokens = [rng.randrange(1000) for _ in range(rng.randint(1, 600))]
-        engine.add_request(
-            EngineRequest(f"r{i}", tokens, SamplingParams(max_tokens=rng.randint(1, 60)))
-        )
+        engine.add_request(make_request(f"r{i}", tokens, max_tokens=rng.randint(1, 60)))
     while engine.has_unfinished_requests:
         engine.step()
     model = engine.step_cost_model
@@ -82,17 +73,17 @@ def test_engine_fits_its_model_to_every_step():
 
 def test_simulated_executor_charges_the_true_cost_with_bounded_noise():
     batches: list[Batch] = []
-    exact = SimulatedExecutor(64, 16, 1000, cost=TRUE, on_batch=batches.append)
-    noisy = SimulatedExecutor(64, 16, 1000, cost=TRUE, noise=0.1, seed=7)
-    engine = Engine(
-        EngineConfig(),
-        exact,
-        max_model_len=1024,
+    clock = SimulatedClock()
+    engine = make_engine(
+        num_kv_blocks=64,
         vocab_size=1000,
-        eos_token_ids=[],
-        clock=exact.clock,
+        max_model_len=1024,
+        cost=TRUE,
+        on_batch=batches.append,
+        clock=clock,
     )
-    engine.add_request(EngineRequest("r", list(range(300)), SamplingParams(max_tokens=3)))
+    noisy = SimulatedExecutor(64, 16, 1000, cost=TRUE, noise=0.1, seed=7)
+    engine.add_request(make_request("r", list(range(300)), max_tokens=3))
     while engine.has_unfinished_requests:
         engine.step()
     assert [StepShape.of_batch(batch) for batch in batches] == [
@@ -100,9 +91,7 @@ def test_simulated_executor_charges_the_true_cost_with_bounded_noise():
         StepShape(0, 1, 301),
         StepShape(0, 1, 302),
     ]
-    assert exact.clock.now == pytest.approx(
-        sum(TRUE.predict(StepShape.of_batch(b)) for b in batches)
-    )
+    assert clock.now == pytest.approx(sum(TRUE.predict(StepShape.of_batch(b)) for b in batches))
     durations = []
     for batch in batches * 50:
         before = noisy.clock.now

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
-from core.config import EngineConfig
-from core.engine import Engine
+from core.batch import Batch
 from core.engine_stats import EngineStats
 from core.outputs import RequestOutput
-from core.request import EngineRequest, FinishReason
-from core.sampling_params import SamplingParams
-from core.simulated_executor import SimulatedExecutor
+from core.request import FinishReason
 from core.step_loop import StepLoop
+from tests.factory import make_engine, make_request
 
 
 class Collector:
@@ -45,26 +44,15 @@ class Collector:
 POISON = 99
 
 
-class FaultyExecutor(SimulatedExecutor):
-    """Raises on any batch that holds a prompt with the poison token."""
-
-    def __init__(self) -> None:
-        super().__init__(num_kv_blocks=256, block_size=16, vocab_size=100)
-
-    def execute(self, batch):
-        if any(POISON in seq.all_token_ids[: seq.num_prompt_tokens] for seq in batch.sequences):
-            raise RuntimeError("injected fault")
-        return super().execute(batch)
+def fail_on_poison(batch: Batch) -> None:
+    """An injected fault: any batch that holds a prompt with the poison token raises."""
+    if any(POISON in seq.all_token_ids[: seq.num_prompt_tokens] for seq in batch.sequences):
+        raise RuntimeError("injected fault")
 
 
-def make_loop(executor=None) -> tuple[StepLoop, Collector]:
-    executor = executor or SimulatedExecutor(256, 16, 100)
-    engine = Engine(
-        EngineConfig(max_num_batched_tokens=64),
-        executor,
-        max_model_len=1024,
-        vocab_size=100,
-        eos_token_ids=[],
+def make_loop(on_batch: Callable[[Batch], None] | None = None) -> tuple[StepLoop, Collector]:
+    engine = make_engine(
+        vocab_size=100, max_model_len=1024, on_batch=on_batch, max_num_batched_tokens=64
     )
     collector = Collector()
     loop = StepLoop(engine, collector)
@@ -76,7 +64,7 @@ def test_requests_from_another_thread_finish_with_one_delivery_per_step():
     loop, collector = make_loop()
     try:
         for i in range(5):
-            loop.submit(EngineRequest(f"r{i}", [1, 2, 3, i], SamplingParams(max_tokens=10)))
+            loop.submit(make_request(f"r{i}", [1, 2, 3, i], max_tokens=10))
         collector.wait_finished({f"r{i}" for i in range(5)})
         assert all(len(collector.tokens[f"r{i}"]) == 10 for i in range(5))
         for delivery in collector.deliveries:
@@ -89,21 +77,21 @@ def test_requests_from_another_thread_finish_with_one_delivery_per_step():
 def test_idle_loop_blocks_instead_of_stepping():
     loop, collector = make_loop()
     try:
-        loop.submit(EngineRequest("a", [1, 2], SamplingParams(max_tokens=3)))
+        loop.submit(make_request("a", [1, 2], max_tokens=3))
         collector.wait_finished({"a"})
         steps = loop.engine.num_steps
         time.sleep(0.2)
         assert loop.engine.num_steps == steps
-        assert loop._thread.is_alive()
+        assert loop.is_alive
     finally:
         loop.stop(timeout=5)
-    assert not loop._thread.is_alive()
+    assert not loop.is_alive
 
 
 def test_abort_from_another_thread_frees_blocks():
     loop, collector = make_loop()
     try:
-        loop.submit(EngineRequest("long", list(range(50)), SamplingParams(max_tokens=900)))
+        loop.submit(make_request("long", list(range(50)), max_tokens=900))
         while "long" not in collector.tokens:
             time.sleep(0.001)
         loop.abort("long")
@@ -117,8 +105,8 @@ def test_abort_from_another_thread_frees_blocks():
 def test_invalid_request_is_rejected_without_disturbing_others():
     loop, collector = make_loop()
     try:
-        loop.submit(EngineRequest("ok", [1, 2, 3], SamplingParams(max_tokens=5)))
-        loop.submit(EngineRequest("bad", [1, 100], SamplingParams(max_tokens=5)))
+        loop.submit(make_request("ok", [1, 2, 3], max_tokens=5))
+        loop.submit(make_request("bad", [1, 100], max_tokens=5))
         collector.wait_finished({"ok", "bad"})
         assert collector.finished["bad"].finish_reason is FinishReason.ERROR
         assert "outside the vocabulary" in collector.finished["bad"].error
@@ -128,13 +116,13 @@ def test_invalid_request_is_rejected_without_disturbing_others():
 
 
 def test_fault_fails_only_its_request_and_batch_mates_finish_unharmed():
-    clean, clean_collector = make_loop(FaultyExecutor())
-    faulty, collector = make_loop(FaultyExecutor())
+    clean, clean_collector = make_loop(fail_on_poison)
+    faulty, collector = make_loop(fail_on_poison)
     try:
         for loop in (clean, faulty):
             for i in range(4):
-                loop.submit(EngineRequest(f"ok{i}", [1, 2, 3, i], SamplingParams(max_tokens=20)))
-        faulty.submit(EngineRequest("poisoned", [1, POISON], SamplingParams(max_tokens=20)))
+                loop.submit(make_request(f"ok{i}", [1, 2, 3, i], max_tokens=20))
+        faulty.submit(make_request("poisoned", [1, POISON], max_tokens=20))
         clean_collector.wait_finished({f"ok{i}" for i in range(4)})
         collector.wait_finished({"poisoned", *(f"ok{i}" for i in range(4))})
         assert collector.finished["poisoned"].finish_reason is FinishReason.ERROR
@@ -142,7 +130,7 @@ def test_fault_fails_only_its_request_and_batch_mates_finish_unharmed():
         for i in range(4):
             assert collector.finished[f"ok{i}"].finish_reason is FinishReason.LENGTH
             assert collector.tokens[f"ok{i}"] == clean_collector.tokens[f"ok{i}"]
-        faulty.submit(EngineRequest("after", [4, 5], SamplingParams(max_tokens=4)))
+        faulty.submit(make_request("after", [4, 5], max_tokens=4))
         collector.wait_finished({"after"})
         assert collector.finished["after"].finish_reason is FinishReason.LENGTH
         assert faulty.engine.kv_cache.pool.num_free_blocks == 256
@@ -153,7 +141,7 @@ def test_fault_fails_only_its_request_and_batch_mates_finish_unharmed():
 
 def test_stop_cancels_what_is_left():
     loop, collector = make_loop()
-    loop.submit(EngineRequest("endless", [1], SamplingParams(max_tokens=1000)))
+    loop.submit(make_request("endless", [1], max_tokens=1000))
     while "endless" not in collector.tokens:
         time.sleep(0.001)
     loop.stop(timeout=5)
@@ -176,10 +164,10 @@ def test_a_scheduling_fault_fails_only_the_request_that_brought_it():
     try:
         healthy = {f"h{i}" for i in range(3)}
         for request_id in sorted(healthy):
-            loop.submit(EngineRequest(request_id, [1, 2, 3], SamplingParams(max_tokens=40)))
+            loop.submit(make_request(request_id, [1, 2, 3], max_tokens=40))
         while not all(collector.tokens.get(request_id) for request_id in healthy):
             time.sleep(0.001)
-        loop.submit(EngineRequest("bad", [4, 5], SamplingParams(max_tokens=40), priority=POISON))
+        loop.submit(make_request("bad", [4, 5], priority=POISON, max_tokens=40))
         collector.wait_finished({*healthy, "bad"})
         assert collector.finished["bad"].finish_reason is FinishReason.ERROR
         assert "cannot convert" not in collector.finished["bad"].error
@@ -194,7 +182,7 @@ def test_each_iteration_publishes_a_snapshot_and_the_last_shows_the_engine_idle(
     loop, collector = make_loop()
     try:
         for i in range(3):
-            loop.submit(EngineRequest(f"r{i}", [1, 2, 3, i], SamplingParams(max_tokens=8)))
+            loop.submit(make_request(f"r{i}", [1, 2, 3, i], max_tokens=8))
         collector.wait_finished({"r0", "r1", "r2"})
     finally:
         loop.stop(timeout=5)

@@ -1,0 +1,85 @@
+"""The one place tests build engines and requests: an Engine on a SimulatedExecutor and a
+simulated clock, and requests with only the fields a test cares about spelled out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from core.batch import Batch
+from core.config import EngineConfig
+from core.engine import Engine
+from core.request import SLO, EngineRequest, Request
+from core.sampling_params import SamplingParams
+from core.simulated_executor import SimulatedClock, SimulatedExecutor
+from core.step_cost import CostCoefficients
+
+VOCAB_SIZE = 1000
+
+
+def make_engine(
+    *,
+    num_kv_blocks: int = 256,
+    block_size: int = 16,
+    vocab_size: int = VOCAB_SIZE,
+    max_model_len: int = 4096,
+    cost: CostCoefficients | None = None,
+    on_batch: Callable[[Batch], None] | None = None,
+    clock: SimulatedClock | None = None,
+    **config: Any,
+) -> Engine:
+    """An engine without a model or an EOS token: every answer runs to its max_tokens (or to
+    the end of the context).
+
+    The executor charges each step `cost` (SimulatedExecutor's default when None) on `clock`,
+    which the engine shares, so every timestamp is simulated time; `on_batch` sees each batch
+    before it runs. `config` are EngineConfig fields.
+    """
+    clock = SimulatedClock() if clock is None else clock
+    executor = SimulatedExecutor(
+        num_kv_blocks, block_size, vocab_size, clock, cost, on_batch=on_batch
+    )
+    return Engine(
+        EngineConfig(block_size=block_size, **config),
+        executor,
+        max_model_len=max_model_len,
+        vocab_size=vocab_size,
+        eos_token_ids=[],
+        clock=clock,
+    )
+
+
+def make_request(
+    request_id: str,
+    prompt_token_ids: list[int],
+    *,
+    priority: int = 0,
+    slo: SLO | None = None,
+    arrival_time: float | None = None,
+    **sampling: Any,
+) -> EngineRequest:
+    """A request as admission hands it to the engine; `sampling` are SamplingParams fields."""
+    return EngineRequest(
+        request_id,
+        prompt_token_ids,
+        SamplingParams(**sampling),
+        priority=priority,
+        slo=SLO() if slo is None else slo,
+        arrival_time=arrival_time,
+    )
+
+
+def make_core_request(
+    request_id: str,
+    prompt_token_ids: list[int],
+    *,
+    arrival_time: float = 0.0,
+    priority: int = 0,
+    slo: SLO | None = None,
+    **sampling: Any,
+) -> Request:
+    """The engine's own state for a request, for tests of the parts below the engine (KV cache,
+    policies, predictors); `sampling` are SamplingParams fields."""
+    return Request(
+        request_id, prompt_token_ids, SamplingParams(**sampling), arrival_time, priority, slo
+    )
