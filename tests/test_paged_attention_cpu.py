@@ -177,3 +177,19 @@ def test_kernel_refuses_a_length_past_its_block_table_with_a_clear_error() -> No
         torch.ops.baton_cpu.paged_decode(
             out, q, kv_cache, block_tables, torch.tensor(seq_lens), rows, rows, 0.25
         )
+
+
+def test_a_build_lock_left_by_a_dead_build_is_cleared_and_a_live_one_kept(tmp_path, monkeypatch):
+    from kernels.cpu_extension import STALE_LOCK_S, build_directory, clear_stale_build_lock
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    directory = build_directory("/unused")
+    assert directory.parent.parent == tmp_path
+    lock = directory / "lock"
+    lock.touch()
+    made = lock.stat().st_mtime
+    assert not clear_stale_build_lock(directory, now=made + STALE_LOCK_S / 2)
+    assert lock.exists()
+    assert clear_stale_build_lock(directory, now=made + STALE_LOCK_S + 1)
+    assert not lock.exists()
+    assert not clear_stale_build_lock(directory)
