@@ -58,7 +58,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--max-wait-ms",
         type=float,
         default=defaults.max_wait_ms,
-        help="starvation bound of the slo policy: no request waits longer for its first token",
+        help="starvation bound, under every policy: no request waits longer for its first "
+        "token (one about to pass it preempts the running request that loses least)",
+    )
+    parser.add_argument(
+        "--max-preemptions",
+        type=int,
+        default=defaults.max_preemptions,
+        help="a request preempted this many times is never preempted again",
     )
     parser.add_argument(
         "--enforce-eager",
@@ -78,6 +85,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=args.enable_prefix_caching,
         scheduling_policy=args.scheduling_policy,
         max_wait_ms=args.max_wait_ms,
+        max_preemptions=args.max_preemptions,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
         seed=args.seed,

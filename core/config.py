@@ -22,8 +22,10 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
     scheduling_policy: str = "slo"
-    # The starvation bound of the `slo` policy: no request waits longer for its first token.
+    # Hard bounds under every policy: no request waits longer for its first token, and none is
+    # preempted more often (after that it is protected).
     max_wait_ms: float = 20_000.0
+    max_preemptions: int = 3
     gpu_memory_utilization: float = 0.9
     # CUDA graphs for decode steps off: every step runs eagerly (the CPU always does).
     enforce_eager: bool = False
@@ -47,6 +49,8 @@ class EngineConfig:
             )
         if not self.max_wait_ms > 0:
             raise ValueError(f"--max-wait-ms must be > 0, got {self.max_wait_ms}")
+        if self.max_preemptions < 0:
+            raise ValueError(f"--max-preemptions must be >= 0, got {self.max_preemptions}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"

@@ -71,6 +71,8 @@ class Engine:
             make_policy(config.scheduling_policy, self.policy_context),
             config.max_num_seqs,
             config.max_num_batched_tokens,
+            config.max_wait_ms / 1000,
+            config.max_preemptions,
         )
         self.outputs = OutputProcessor(tokenizer, eos_token_ids, max_model_len)
         self.num_steps = 0

@@ -1,5 +1,7 @@
-"""Scheduling policies: the scheduler asks them only "in what order?", "how much prefill this
-step?" and "whom to preempt?"; budgets, blocks and preemption mechanics stay in the scheduler.
+"""Scheduling policies: each step the scheduler hands one a read-only view of the queues and
+the clock and gets back a plan (the order to serve prefill in, how much prefill the step
+carries); it also asks whom to preempt when KV blocks run out. Budgets, blocks, preemption
+mechanics and the hard bounds stay in the scheduler. A policy keeps no state between steps.
 
 The baselines live here: `fcfs`, `priority`, `static`, and the length-aware orderings the
 literature compares against, `sjf`, `hrrn` (Magnus) and `ltr` (learning to rank). The `slo`
@@ -33,26 +35,50 @@ class PolicyContext:
     max_num_seqs: int = UNLIMITED
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulerView:
+    """What a policy sees of one step: the requests owed prefill (`waiting`: waiting,
+    preempted and partly prefilled), the batch (`running`), the token budget left after the
+    running decodes, and the clock. Policies must not change the requests."""
+
+    now: float
+    waiting: tuple[Request, ...]
+    running: tuple[Request, ...]
+    token_budget: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """A policy's answer: requests owed prefill in the order the step serves them (a waiting
+    request left out is held back this step), the prefill tokens the step may carry, and the
+    budget a chunk uses per token of KV before it (its attention reads them), in prefill
+    tokens."""
+
+    order: list[Request]
+    prefill_budget: int
+    context_weight: float = 0.0
+
+
 class SchedulingPolicy(ABC):
     name: str
 
     def __init__(self, context: PolicyContext | None = None) -> None:
         self.context = context or PolicyContext()
 
+    def plan(self, view: SchedulerView) -> StepPlan:
+        """The step's plan; the order is worked out only when some prefill fits."""
+        budget = self.prefill_budget(view)
+        order = self.order_waiting(view.waiting, view.now) if budget > 0 and view.waiting else []
+        return StepPlan(order, budget)
+
     @abstractmethod
     def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
         """Requests still owed prefill (waiting, preempted, partly prefilled) in the order the
         step should serve them; a waiting request left out is held back this step."""
 
-    def prefill_budget(self, running: Sequence[Request], token_budget: int, now: float) -> int:
-        """Prefill tokens this step may carry, given the token budget left after decodes."""
-        return token_budget
-
-    def chunk_overhead(self, request: Request, start_position: int) -> int:
-        """Extra budget a prefill chunk of `request` starting at `start_position` uses beyond
-        its tokens (its attention over the KV before it, its per-sequence cost), in
-        prefill-token equivalents."""
-        return 0
+    def prefill_budget(self, view: SchedulerView) -> int:
+        """Prefill tokens this step may carry."""
+        return view.token_budget
 
     def choose_victim(self, candidates: Sequence[Request], now: float) -> Request:
         """The running request to preempt when KV blocks run out: the latest arrival."""
@@ -74,8 +100,8 @@ class StaticPolicy(FCFSPolicy):
 
     name = "static"
 
-    def prefill_budget(self, running: Sequence[Request], token_budget: int, now: float) -> int:
-        return 0 if running else UNLIMITED
+    def prefill_budget(self, view: SchedulerView) -> int:
+        return 0 if view.running else UNLIMITED
 
 
 class PriorityPolicy(SchedulingPolicy):

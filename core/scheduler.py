@@ -1,13 +1,21 @@
 """The scheduler mechanism: per step, fill a token budget with running decodes first, then
 prefill chunks of partly-prefilled and waiting requests; preempt by recompute when KV blocks run
 out. Which request goes first, how much prefill a step carries and whom to preempt are the
-policy's decisions."""
+policy's decisions, within two hard bounds every policy keeps: no request waits longer than
+`max_wait_s` for its first token (one about to pass it is served first and, when the batch is
+full, takes the place of the running request whose preemption costs least against its own SLO),
+and no request is preempted more than `max_preemptions` times."""
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import math
+
+from core import feasibility
 from core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
 from core.kv_cache_manager import KVCacheManager
-from core.policy import SchedulingPolicy
+from core.policy import SchedulerView, SchedulingPolicy
 from core.request import FinishReason, Request, RequestStatus
 
 
@@ -18,11 +26,16 @@ class Scheduler:
         policy: SchedulingPolicy,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        max_wait_s: float = math.inf,
+        max_preemptions: int = 3,
     ) -> None:
         self.kv_cache = kv_cache
         self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_wait_s = max_wait_s
+        self.max_preemptions = max_preemptions
+        # In arrival order, so the requests nearest the starvation bound are at the front.
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -40,7 +53,7 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self._enqueue(request)
 
     def finish_request(self, request: Request, reason: FinishReason, now: float) -> None:
         """Take a request out of the queues for good and free its blocks at once."""
@@ -58,12 +71,13 @@ class Scheduler:
         batch = Batch()
         self._scheduled = set()
         token_budget = self.max_num_batched_tokens
+        overdue = self._overdue(now)
+        preempted = self._make_room(overdue, now)
         decodes: list[Request] = []
         prefills: list[Request] = []
         for request in self.running:
             is_decode = len(request.token_ids) - request.num_computed_tokens == 1
             (decodes if is_decode else prefills).append(request)
-        preempted = False
 
         for request in decodes:
             if token_budget == 0:
@@ -76,26 +90,31 @@ class Scheduler:
             else:
                 preempted = True
 
-        prefill_budget = self.policy.prefill_budget(self.running, token_budget, now)
         # Partly-prefilled and waiting requests compete for the prefill budget in one order, the
-        # policy's; after a preemption the pool is known to be short, and admitting more would
-        # only thrash. Ordering a long queue costs a sort per step: skip it when nothing fits.
-        admitting = (
-            not preempted
-            and bool(self.waiting)
-            and prefill_budget > 0
-            and len(self.running) < self.max_num_seqs
-        )
-        candidates = prefills + self.waiting if admitting else prefills
+        # policy's; after a preemption for blocks the pool is known to be short, and admitting
+        # more would only thrash (an overdue request is admitted all the same).
+        admitting = bool(self.waiting) and len(self.running) < self.max_num_seqs
+        candidates = prefills + self.waiting if admitting and not preempted else prefills
+        view = SchedulerView(now, tuple(candidates), tuple(self.running), token_budget)
+        plan = self.policy.plan(view)
+        prefill_budget = plan.prefill_budget
+        order = plan.order
+        if overdue:
+            # The bound outranks the policy: the overdue go first, with the whole budget.
+            prefill_budget = max(prefill_budget, token_budget)
+            first = {request.request_id for request in overdue}
+            order = overdue + [r for r in order if r.request_id not in first]
+            if not plan.order:
+                order += [r for r in candidates if r.request_id not in first]
         admitted: set[str] = set()
-        for request in self.policy.order_waiting(candidates, now):
+        for request in order:
             if prefill_budget <= 0:
                 break
             if request.request_id in admitted:
                 continue
+            overhead = math.ceil(plan.context_weight * request.num_computed_tokens)
             if request.status is RequestStatus.RUNNING:
                 start = request.num_computed_tokens
-                overhead = self.policy.chunk_overhead(request, start)
                 num_new = min(request.num_tokens - start, prefill_budget - overhead)
                 if num_new <= 0:
                     continue
@@ -104,8 +123,10 @@ class Scheduler:
                     prefill_budget -= num_new + overhead
                 else:
                     preempted, admitting = True, False
-            elif admitting and not preempted and len(self.running) < self.max_num_seqs:
-                used = self._admit(batch, request, prefill_budget, now)
+            elif len(self.running) < self.max_num_seqs and (
+                (admitting and not preempted) or request in overdue
+            ):
+                used = self._admit(batch, request, prefill_budget, plan.context_weight, now)
                 if used is None:
                     admitting = False
                 elif used:
@@ -113,7 +134,62 @@ class Scheduler:
                     prefill_budget -= used
         if admitted:
             self.waiting = [r for r in self.waiting if r.request_id not in admitted]
+        if not batch.sequences and self.running:
+            # Every running request is protected and none can grow: break the stall.
+            self._preempt(self.policy.choose_victim(self.running, now), now)
         return batch
+
+    def _overdue(self, now: float) -> list[Request]:
+        """Waiting requests that must start now to keep the starvation bound."""
+        earliest = now - feasibility.BOUND_EARLIEST_SHARE * self.max_wait_s
+        if not self.waiting or self.waiting[0].arrival_time > earliest:
+            return []
+        # Partly prefilled requests still owe their first token too.
+        prefilling = sorted(
+            (r for r in self.running if r.first_token_time is None), key=lambda r: r.arrival_time
+        )
+        queue = heapq.merge(prefilling, self.waiting, key=lambda r: r.arrival_time)
+        full = self.max_num_batched_tokens
+        return feasibility.overdue(queue, now, self.max_wait_s, self._full_step_s(), full)
+
+    def _full_step_s(self) -> float:
+        """A step carrying the whole token budget of prefill beside the running decodes."""
+        full = self.max_num_batched_tokens
+        context = sum(r.num_tokens for r in self.running)
+        cost = self.policy.context.cost_model
+        return cost.predict_step(full, len(self.running), context + full)
+
+    def _make_room(self, overdue: list[Request], now: float) -> bool:
+        """Preempt, for each overdue request that can wait no longer, the running request whose
+        preemption costs least against its own SLO, when the batch has no place or the pool no
+        blocks for its first chunk. Only requests past their first token and not protected are
+        taken."""
+        preempted = False
+        places = self.max_num_seqs - len(self.running)
+        cost = self.policy.context.cost_model
+        full = self.max_num_batched_tokens
+        full_step_s = self._full_step_s()
+        for request in overdue:
+            if request.status is RequestStatus.RUNNING or not feasibility.critical(
+                request, now, self.max_wait_s, full_step_s, full
+            ):
+                continue
+            chunk = min(request.num_tokens, self.max_num_batched_tokens)
+            needed = self.kv_cache.blocks_needed(chunk)
+            while places <= 0 or needed > self.kv_cache.pool.num_free_blocks:
+                victims = [
+                    r
+                    for r in self.running
+                    if r.first_token_time is not None and r.num_preemptions < self.max_preemptions
+                ]
+                if not victims:
+                    break
+                victim = max(victims, key=lambda r: feasibility.victim_rank(r, cost, now))
+                self._preempt(victim, now)
+                preempted = True
+                places += 1
+            places -= 1
+        return preempted
 
     def update(
         self, batch: Batch, output: ExecutorOutput
@@ -133,12 +209,19 @@ class Scheduler:
                 sampled.append((request, token_id, logprobs))
         return sampled
 
-    def _admit(self, batch: Batch, request: Request, prefill_budget: int, now: float) -> int | None:
+    def _admit(
+        self,
+        batch: Batch,
+        request: Request,
+        prefill_budget: int,
+        context_weight: float,
+        now: float,
+    ) -> int | None:
         """Start prefilling a waiting request; the budget it used (0: no room for a chunk of
         it), or None if blocks ran out."""
         prefix = self.kv_cache.cached_prefix(request)
         num_hit = len(prefix) * self.kv_cache.block_size
-        overhead = self.policy.chunk_overhead(request, num_hit)
+        overhead = math.ceil(context_weight * num_hit)
         num_new = min(request.num_tokens - num_hit, prefill_budget - overhead)
         if num_new <= 0:
             return 0
@@ -160,7 +243,17 @@ class Scheduler:
     def _reserve(self, request: Request, num_new: int, now: float) -> bool:
         """Get blocks for a running request, preempting others (or itself) until they fit."""
         while not self.kv_cache.allocate_slots(request, num_new):
-            candidates = [r for r in self.running if r.request_id not in self._scheduled]
+            candidates = [
+                r
+                for r in self.running
+                if r.request_id not in self._scheduled
+                and r.num_preemptions < self.max_preemptions
+                and r is not request
+            ]
+            if request.num_preemptions < self.max_preemptions:
+                candidates.append(request)
+            elif not candidates:
+                return False  # protected, and nobody else may go: it waits for blocks
             victim = self.policy.choose_victim(candidates, now)
             self._preempt(victim, now)
             if victim is request:
@@ -175,7 +268,10 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.append(request)
+        self._enqueue(request)
+
+    def _enqueue(self, request: Request) -> None:
+        bisect.insort(self.waiting, request, key=lambda r: r.arrival_time)
 
     def _add(self, batch: Batch, request: Request, num_new: int) -> None:
         start = request.num_computed_tokens

@@ -13,7 +13,7 @@ from core.arrival_rate import poisson_quantile
 from core.batch import Batch
 from core.config import POLICIES
 from core.engine import Engine
-from core.policy import PolicyContext
+from core.policy import PolicyContext, SchedulerView
 from core.policy_registry import make_policy
 from core.request import SLO, EngineRequest, Request
 from core.sampling_params import SamplingParams
@@ -181,9 +181,9 @@ def test_tightest_target_wins_and_no_target_means_no_cap():
     loose = decoding("a", SLO(None, 200))
     tight = decoding("b", SLO(None, 20))
     free = decoding("c", SLO(None, None))
-    assert policy.prefill_budget([free], 2047, 0.0) == 2047
-    budget_loose = policy.prefill_budget([loose, free], 2046, 0.0)
-    budget_tight = policy.prefill_budget([loose, tight, free], 2045, 0.0)
+    assert policy.prefill_budget(SchedulerView(0.0, (), (free,), 2047)) == 2047
+    budget_loose = policy.prefill_budget(SchedulerView(0.0, (), (loose, free), 2046))
+    budget_tight = policy.prefill_budget(SchedulerView(0.0, (), (loose, tight, free), 2045))
     assert 0 < budget_tight < budget_loose
 
 
@@ -224,81 +224,43 @@ def test_requests_that_cannot_make_their_deadline_go_after_those_that_can():
     tight = Request("tight", [1] * 10, SamplingParams(max_tokens=4), 0.0, 0, SLO(200, None))
     loose = Request("loose", [1] * 10, SamplingParams(max_tokens=4), 0.0, 0, SLO(5000, None))
     untargeted = Request("none", [1] * 10, SamplingParams(max_tokens=4), 0.0, 0, SLO())
-    order = policy.order_waiting([untargeted, hopeless, loose, tight], 0.0)
+    order = policy.plan(SchedulerView(0.0, (untargeted, hopeless, loose, tight), (), 2048)).order
     assert [r.request_id for r in order] == ["tight", "loose", "none", "hopeless"]
 
 
-def full_batch_queue(max_num_seqs: int) -> tuple[SLOPolicy, list[Request]]:
-    """A policy whose batch holds two long decodes, and two requests waiting for a place: a
-    long prompt due first and a short one due just after. In a full batch they cannot both
-    make it: whichever goes second waits for the second place to free."""
-    policy = make_policy("slo", PolicyContext(max_num_seqs=max_num_seqs))
-    running = [
-        decoding(request_id, SLO(), max_tokens=500, first_token_time=0.0)
-        for request_id in ("a", "b")
-    ]
-    policy.prefill_budget(running, 2046, 0.0)
-    full = make_policy("slo", PolicyContext(max_num_seqs=2))
-    full.prefill_budget(running, 2046, 0.0)
-    earliest = full.place_wait_s(0) + full.prefill_time_s(1500)  # the long one, going first
-    latest = full.place_wait_s(1) + full.prefill_time_s(20)  # the short one, going second
-    assert 0 < earliest < latest
-    due_long = earliest + (latest - earliest) / 3
-    due_short = earliest + 2 * (latest - earliest) / 3
-    long = Request("long", [1] * 1500, SamplingParams(max_tokens=4), 0.0, 1, SLO(due_long * 1e3))
-    short = Request("short", [1] * 20, SamplingParams(max_tokens=4), 0.0, 0, SLO(due_short * 1e3))
-    return policy, [long, short]
+def waiting(request_id: str, prompt_len: int, ttft_ms: float, arrival: float = 0.0) -> Request:
+    return Request(
+        request_id, [1] * prompt_len, SamplingParams(max_tokens=4), arrival, 0, SLO(ttft_ms)
+    )
 
 
-def test_a_full_batch_sets_the_long_prompt_aside_so_the_short_one_makes_its_deadline():
-    # Earliest deadline first would give the long prompt the first place to free and the
-    # short request would miss; setting aside the one with the most prefill (Moore-Hodgson)
-    # keeps one deadline either way and frees the most time.
-    policy, waiting = full_batch_queue(max_num_seqs=2)
-    assert [r.request_id for r in policy.order_waiting(waiting, 0.0)] == ["short", "long"]
+def order_of(policy: SLOPolicy, queue: list[Request], now: float = 0.0) -> list[str]:
+    plan = policy.plan(SchedulerView(now, tuple(queue), (), 2048))
+    return [r.request_id for r in plan.order]
 
 
-def test_with_places_free_both_deadlines_hold_in_deadline_order():
-    policy, waiting = full_batch_queue(max_num_seqs=4)
-    assert [r.request_id for r in policy.order_waiting(waiting, 0.0)] == ["long", "short"]
+def test_one_class_with_one_target_is_served_in_arrival_order():
+    policy = make_policy("slo", PolicyContext(max_num_batched_tokens=2048))
+    queue = [waiting(f"r{i}", 50 + (i * 397) % 900, 500, arrival=i * 0.01) for i in range(8)]
+    assert order_of(policy, list(reversed(queue)), now=0.1) == [f"r{i}" for i in range(8)]
 
 
-def nearly_full_batch(urgent_per_s: float) -> SLOPolicy:
-    """A policy with three of its four places taken by long decodes, having seen urgent
-    requests (300 ms TTFT target) arrive at `urgent_per_s` over the last two seconds."""
-    policy = make_policy("slo", PolicyContext(max_num_seqs=4))
-    seen = [
-        Request(f"seen-{i}", [1] * 10, SamplingParams(max_tokens=4), i / urgent_per_s, 0, SLO(300))
-        for i in range(int(2 * urgent_per_s))
-    ]
-    policy.order_waiting(seen, 2.0)
-    running = [
-        decoding(request_id, SLO(), max_tokens=100, first_token_time=0.0)
-        for request_id in ("a", "b", "c")
-    ]
-    policy.prefill_budget(running, 2045, 2.0)
-    return policy
+def test_in_overload_the_shortest_prefill_in_reach_goes_first():
+    # Four 2,000-token prompts due in 0.5 s cannot all make it (about 0.2 s each): the queue
+    # is overloaded, so the ones still in reach go shortest first, the hopeless one last.
+    policy = make_policy("slo", PolicyContext(max_num_batched_tokens=2048))
+    queue = [waiting(f"long{i}", 2000, 500) for i in range(4)]
+    queue += [waiting("short", 100, 600), waiting("hopeless", 30_000, 400)]
+    order = order_of(policy, queue)
+    assert order[0] == "short" and order[-1] == "hopeless"
 
 
-def patient_and_urgent() -> tuple[Request, Request]:
-    patient = Request("patient", [1] * 500, SamplingParams(max_tokens=4), 2.0, 1, SLO(60_000))
-    urgent = Request("urgent", [1] * 20, SamplingParams(max_tokens=4), 2.0, 0, SLO(300))
-    return patient, urgent
-
-
-def test_a_nearly_full_batch_keeps_its_last_place_for_urgent_arrivals():
-    policy = nearly_full_batch(urgent_per_s=20)
-    patient, urgent = patient_and_urgent()
-    # Urgent requests are expected before a place frees: the patient one is held back, and
-    # an urgent one still gets the place.
-    assert policy.order_waiting([patient], 2.0) == []
-    assert policy.order_waiting([patient, urgent], 2.0) == [urgent]
-
-
-def test_without_urgent_arrivals_the_last_place_goes_to_whoever_waits():
-    policy = nearly_full_batch(urgent_per_s=0)
-    patient, _ = patient_and_urgent()
-    assert policy.order_waiting([patient], 2.0) == [patient]
+def test_the_plan_depends_on_the_view_alone():
+    policy = make_policy("slo", PolicyContext(max_num_batched_tokens=2048))
+    queue = [waiting(f"r{i}", 100 + 300 * i, 400 + 100 * i) for i in range(6)]
+    first = order_of(policy, queue)
+    order_of(policy, [waiting("other", 5000, 100)], now=3.0)
+    assert order_of(policy, queue) == first
 
 
 def test_guard_covers_the_arrivals_expected_before_a_place_frees_with_99_percent():

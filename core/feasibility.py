@@ -1,0 +1,216 @@
+"""The feasibility math of SLO scheduling: when a request would get its first token behind the
+work ordered ahead of it, how long a full batch makes it wait for a place, and which running
+request a preemption costs least. Pure functions over plain values, shared by the scheduler's
+hard bounds, the `slo` planner and admission's TTFT forecast, so none of them can disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from core.request import Request, RequestStatus
+from core.step_cost import StepCost, prefill_seconds
+
+# A request is served ahead of every order once what is left of the starvation bound only just
+# covers the prefill ahead of it and its own at full budget, plus this many steps; never before
+# this share of the bound has passed (a prompt too long for the bound must not jump every queue
+# from the start). Until the last of those steps it waits for a place to free on its own;
+# only then does it preempt one.
+BOUND_MARGIN_STEPS = 8
+BOUND_EARLIEST_SHARE = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """How fast the engine works through a queue: each step carries `tokens_per_step` of
+    prefill on top of decodes taking `decode_s`, each prefill token adding `per_token_s`;
+    `free_places` places in the batch are open now, and once none is, one frees every
+    `place_gap_s` (a full batch frees one every mean request lifetime / batch size)."""
+
+    tokens_per_step: int
+    decode_s: float
+    per_token_s: float
+    free_places: int
+    place_gap_s: float
+
+    def prefill_s(self, num_tokens: int) -> float:
+        """Seconds until `num_tokens` of prefill are done at this pace."""
+        return prefill_seconds(num_tokens, self.tokens_per_step, self.decode_s, self.per_token_s)
+
+    def place_wait_s(self, index: int) -> float:
+        """Seconds until the `index`-th request (from 0) wanting a place gets one."""
+        gaps = index + 1 - self.free_places
+        return gaps * self.place_gap_s if gaps > 0 else 0.0
+
+    def first_token_s(self, tokens: int, places: int, own_tokens: int, needs_place: bool) -> float:
+        """Seconds until a request's first token with `tokens` of prefill ordered up to and
+        including its own `own_tokens`, and `places` requests (it included, if it needs one)
+        wanting a place: the prefill ahead, or its own prefill after its place frees, whichever
+        ends later."""
+        prefill_s = self.prefill_s(tokens)
+        if not needs_place:
+            return prefill_s
+        return max(prefill_s, self.place_wait_s(places - 1) + self.prefill_s(own_tokens))
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A request owed prefill, as the planner and the forecast see it: `deadline_s` is its
+    arrival plus its TTFT target (infinite without one, or once it has its first token)."""
+
+    key: str
+    arrival_s: float
+    deadline_s: float
+    prefill_tokens: int
+    needs_place: bool
+    # Preempted after its first token, or partly prefilled: it holds (or held) KV and a place.
+    resuming: bool
+
+    @classmethod
+    def of(cls, request: Request) -> Job:
+        resuming = request.first_token_time is not None or request.num_computed_tokens > 0
+        target = request.slo.ttft_ms
+        deadline = (
+            math.inf
+            if target is None or request.first_token_time is not None
+            else request.arrival_time + target / 1000
+        )
+        return cls(
+            request.request_id,
+            request.arrival_time,
+            deadline,
+            prefill_left(request),
+            request.status is not RequestStatus.RUNNING,
+            resuming,
+        )
+
+
+def plan_order(jobs: Sequence[Job], pace: Pace, now: float) -> list[Job]:
+    """The `slo` order of the jobs owed prefill.
+
+    Resuming jobs first, oldest first (they hold KV, or lost it once already). The rest by
+    earliest deadline first, which for one class with one target is arrival order. If that
+    order is predicted to meet every deadline still in reach, it stands. Otherwise the queue is
+    overloaded and no order meets them all: the jobs still able to make their deadline go
+    shortest prefill first (the order that finishes the most jobs in a given time), ahead of
+    those with no target and then of those already beyond reach (by arrival).
+    """
+    resuming = sorted((j for j in jobs if j.resuming), key=_by_arrival)
+    fresh = sorted((j for j in jobs if not j.resuming), key=_by_deadline)
+    ahead_tokens = sum(j.prefill_tokens for j in resuming)
+    ahead_places = sum(j.needs_place for j in resuming)
+    reachable, untargeted, beyond = [], [], []
+    for job in fresh:
+        if job.deadline_s == math.inf:
+            untargeted.append(job)
+        elif _alone_s(job, ahead_tokens, ahead_places, pace) <= job.deadline_s - now:
+            reachable.append(job)
+        else:
+            beyond.append(job)
+    if _misses(reachable, ahead_tokens, ahead_places, pace, now):
+        reachable.sort(key=lambda j: (j.prefill_tokens, j.deadline_s, j.arrival_s, j.key))
+    return resuming + reachable + untargeted + sorted(beyond, key=_by_arrival)
+
+
+def first_token_times(ordered: Sequence[Job], pace: Pace, now: float) -> dict[str, float]:
+    """Predicted clock time of each job's first token when served in `ordered` order."""
+    times = {}
+    tokens = places = 0
+    for job in ordered:
+        tokens += job.prefill_tokens
+        places += job.needs_place
+        times[job.key] = now + pace.first_token_s(
+            tokens, places, job.prefill_tokens, job.needs_place
+        )
+    return times
+
+
+def _misses(ordered: Sequence[Job], tokens: int, places: int, pace: Pace, now: float) -> bool:
+    for job in ordered:
+        tokens += job.prefill_tokens
+        places += job.needs_place
+        if now + pace.first_token_s(tokens, places, job.prefill_tokens, job.needs_place) > (
+            job.deadline_s
+        ):
+            return True
+    return False
+
+
+def _alone_s(job: Job, tokens: int, places: int, pace: Pace) -> float:
+    """Seconds to the job's first token served right after the resuming jobs."""
+    return pace.first_token_s(
+        tokens + job.prefill_tokens, places + job.needs_place, job.prefill_tokens, job.needs_place
+    )
+
+
+def overdue(
+    waiting: Iterable[Request], now: float, bound_s: float, full_step_s: float, full_tokens: int
+) -> list[Request]:
+    """The requests that must start now to get their first token within the starvation bound
+    `bound_s`: what is left of their bound only just covers the prefill of every older request
+    still owed a first token plus their own, at `full_tokens` per step of `full_step_s`
+    (they are served oldest first). `waiting` is in arrival order."""
+    earliest = now - BOUND_EARLIEST_SHARE * bound_s
+    margin_s = BOUND_MARGIN_STEPS * full_step_s
+    found = []
+    tokens = 0
+    for request in waiting:
+        if request.arrival_time > earliest:
+            break
+        if request.first_token_time is not None:
+            continue
+        tokens += prefill_left(request)
+        need_s = -(-tokens // full_tokens) * full_step_s
+        if now - request.arrival_time >= bound_s - need_s - margin_s:
+            found.append(request)
+    return found
+
+
+def critical(
+    request: Request, now: float, bound_s: float, full_step_s: float, full_tokens: int
+) -> bool:
+    """Whether an overdue request must be admitted this step, preempting if need be: what is
+    left of its bound covers its own prefill plus one step, no more."""
+    need_s = -(-prefill_left(request) // full_tokens) * full_step_s
+    return now - request.arrival_time >= bound_s - need_s - full_step_s
+
+
+def victim_rank(request: Request, cost: StepCost, now: float) -> tuple:
+    """How little preempting a running request costs it against its own SLO, the largest the
+    cheapest: its priority class (the least urgent first), then its slack left after
+    recomputing what it has computed (TPOT pace banked, or TTFT deadline; infinite without a
+    target), then the least work lost, then the latest arrival."""
+    # Preempted, it recomputes all it has computed before its next token.
+    recompute_s = request.num_computed_tokens * cost.prefill_token_s()
+    if request.first_token_time is not None:
+        target = request.slo.tpot_ms
+        due_s = request.first_token_time + (target or 0) / 1000 * request.num_output_tokens
+    else:
+        target = request.slo.ttft_ms
+        due_s = (
+            request.arrival_time
+            + (target or 0) / 1000
+            - prefill_left(request) * (cost.prefill_token_s())
+        )
+    slack_s = math.inf if target is None else due_s - now - recompute_s
+    return (
+        request.priority,
+        slack_s,
+        -request.num_computed_tokens,
+        request.arrival_time,
+        request.request_id,
+    )
+
+
+def prefill_left(request: Request) -> int:
+    return max(0, request.num_tokens - request.num_computed_tokens)
+
+
+def _by_arrival(job: Job) -> tuple[float, str]:
+    return job.arrival_s, job.key
+
+
+def _by_deadline(job: Job) -> tuple[float, float, str]:
+    return job.deadline_s, job.arrival_s, job.key

@@ -1,0 +1,121 @@
+"""The `slo` planner as a function of its view, over random small workloads (hypothesis): no
+request waits past the starvation bound, the plan is the same for the same view, and the
+admission forecast predicts exactly the first-token time the planner's order implies."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core import feasibility
+from core.feasibility import Job
+from core.policy import PolicyContext, SchedulerView
+from core.policy_registry import make_policy
+from core.request import SLO, Request
+from core.sampling_params import SamplingParams
+from core.step_cost import CostCoefficients, StepCostModel
+from core.ttft_forecast import TTFTForecast
+from tests.factory import make_engine, make_request
+
+COST = CostCoefficients(
+    base_s=0.005, per_prefill_token_s=1e-4, per_decode_token_s=2e-4, per_context_token_s=0.0
+)
+TARGETS = st.sampled_from([None, 100.0, 300.0, 1000.0, 5000.0])
+SPEC = st.tuples(
+    st.floats(0.0, 2.0),  # arrival
+    st.integers(1, 600),  # prompt tokens
+    st.integers(1, 40),  # max tokens
+    TARGETS,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=st.lists(SPEC, min_size=1, max_size=25), policy=st.sampled_from(["slo", "fcfs"]))
+def test_no_request_waits_past_the_bound(specs, policy):
+    bound_ms = 300.0
+    engine = make_engine(
+        num_kv_blocks=128,
+        cost=COST,
+        scheduling_policy=policy,
+        max_wait_ms=bound_ms,
+        max_num_seqs=4,
+        max_num_batched_tokens=256,
+    )
+    pending = sorted(enumerate(specs), key=lambda item: item[1][0])
+    done = []
+    engine.finish_listeners.append(lambda request, _: done.append(request))
+    while pending or engine.has_unfinished_requests:
+        while pending and pending[0][1][0] <= engine.clock():
+            index, (arrival, prompt_len, max_tokens, ttft_ms) = pending.pop(0)
+            engine.add_request(
+                make_request(
+                    f"r{index}",
+                    [1 + index % 50] * prompt_len,
+                    max_tokens=max_tokens,
+                    slo=SLO(ttft_ms, None),
+                    arrival_time=arrival,
+                )
+            )
+        if not engine.has_unfinished_requests:
+            engine.clock.now = pending[0][1][0]
+            continue
+        engine.step()
+    assert len(done) == len(specs)
+    # Its prefill alone may take a few steps at the whole budget; the bound leaves room for them.
+    for request in done:
+        assert request.first_token_time - request.arrival_time <= bound_ms / 1000
+        assert request.num_preemptions <= 3
+
+
+def waiting_request(index: int, arrival: float, prompt_len: int, ttft_ms: float | None) -> Request:
+    return Request(
+        f"w{index}", [1] * prompt_len, SamplingParams(max_tokens=8), arrival, 0, SLO(ttft_ms)
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(specs=st.lists(SPEC, min_size=1, max_size=30), now=st.floats(2.0, 3.0))
+def test_the_plan_is_a_function_of_the_view(specs, now):
+    policy = make_policy("slo", PolicyContext(StepCostModel(COST), max_num_seqs=8))
+    queue = tuple(waiting_request(i, a, n, t) for i, (a, n, _, t) in enumerate(specs))
+    view = SchedulerView(now, queue, (), 2048)
+    first = policy.plan(view)
+    policy.plan(SchedulerView(now + 1.0, queue[::-1], (), 512))  # another step in between
+    again = make_policy("slo", PolicyContext(StepCostModel(COST), max_num_seqs=8)).plan(view)
+    assert first == policy.plan(view) == again
+    assert sorted(r.request_id for r in first.order) == sorted(r.request_id for r in queue)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    specs=st.lists(SPEC, min_size=0, max_size=30),
+    prompt_len=st.integers(1, 3000),
+    ttft_ms=TARGETS,
+)
+def test_the_forecast_is_the_planners_first_token_time(specs, prompt_len, ttft_ms):
+    """With the cost model exact and places free, the forecast for a newcomer is the time the
+    planner's own order (including the newcomer) gives it, or the starvation bound where that
+    is past its deadline (out of reach, it is served after everything in reach)."""
+    now = 2.0
+    cost = StepCostModel(COST)
+    forecast = TTFTForecast(cost, 2048, max_num_seqs=64, max_wait_s=20.0)
+    queue = []
+    for i, (arrival, n, _, target) in enumerate(specs):
+        forecast.add(f"w{i}", n, SLO(target, None), now=arrival)
+        queue.append(waiting_request(i, arrival, n, target))
+    predicted = forecast.predict(prompt_len, ttft_ms, now)
+
+    newcomer = Request(
+        "\U0010ffff", [1] * prompt_len, SamplingParams(max_tokens=8), now, 0, SLO(ttft_ms)
+    )
+    policy = make_policy("slo", PolicyContext(cost, max_num_seqs=64))
+    view = SchedulerView(now, (*queue, newcomer), (), 2048)
+    plan = policy.plan(view)
+    jobs = [Job.of(r) for r in plan.order]
+    pace = policy.pace(view, plan.prefill_budget, jobs)
+    planned_s = feasibility.first_token_times(jobs, pace, now)[newcomer.request_id] - now
+    deadline_s = math.inf if ttft_ms is None else ttft_ms / 1000
+    expected = planned_s if planned_s <= deadline_s else 20.0
+    assert math.isclose(predicted.ttft_s, min(expected, 20.0), rel_tol=1e-12)
