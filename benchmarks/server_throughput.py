@@ -79,8 +79,10 @@ async def sse_client(port: int, body: bytes, deadline: float, gaps: list[float])
     while time.perf_counter() < deadline:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+            # The Host a loopback server answers (app.security's Host check).
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n"
+            b"\r\n%s" % (len(body), body)
         )
         last = None
         async for line in reader:
