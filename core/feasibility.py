@@ -88,14 +88,13 @@ class Job:
 
 
 def plan_order(jobs: Sequence[Job], pace: Pace, now: float) -> list[Job]:
-    """The `slo` order of the jobs owed prefill.
-
-    Resuming jobs first, oldest first (they hold KV, or lost it once already). The rest by
-    earliest deadline first, which for one class with one target is arrival order. If that
-    order is predicted to meet every deadline still in reach, it stands. Otherwise the queue is
-    overloaded and no order meets them all: the jobs still able to make their deadline go
-    shortest prefill first (the order that finishes the most jobs in a given time), ahead of
-    those with no target and then of those already beyond reach (by arrival).
+    """The `slo` order of the jobs owed prefill: resuming jobs first, oldest first (they hold
+    KV, or lost it once already); then the jobs still in reach of their deadline (served next,
+    they would make it), earliest deadline first, which for one class with one target is
+    arrival order; then those with no target; then those already beyond reach, oldest first
+    (their SLO is lost; the starvation bound still serves them). Dropping the hopeless from
+    the deadline order is what keeps it from collapsing in overload: no request is served
+    ahead of one that can still make its deadline unless its own deadline comes first.
     """
     resuming = sorted((j for j in jobs if j.resuming), key=_by_arrival)
     fresh = sorted((j for j in jobs if not j.resuming), key=_by_deadline)
@@ -109,8 +108,6 @@ def plan_order(jobs: Sequence[Job], pace: Pace, now: float) -> list[Job]:
             reachable.append(job)
         else:
             beyond.append(job)
-    if _misses(reachable, ahead_tokens, ahead_places, pace, now):
-        reachable.sort(key=lambda j: (j.prefill_tokens, j.deadline_s, j.arrival_s, j.key))
     return resuming + reachable + untargeted + sorted(beyond, key=_by_arrival)
 
 
@@ -125,17 +122,6 @@ def first_token_times(ordered: Sequence[Job], pace: Pace, now: float) -> dict[st
             tokens, places, job.prefill_tokens, job.needs_place
         )
     return times
-
-
-def _misses(ordered: Sequence[Job], tokens: int, places: int, pace: Pace, now: float) -> bool:
-    for job in ordered:
-        tokens += job.prefill_tokens
-        places += job.needs_place
-        if now + pace.first_token_s(tokens, places, job.prefill_tokens, job.needs_place) > (
-            job.deadline_s
-        ):
-            return True
-    return False
 
 
 def _alone_s(job: Job, tokens: int, places: int, pace: Pace) -> float:

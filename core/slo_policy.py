@@ -1,8 +1,8 @@
 """The `slo` policy: a stateless planner. Each step it reads the scheduler's view (queues, clock,
 the step-cost model, the output-length predictor) and returns the step's plan: the order to
-serve prefill in (core/feasibility.py's `plan_order`: earliest deadline first while that meets
-every deadline in reach, shortest prefill first among those still in reach when it cannot) and
-a prefill budget sized so running decodes keep their time-per-output-token target.
+serve prefill in (core/feasibility.py's `plan_order`: earliest deadline first among the requests
+still in reach of their deadline, the hopeless after them) and a prefill budget sized so
+running decodes keep their time-per-output-token target.
 
 Prefill budget. A step's duration grows with the prefill it carries, and every running decode
 waits for the whole step. A TPOT target is a per-token average (what goodput measures: time from

@@ -245,14 +245,14 @@ def test_one_class_with_one_target_is_served_in_arrival_order():
     assert order_of(policy, list(reversed(queue)), now=0.1) == [f"r{i}" for i in range(8)]
 
 
-def test_in_overload_the_shortest_prefill_in_reach_goes_first():
-    # Four 2,000-token prompts due in 0.5 s cannot all make it (about 0.2 s each): the queue
-    # is overloaded, so the ones still in reach go shortest first, the hopeless one last.
+def test_in_overload_the_hopeless_go_after_every_request_in_reach():
+    # Four 2,000-token prompts due in 0.5 s cannot all make it (about 0.2 s each), and one
+    # of 30,000 tokens cannot make 0.4 s at all: the ones in reach keep deadline order, the
+    # hopeless one goes last instead of first.
     policy = make_policy("slo", PolicyContext(max_num_batched_tokens=2048))
     queue = [waiting(f"long{i}", 2000, 500) for i in range(4)]
     queue += [waiting("short", 100, 600), waiting("hopeless", 30_000, 400)]
-    order = order_of(policy, queue)
-    assert order[0] == "short" and order[-1] == "hopeless"
+    assert order_of(policy, queue) == ["long0", "long1", "long2", "long3", "short", "hopeless"]
 
 
 def test_the_plan_depends_on_the_view_alone():
