@@ -109,6 +109,7 @@ def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--num-kv-blocks", type=int, default=8192)
     parser.add_argument("--block-size", type=int, default=defaults.block_size)
     parser.add_argument("--max-wait-ms", type=float, default=defaults.max_wait_ms)
+    parser.add_argument("--max-preemptions", type=int, default=defaults.max_preemptions)
     parser.add_argument(
         "--slo-admission-factor",
         type=float,
@@ -143,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             enable_prefix_caching=False,
             max_wait_ms=args.max_wait_ms,
+            max_preemptions=args.max_preemptions,
         ),
         num_kv_blocks=args.num_kv_blocks,
         cost=_coefficients(args),
