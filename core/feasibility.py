@@ -81,7 +81,7 @@ class Job:
             request.request_id,
             request.arrival_time,
             deadline,
-            prefill_left(request),
+            request.num_uncomputed_tokens,
             request.status is not RequestStatus.RUNNING,
             resuming,
         )
@@ -147,7 +147,7 @@ def overdue(
             break
         if request.first_token_time is not None:
             continue
-        tokens += prefill_left(request)
+        tokens += request.num_uncomputed_tokens
         need_s = -(-tokens // full_tokens) * full_step_s
         if now - request.arrival_time >= bound_s - need_s - margin_s:
             found.append(request)
@@ -159,7 +159,7 @@ def critical(
 ) -> bool:
     """Whether an overdue request must be admitted this step, preempting if need be: what is
     left of its bound covers its own prefill plus one step, no more."""
-    need_s = -(-prefill_left(request) // full_tokens) * full_step_s
+    need_s = -(-request.num_uncomputed_tokens // full_tokens) * full_step_s
     return now - request.arrival_time >= bound_s - need_s - full_step_s
 
 
@@ -178,7 +178,7 @@ def victim_rank(request: Request, cost: StepCost, now: float) -> tuple:
         due_s = (
             request.arrival_time
             + (target or 0) / 1000
-            - prefill_left(request) * (cost.prefill_token_s())
+            - request.num_uncomputed_tokens * (cost.prefill_token_s())
         )
     slack_s = math.inf if target is None else due_s - now - recompute_s
     return (
@@ -188,10 +188,6 @@ def victim_rank(request: Request, cost: StepCost, now: float) -> tuple:
         request.arrival_time,
         request.request_id,
     )
-
-
-def prefill_left(request: Request) -> int:
-    return max(0, request.num_tokens - request.num_computed_tokens)
 
 
 def _by_arrival(job: Job) -> tuple[float, str]:

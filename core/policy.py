@@ -123,7 +123,7 @@ class SJFPolicy(SchedulingPolicy):
     name = "sjf"
 
     def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
-        return sorted(waiting, key=lambda r: (_prefill_left(r), *_arrival(r)))
+        return sorted(waiting, key=lambda r: (r.num_uncomputed_tokens, *_arrival(r)))
 
 
 class HRRNPolicy(SchedulingPolicy):
@@ -158,14 +158,10 @@ def predicted_service_s(context: PolicyContext, request: Request) -> float:
     """Seconds of engine time `request` still needs: its prefill at the marginal token cost
     plus its predicted remaining output at the pace of a one-sequence decode step."""
     cost = context.cost_model
-    prefill_s = _prefill_left(request) * cost.prefill_token_s()
+    prefill_s = request.num_uncomputed_tokens * cost.prefill_token_s()
     remaining = max(1.0, context.length_predictor.predict(request) - request.num_output_tokens)
     decode_s = cost.predict_step(0, 1, request.num_tokens)
     return max(1e-6, prefill_s + remaining * decode_s)
-
-
-def _prefill_left(request: Request) -> int:
-    return max(0, request.num_tokens - request.num_computed_tokens)
 
 
 def _arrival(request: Request) -> tuple[float, str]:

@@ -168,6 +168,11 @@ class Request:
         return len(self.token_ids)
 
     @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens whose KV is not in the cache yet: prefill left, or 1 for a decode."""
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 

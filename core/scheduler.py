@@ -76,7 +76,7 @@ class Scheduler:
         decodes: list[Request] = []
         prefills: list[Request] = []
         for request in self.running:
-            is_decode = len(request.token_ids) - request.num_computed_tokens == 1
+            is_decode = request.num_uncomputed_tokens == 1
             (decodes if is_decode else prefills).append(request)
 
         for request in decodes:

@@ -1,25 +1,7 @@
-"""The `slo` policy: a stateless planner. Each step it reads the scheduler's view (queues, clock,
-the step-cost model, the output-length predictor) and returns the step's plan: the order to
-serve prefill in (core/feasibility.py's `plan_order`: earliest deadline first among the requests
-still in reach of their deadline, the hopeless after them) and a prefill budget sized so
-running decodes keep their time-per-output-token target.
-
-Prefill budget. A step's duration grows with the prefill it carries, and every running decode
-waits for the whole step. A TPOT target is a per-token average (what goodput measures: time from
-the first token to the last over the tokens between), so one long step is harmless to a decode
-that can make it up. Each decode with a target has an allowance, the longest step it can absorb:
-  banked: first token time + target × tokens so far − now, the latest its next token may land
-    with its average so far within target (Andes' token deadlines), plus
-  credit: what the tokens it has still to generate can repay, each saving target − the
-    decode-only step time; only a share of the predicted remaining tokens counts, since the
-    request may stop sooner and the batch may grow.
-The budget is the largest prefill whose predicted step time fits the smallest allowance
-(Sarathi-Serve's stall-free batching, with the chunk sized from the decodes' slack instead of
-fixed). When the model and the lengths are exact, an allowance never drops below the decode-only
-step time, and at the last token it is the banked part alone, so every request ends within its
-TPOT target. The starvation bound outranks the cap (the scheduler gives an overdue request the
-whole budget).
-"""
+"""The `slo` policy: a stateless planner. From the scheduler's read-only view it returns the
+step's plan: prefill in core/feasibility.py's `plan_order` (earliest deadline first among the
+requests still in reach, the hopeless after them) and a prefill budget that keeps running
+decodes within their TPOT targets (derivation: docs/architecture.md, Scheduling)."""
 
 from __future__ import annotations
 
@@ -75,7 +57,7 @@ class SLOPolicy(SchedulingPolicy):
         of the requests running now would mislead, since one past its predicted length looks
         about to finish while it is as likely as not to go on)."""
         cost = self.context.cost_model
-        decoding = [r for r in view.running if r.num_tokens - r.num_computed_tokens == 1]
+        decoding = [r for r in view.running if r.num_uncomputed_tokens == 1]
         decode_s = cost.predict_step(0, len(decoding), sum(r.num_tokens for r in decoding))
         per_token_s = cost.prefill_token_s()
         tokens_per_step = max(1, min(budget, self.context.max_num_batched_tokens))
@@ -95,7 +77,7 @@ class SLOPolicy(SchedulingPolicy):
         num_decodes = num_context = 0
         targeted = []
         for request in view.running:
-            if request.num_tokens - request.num_computed_tokens == 1:
+            if request.num_uncomputed_tokens == 1:
                 num_decodes += 1
                 num_context += request.num_tokens
                 if request.slo.tpot_ms is not None:
@@ -138,7 +120,7 @@ class SLOPolicy(SchedulingPolicy):
         """Decodes that a step carrying `num_prefill` tokens would push off their TPOT target
         while a decode-only step would not."""
         cost = self.context.cost_model
-        decoding = [r for r in view.running if r.num_tokens - r.num_computed_tokens == 1]
+        decoding = [r for r in view.running if r.num_uncomputed_tokens == 1]
         context = sum(r.num_tokens for r in decoding)
         error = self.error_headroom()
         decode_s = cost.predict_step(0, len(decoding), context) * (1 + error)
