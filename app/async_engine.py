@@ -203,10 +203,6 @@ class AsyncEngine:
             streams.append(stream)
         return streams
 
-    def generate(self, add: EngineRequest) -> EngineStream:
-        """`submit` for one request."""
-        return self.submit([add])[0]
-
     def _release(self, request_id: str, *, abort: bool) -> None:
         """A stream is done with: forget it and, if it had not finished, abort its request."""
         if self._streams.pop(request_id, None) is None:

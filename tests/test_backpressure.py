@@ -106,7 +106,8 @@ def test_retry_after_is_the_drain_time_at_the_recent_completion_rate(llama_check
 
     async def finish_one(request_id: str) -> None:
         request = make_request(request_id, [5, 6, 7], max_tokens=1, ignore_eos=True)
-        async for _ in bridge.generate(request):
+        (stream,) = bridge.submit([request])
+        async for _ in stream:
             pass
 
     async def scenario() -> tuple[int, int]:
