@@ -190,16 +190,16 @@ class AsyncEngine:
         before its final output aborts its request.
         """
         self.check_capacity(len(requests))
-        for add in requests:
-            if add.request_id in self._streams:
-                raise ValueError(f"request id {add.request_id!r} is already in flight")
+        for request in requests:
+            if request.request_id in self._streams:
+                raise ValueError(f"request id {request.request_id!r} is already in flight")
         now = time.monotonic()
         streams = []
-        for add in requests:
-            stream = EngineStream(self, add.request_id)
-            self._streams[add.request_id] = stream
-            self.forecast.add(add.request_id, len(add.prompt_token_ids), add.slo, now)
-            self._step_loop.submit(add)
+        for request in requests:
+            stream = EngineStream(self, request.request_id)
+            self._streams[request.request_id] = stream
+            self.forecast.add(request.request_id, len(request.prompt_token_ids), request.slo, now)
+            self._step_loop.submit(request)
             streams.append(stream)
         return streams
 
