@@ -15,6 +15,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -109,6 +110,27 @@ def _is_text_part(part: object) -> bool:
     )
 
 
+# OpenAI fields Baton does not implement yet, declared so that the values asking for nothing
+# pass: the values accepted, and what a 400 says (after the field's name) to anything else.
+ASK_NOTHING: dict[str, tuple[tuple[Any, ...], str]] = {
+    "logit_bias": ((None, {}), "is not supported yet; leave it out"),
+    "best_of": ((None, 1), "other than 1 is not supported yet; leave it out"),
+    "suffix": ((None, ""), "is not supported: Baton does not insert text; leave it out"),
+    "response_format": (
+        (None, {"type": "text"}),
+        "is not supported yet (structured output); send {'type': 'text'} or leave it out",
+    ),
+    "tools": ((None, []), "are not supported yet (tool calling); leave them out"),
+    "tool_choice": (
+        (None, "none"),
+        "is not supported yet (tool calling); send 'none' or leave it out",
+    ),
+    "modalities": ((None, ["text"]), "other than ['text'] are not supported; Baton serves text"),
+    "store": ((None, False), "true is not supported: Baton keeps no completions"),
+    "service_tier": ((None, "auto", "default"), "must be 'auto' or 'default': Baton has one tier"),
+}
+
+
 class GenerationRequest(StrictModel):
     """The parameters completions and chat share, OpenAI's and Baton's extensions alike.
 
@@ -145,12 +167,13 @@ class GenerationRequest(StrictModel):
     # Baton's extension: `timing.token_ms` lists when each output token was ready.
     return_token_timestamps: StrictBool = False
 
-    @field_validator("logit_bias")
+    @field_validator(*ASK_NOTHING, check_fields=False)
     @classmethod
-    def _no_logit_bias(cls, logit_bias: dict[str, Any] | None) -> dict[str, Any] | None:
-        if logit_bias:
-            raise _unsupported("is not supported yet; leave it out")
-        return logit_bias
+    def _asks_nothing(cls, value: Any, info: ValidationInfo) -> Any:
+        accepted, message = ASK_NOTHING[info.field_name]
+        if value not in accepted:
+            raise PydanticCustomError("baton_unsupported", message)
+        return value
 
     @field_validator("n")
     @classmethod
@@ -233,20 +256,6 @@ class CompletionRequest(GenerationRequest):
     best_of: Int64 | None = None
     suffix: StrictStr | None = None
 
-    @field_validator("best_of")
-    @classmethod
-    def _one_candidate(cls, best_of: int | None) -> int | None:
-        if best_of is not None and best_of != 1:
-            raise _unsupported("other than 1 is not supported yet; leave it out")
-        return best_of
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, suffix: str | None) -> str | None:
-        if suffix:
-            raise _unsupported("is not supported: Baton does not insert text; leave it out")
-        return suffix
-
     @field_validator("prompt")
     @classmethod
     def _known_prompt_shape(cls, prompt: Any) -> list[Prompt]:
@@ -283,50 +292,6 @@ class ChatCompletionRequest(GenerationRequest):
     prompt_cache_key: Name | None = None
     safety_identifier: Name | None = None
 
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, response_format: dict[str, Any] | None) -> dict[str, Any] | None:
-        if response_format is not None and response_format != {"type": "text"}:
-            raise _unsupported(
-                "is not supported yet (structured output); send {'type': 'text'} or leave it out"
-            )
-        return response_format
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools: list[Any] | None) -> list[Any] | None:
-        if tools:
-            raise _unsupported("are not supported yet (tool calling); leave them out")
-        return tools
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, tool_choice: Any) -> Any:
-        if tool_choice not in (None, "none"):
-            raise _unsupported("is not supported yet (tool calling); send 'none' or leave it out")
-        return tool_choice
-
-    @field_validator("modalities")
-    @classmethod
-    def _text_modality(cls, modalities: list[str] | None) -> list[str] | None:
-        if modalities is not None and modalities != ["text"]:
-            raise _unsupported("other than ['text'] are not supported; Baton serves text")
-        return modalities
-
-    @field_validator("store")
-    @classmethod
-    def _not_stored(cls, store: bool | None) -> bool | None:
-        if store:
-            raise _unsupported("true is not supported: Baton keeps no completions")
-        return store
-
-    @field_validator("service_tier")
-    @classmethod
-    def _one_tier(cls, service_tier: str | None) -> str | None:
-        if service_tier not in (None, "auto", "default"):
-            raise _unsupported("must be 'auto' or 'default': Baton has one tier")
-        return service_tier
-
     @field_validator("messages")
     @classmethod
     def _some_messages(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -355,10 +320,6 @@ class ChatCompletionRequest(GenerationRequest):
 
     def message_dicts(self) -> list[dict[str, Any]]:
         return [message.model_dump() for message in self.messages]
-
-
-def _unsupported(message: str) -> PydanticCustomError:
-    return PydanticCustomError("baton_unsupported", message)
 
 
 def _prompt_list(prompt: Any) -> list[Prompt]:
