@@ -122,7 +122,7 @@ def check_slo(state: ServerState, request: AdmittedRequest) -> None:
     than `--slo-admission-factor` times its TTFT target because of the queue ahead of it
     (it would fit its target on an idle engine): better refused now, with a Retry-After of the
     predicted drain time, than accepted and failed late."""
-    factor = state.settings.slo_admission_factor
+    factor = state.engine.config.slo_admission_factor
     ttft_ms = request.slo.ttft_ms
     if factor <= 0 or ttft_ms is None or state.engine.config.scheduling_policy != "slo":
         return

@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from app.admission import AdmittedRequest, admit, check_capacity, submit
 from app.async_engine import EngineDeadError, EngineStream
-from app.errors import APIError
+from app.errors import APIError, output_error
 from app.openai_format import (
     DONE_EVENT,
     ChatFormat,
@@ -41,7 +41,6 @@ from app.protocol import (
 )
 from app.state import ServerState, server_state
 from core.outputs import RequestOutput
-from core.request import FinishReason
 
 
 async def completions(request: Request) -> Response:
@@ -188,8 +187,8 @@ class Generation:
         num_chars = [0] * len(self.admitted.prompts)
         async with contextlib.aclosing(merge_streams(self.streams)) as outputs:
             async for index, output in outputs:
-                if output.finish_reason is FinishReason.ERROR:
-                    raise _StreamFailed(_failed(output))
+                if (error := output_error(output)) is not None:
+                    raise _StreamFailed(error)
                 chunk = self._chunk(index, output, num_chars[index])
                 num_chars[index] += len(output.new_text)
                 if chunk is not None:
@@ -228,8 +227,8 @@ class Generation:
         try:
             async with contextlib.aclosing(merge_streams(self.streams)) as outputs:
                 async for index, output in outputs:
-                    if output.finish_reason is FinishReason.ERROR:
-                        raise _failed(output)
+                    if (error := output_error(output)) is not None:
+                        raise error
                     _gather(choices[index], output, self.format)
                     if output.finished:
                         self._finished.append(output)
@@ -310,7 +309,3 @@ class _StreamFailed(Exception):
 
 def _reason(output: RequestOutput) -> str | None:
     return output.finish_reason.value if output.finish_reason is not None else None
-
-
-def _failed(output: RequestOutput) -> APIError:
-    return APIError(500, output.error or "the request failed inside the engine")

@@ -16,7 +16,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDiscon
 
 from app.admission import AdmittedRequest, admit, check_capacity, submit
 from app.async_engine import EngineDeadError
-from app.errors import APIError
+from app.errors import APIError, output_error
 from app.openai_format import timing, usage
 from app.protocol import (
     MAX_NAME_CHARS,
@@ -29,7 +29,6 @@ from app.protocol import (
 )
 from app.state import ServerState, server_metrics, server_state
 from core.outputs import RequestOutput
-from core.request import FinishReason
 
 logger = logging.getLogger("baton.websocket")
 
@@ -169,8 +168,8 @@ class Session:
         self, record: InFlight, output: RequestOutput, admitted: AdmittedRequest
     ) -> None:
         client_id = record.client_id
-        if output.finish_reason is FinishReason.ERROR:
-            raise APIError(500, output.error or "the request failed inside the engine")
+        if (error := output_error(output)) is not None:
+            raise error
         if output.new_text:
             frame = {
                 "type": "token",

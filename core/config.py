@@ -26,6 +26,10 @@ class EngineConfig:
     # preempted more often (after that it is protected).
     max_wait_ms: float = 20_000.0
     max_preemptions: int = 3
+    # With the slo policy, no request with a TTFT target starts later than this times its
+    # target: refused at arrival when predicted to, refused once it has waited that long.
+    # 0 turns SLO admission control off.
+    slo_admission_factor: float = 3.0
     gpu_memory_utilization: float = 0.9
     # CUDA graphs for decode steps off: every step runs eagerly (the CPU always does).
     enforce_eager: bool = False
@@ -51,6 +55,10 @@ class EngineConfig:
             raise ValueError(f"--max-wait-ms must be > 0, got {self.max_wait_ms}")
         if self.max_preemptions < 0:
             raise ValueError(f"--max-preemptions must be >= 0, got {self.max_preemptions}")
+        if not self.slo_admission_factor >= 0:
+            raise ValueError(
+                f"--slo-admission-factor must be >= 0, got {self.slo_admission_factor}"
+            )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"

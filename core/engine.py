@@ -16,6 +16,7 @@ from core.engine_stats import EngineStats
 from core.executor import Executor
 from core.kv_cache_manager import KVCacheManager
 from core.length_predictor import LengthPredictor
+from core.lifetime import LifetimeMean
 from core.output_processor import OutputProcessor
 from core.outputs import RequestOutput, RequestTiming
 from core.policy import PolicyContext
@@ -55,16 +56,20 @@ class Engine:
         self.kv_cache = KVCacheManager(
             executor.num_kv_blocks, executor.block_size, config.enable_prefix_caching
         )
-        # Both learn online, in the step thread: step durations from every step, output lengths
-        # from every request that finishes. Policies read them; metrics report their error.
+        # All learn online, in the step thread: step durations from every step, output lengths
+        # and lifetimes from every request that finishes. Policies read them; metrics report
+        # their error; admission reads the published cost fit and lifetime.
         self.step_cost_model = StepCostModel()
         self.length_predictor = LengthPredictor()
+        self.lifetime = LifetimeMean()
         self.policy_context = PolicyContext(
             self.step_cost_model,
             self.length_predictor,
             config.max_wait_ms / 1000,
             config.max_num_batched_tokens,
             config.max_num_seqs,
+            self.lifetime,
+            config.slo_admission_factor,
         )
         self.scheduler = Scheduler(
             self.kv_cache,
@@ -80,7 +85,8 @@ class Engine:
         # as it finishes (with its final output). Listeners must be quick and must not raise.
         self.step_listeners: list[Callable[[StepStats], None]] = [self.step_cost_model.observe]
         self.finish_listeners: list[Callable[[Request, RequestOutput], None]] = [
-            lambda request, _output: self.length_predictor.observe(request)
+            lambda request, _output: self.length_predictor.observe(request),
+            lambda request, _output: self.lifetime.observe(request),
         ]
 
     @property
@@ -112,6 +118,7 @@ class Engine:
             step_cost=cost.current,
             step_cost_error=cost.mean_abs_error_ratio,
             step_cost_observations=cost.num_observations,
+            mean_lifetime_s=self.lifetime.mean_s,
         )
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
@@ -163,9 +170,10 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         started = self.clock()
+        refused = [self._refuse(request, started) for request in self.scheduler.refused(started)]
         batch = self.scheduler.schedule(started)
         if not batch.sequences:
-            return []
+            return refused
         num_context_tokens = sum(sequence.seq_len for sequence in batch.sequences)
         scheduled = batch
         failed: list[RequestOutput] = []
@@ -173,6 +181,7 @@ class Engine:
             result = self.executor.execute(batch)
         except Exception as error:
             batch, result, failed = self._isolate_fault(batch, error)
+        failed = refused + failed
         sampled = self.scheduler.update(batch, result)
         now = self.clock()
         self.num_steps += 1
@@ -266,6 +275,20 @@ class Engine:
         output.token_times = request.token_times
         for listener in self.finish_listeners:
             listener(request, output)
+
+    def _refuse(self, request: Request, now: float) -> RequestOutput:
+        factor = self.config.slo_admission_factor
+        waited_ms = (now - request.arrival_time) * 1000
+        message = (
+            f"the server is overloaded: this request waited {waited_ms:.0f} ms without starting, "
+            f"past {factor:g} times its TTFT target of {request.slo.ttft_ms:g} ms; retry later "
+            "or send a looser slo.ttft_ms"
+        )
+        output = RequestOutput(
+            request.request_id, [], "", request.num_prompt_tokens, 0, error=message
+        )
+        self._finish(request, output, FinishReason.REFUSED, now)
+        return output
 
     def _finish_early(
         self, request_id: str, reason: FinishReason, error: str | None

@@ -20,6 +20,8 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"
     CANCELLED = "cancelled"
     ERROR = "error"
+    # Refused by SLO admission control after it was queued: it waited past its start bound.
+    REFUSED = "refused"
 
 
 # A target looser than a day is no target; capping it keeps every deadline sum finite.

@@ -67,6 +67,10 @@ class Scheduler:
         request.finish_reason = reason
         request.finish_time = now
 
+    def refused(self, now: float) -> list[Request]:
+        """Queued requests the policy refuses now; the caller finishes them."""
+        return self.policy.refuse(self.waiting, now) if self.waiting else []
+
     def schedule(self, now: float) -> Batch:
         batch = Batch()
         self._scheduled = set()

@@ -200,15 +200,3 @@ class StepCostModel:
         for i in range(n):
             for j in range(n):
                 p[i][j] = (p[i][j] - gain[i] * px[j]) / forget
-
-
-def prefill_seconds(
-    num_tokens: int, pace_tokens: int, decode_s: float, per_token_s: float
-) -> float:
-    """Seconds until `num_tokens` of prefill are done, `pace_tokens` per step riding along the
-    running decodes (a step of `decode_s`): full steps, then one carrying the remainder."""
-    full_steps, remainder = divmod(num_tokens, pace_tokens)
-    seconds = full_steps * (decode_s + per_token_s * pace_tokens)
-    if remainder or not full_steps:
-        seconds += decode_s + per_token_s * remainder
-    return seconds
