@@ -193,20 +193,26 @@ class Scheduler:
 
     def update(
         self, batch: Batch, output: ExecutorOutput
-    ) -> list[tuple[Request, int, TokenLogprobs | None]]:
-        """Advance each scheduled request past this step's tokens; return the sampled tokens."""
+    ) -> list[tuple[Request, int | None, TokenLogprobs | None]]:
+        """Advance each scheduled request past this step's tokens; return the sampled tokens,
+        and None for a request with `max_tokens` 0 whose prompt is now computed."""
         sampled = []
         index = 0
         for seq in batch.sequences:
             request = self.requests[seq.request_id]
             request.num_computed_tokens += len(seq.token_ids)
             self.kv_cache.cache_computed_blocks(request)
+            if seq.prompt_logprob_positions:
+                assert request.prompt_logprobs is not None
+                request.prompt_logprobs.extend(output.prompt_logprobs[seq.request_id])
             if seq.sample:
                 token_id = output.sampled_token_ids[index]
                 logprobs = output.logprobs[index] if output.logprobs else None
                 index += 1
                 request.append_token(token_id)
                 sampled.append((request, token_id, logprobs))
+            elif request.num_uncomputed_tokens == 0:
+                sampled.append((request, None, None))  # max_tokens 0: the prompt is scored
         return sampled
 
     def _admit(
@@ -220,6 +226,11 @@ class Scheduler:
         """Start prefilling a waiting request; the budget it used (0: no room for a chunk of
         it), or None if blocks ran out."""
         prefix = self.kv_cache.cached_prefix(request)
+        scored_from = request.prompt_logprobs_from
+        if scored_from is not None:
+            # A hit skips computing its positions, and so their logits: a request still owed
+            # prompt log-probabilities reads only the blocks before the first one it needs.
+            prefix = prefix[: scored_from // self.kv_cache.block_size]
         num_hit = len(prefix) * self.kv_cache.block_size
         overhead = math.ceil(context_weight * num_hit)
         num_new = min(request.num_tokens - num_hit, prefill_budget - overhead)
@@ -277,16 +288,21 @@ class Scheduler:
         start = request.num_computed_tokens
         end = start + num_new
         token_ids = request.token_ids
+        scored = range(0)
+        scored_from = request.prompt_logprobs_from
+        if scored_from is not None:
+            scored = range(max(start, scored_from), min(end, request.num_prompt_tokens - 1))
         batch.sequences.append(
             ScheduledSequence(
                 request.request_id,
                 token_ids[start:end],
                 start,
                 self.kv_cache.block_table(request.request_id),
-                end == len(token_ids),
+                end == len(token_ids) and request.sampling_params.max_tokens != 0,
                 request.sampling_params,
                 token_ids,
                 request.num_prompt_tokens,
+                scored,
             )
         )
         self._scheduled.add(request.request_id)
