@@ -41,6 +41,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         # Requests holding a place in the batch being built: not candidates for preemption.
         self._scheduled: set[str] = set()
+        # Hashes of the first uncached block of each prompt admitted in the step being built.
+        self._blocks_in_flight: set[bytes] = set()
         self.num_preemptions = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -70,6 +72,7 @@ class Scheduler:
     def schedule(self, now: float) -> Batch:
         batch = Batch()
         self._scheduled = set()
+        self._blocks_in_flight = set()
         token_budget = self.max_num_batched_tokens
         overdue = self._overdue(now)
         preempted = self._make_room(overdue, now)
@@ -126,7 +129,9 @@ class Scheduler:
             elif len(self.running) < self.max_num_seqs and (
                 (admitting and not preempted) or request in overdue
             ):
-                used = self._admit(batch, request, prefill_budget, plan.context_weight, now)
+                used = self._admit(
+                    batch, request, prefill_budget, plan.context_weight, now, request in overdue
+                )
                 if used is None:
                     admitting = False
                 elif used:
@@ -222,15 +227,26 @@ class Scheduler:
         prefill_budget: int,
         context_weight: float,
         now: float,
+        overdue: bool = False,
     ) -> int | None:
         """Start prefilling a waiting request; the budget it used (0: no room for a chunk of
-        it), or None if blocks ran out."""
+        it, or its prefix is being computed for another request this step), or None if blocks
+        ran out."""
         prefix = self.kv_cache.cached_prefix(request)
         scored_from = request.prompt_logprobs_from
         if scored_from is not None:
             # A hit skips computing its positions, and so their logits: a request still owed
             # prompt log-probabilities reads only the blocks before the first one it needs.
             prefix = prefix[: scored_from // self.kv_cache.block_size]
+        # Requests sharing a prompt (the choices of `n`) arrive together: the first computes
+        # it and the others wait a step to read it from the cache rather than compute it too.
+        first_new = (
+            request.block_hashes[len(prefix)]
+            if len(request.block_hashes) > len(prefix) and scored_from is None
+            else None
+        )
+        if first_new is not None and first_new in self._blocks_in_flight and not overdue:
+            return 0
         num_hit = len(prefix) * self.kv_cache.block_size
         overhead = math.ceil(context_weight * num_hit)
         num_new = min(request.num_tokens - num_hit, prefill_budget - overhead)
@@ -238,6 +254,8 @@ class Scheduler:
             return 0
         if not self.kv_cache.allocate_slots(request, num_new, prefix):
             return None
+        if first_new is not None:
+            self._blocks_in_flight.add(first_new)
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_hit
         if request.num_cached_tokens is None:

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from app.llm import LLM
+from core.request import EngineRequest
 from core.sampling_params import SamplingParams
+from tests.factory import make_engine
 from tests.server_harness import base_url, model_engine, running_server
 
 PROMPT = "The for statement iterates over"
@@ -232,3 +234,19 @@ def test_seeded_sampling_is_the_same_alone_and_in_any_batch(llama_checkpoint):
     second = llm.generate([prompt], seeded.for_choice(1))[0].token_ids
     assert second != alone
     assert llm.generate([prompt], seeded.for_choice(1))[0].token_ids == second
+
+
+def test_choices_sharing_a_prompt_compute_it_once_and_read_it_from_the_cache():
+    batches = []
+    engine = make_engine(max_num_batched_tokens=512, on_batch=batches.append)
+    prompt = list(range(3, 67))  # 64 tokens: 3 full blocks can be shared, the last is computed
+    params = SamplingParams(max_tokens=4, seed=3)
+    for index in range(3):
+        engine.add_request(EngineRequest(f"choice-{index}", prompt, params.for_choice(index)))
+    engine.add_request(EngineRequest("other", list(range(100, 164)), params))
+    while engine.has_unfinished_requests:
+        engine.step()
+    assert engine.scheduler.prefix_cache_hits == 2 * 48
+    assert sum(batch.num_prefill_tokens for batch in batches) == 64 + 2 * 16 + 64
+    # The unrelated prompt is not held back: it starts in the first step with choice 0.
+    assert {seq.request_id for seq in batches[0].sequences} == {"choice-0", "other"}
