@@ -189,30 +189,27 @@ class Generation:
 
     async def _delta_events(self) -> AsyncIterator[bytes]:
         # Where each choice's next text starts: after its echoed prompt, if any.
-        num_chars = [-1] * len(self.streams)
+        num_chars = [0 if echo is None else len(echo.text) for echo in self.echoes]
+        started = [False] * len(self.streams)
         async with contextlib.aclosing(merge_streams(self.streams)) as outputs:
             async for index, output in outputs:
                 if output.finish_reason is FinishReason.ERROR:
                     raise _StreamFailed(_failed(output))
-                opening = num_chars[index] < 0
-                if opening:
-                    num_chars[index] = 0
-                chunk = self._chunk(index, output, num_chars[index], opening)
+                chunk = self._chunk(index, output, num_chars[index], not started[index])
+                started[index] = True
                 num_chars[index] += len(output.new_text)
-                if opening and self.echoes[index] is not None:
-                    num_chars[index] += len(self.echoes[index].text)
                 if chunk is not None:
                     yield sse_event(chunk)
 
     def _chunk(
         self, index: int, output: RequestOutput, num_chars: int, opening: bool
     ) -> dict[str, Any] | None:
+        """One choice's chunk; its `opening` one starts with the echoed prompt, if any."""
         echo = self.echoes[index] if opening else None
         text = output.new_text
         logprobs = None
         if self.shows_logprobs and output.logprobs:
-            start = num_chars + (len(echo.text) if echo is not None else 0)
-            logprobs = self.format.logprobs(output.logprobs, start)
+            logprobs = self.format.logprobs(output.logprobs, num_chars)
         if echo is not None:
             text = echo.text + text
             if self.shows_logprobs:
