@@ -8,12 +8,16 @@ import asyncio
 
 import httpx
 import openai
+import orjson
 import pytest
 import torch
+from websockets.asyncio.client import connect
 
 from app.llm import LLM
+from core.batch import ScheduledSequence
 from core.request import EngineRequest
 from core.sampling_params import SamplingParams
+from gpu.sampler import Sampler
 from tests.factory import make_engine
 from tests.server_harness import base_url, model_engine, running_server
 
@@ -250,3 +254,33 @@ def test_choices_sharing_a_prompt_compute_it_once_and_read_it_from_the_cache():
     assert sum(batch.num_prefill_tokens for batch in batches) == 64 + 2 * 16 + 64
     # The unrelated prompt is not held back: it starts in the first step with choice 0.
     assert {seq.request_id for seq in batches[0].sequences} == {"choice-0", "other"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"), [({"n": 2}, "n"), ({"best_of": 2}, "best_of"), ({"echo": True}, "echo")]
+)
+def test_websocket_frames_take_one_choice_without_echo(server, fields, param):
+    async def run():
+        async with connect(f"ws://127.0.0.1:{server.settings.port}/v1/ws") as ws:
+            frame = {"type": "generate", "id": "a", "prompt": PROMPT, **fields}
+            await ws.send(orjson.dumps(frame).decode())
+            return orjson.loads(await ws.recv())
+
+    answer = asyncio.run(run())
+    assert answer["type"] == "error" and answer["error"]["param"] == param
+
+
+def test_logit_bias_moves_only_its_own_row_of_a_batch():
+    logits = torch.zeros(3, 10)
+    logits[:, 4] = 1.0  # every row's greedy choice is token 4 unless biased
+    params = [
+        SamplingParams(temperature=0.0, logit_bias={7: 100.0}),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.0, logit_bias={4: -100.0, 2: 0.5}),
+    ]
+    seqs = [
+        ScheduledSequence(f"r{i}", [1], 3, [0], True, p, [1, 1, 1, 1], 3)
+        for i, p in enumerate(params)
+    ]
+    output = Sampler(10, [])(logits, seqs)
+    assert output.sampled_token_ids == [7, 4, 2]
