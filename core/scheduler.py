@@ -15,7 +15,7 @@ import math
 from core import feasibility
 from core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
 from core.kv_cache_manager import KVCacheManager
-from core.policy import SchedulerView, SchedulingPolicy
+from core.policy import UNLIMITED, SchedulerView, SchedulingPolicy
 from core.request import FinishReason, Request, RequestStatus
 
 
@@ -129,8 +129,11 @@ class Scheduler:
             elif len(self.running) < self.max_num_seqs and (
                 (admitting and not preempted) or request in overdue
             ):
+                # Without a prefill limit (static batching forming its batch) everyone starts
+                # now: a request held back would wait for the whole batch to drain.
+                may_wait = plan.prefill_budget < UNLIMITED and request not in overdue
                 used = self._admit(
-                    batch, request, prefill_budget, plan.context_weight, now, request in overdue
+                    batch, request, prefill_budget, plan.context_weight, now, may_wait
                 )
                 if used is None:
                     admitting = False
@@ -227,11 +230,11 @@ class Scheduler:
         prefill_budget: int,
         context_weight: float,
         now: float,
-        overdue: bool = False,
+        may_wait: bool = False,
     ) -> int | None:
         """Start prefilling a waiting request; the budget it used (0: no room for a chunk of
-        it, or its prefix is being computed for another request this step), or None if blocks
-        ran out."""
+        it, or, if it `may_wait`, its prefix is being computed for another request this step),
+        or None if blocks ran out."""
         prefix = self.kv_cache.cached_prefix(request)
         scored_from = request.prompt_logprobs_from
         if scored_from is not None:
@@ -245,7 +248,7 @@ class Scheduler:
             if len(request.block_hashes) > len(prefix) and scored_from is None
             else None
         )
-        if first_new is not None and first_new in self._blocks_in_flight and not overdue:
+        if may_wait and first_new is not None and first_new in self._blocks_in_flight:
             return 0
         num_hit = len(prefix) * self.kv_cache.block_size
         overhead = math.ceil(context_weight * num_hit)

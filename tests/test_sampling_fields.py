@@ -240,9 +240,11 @@ def test_seeded_sampling_is_the_same_alone_and_in_any_batch(llama_checkpoint):
     assert llm.generate([prompt], seeded.for_choice(1))[0].token_ids == second
 
 
-def test_choices_sharing_a_prompt_compute_it_once_and_read_it_from_the_cache():
+def run_choices(policy: str) -> tuple:
     batches = []
-    engine = make_engine(max_num_batched_tokens=512, on_batch=batches.append)
+    engine = make_engine(
+        max_num_batched_tokens=512, on_batch=batches.append, scheduling_policy=policy
+    )
     prompt = list(range(3, 67))  # 64 tokens: 3 full blocks can be shared, the last is computed
     params = SamplingParams(max_tokens=4, seed=3)
     for index in range(3):
@@ -250,10 +252,21 @@ def test_choices_sharing_a_prompt_compute_it_once_and_read_it_from_the_cache():
     engine.add_request(EngineRequest("other", list(range(100, 164)), params))
     while engine.has_unfinished_requests:
         engine.step()
+    return engine, batches
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "slo"])
+def test_choices_sharing_a_prompt_compute_it_once_and_read_it_from_the_cache(policy):
+    engine, batches = run_choices(policy)
     assert engine.scheduler.prefix_cache_hits == 2 * 48
     assert sum(batch.num_prefill_tokens for batch in batches) == 64 + 2 * 16 + 64
     # The unrelated prompt is not held back: it starts in the first step with choice 0.
     assert {seq.request_id for seq in batches[0].sequences} == {"choice-0", "other"}
+
+
+def test_static_batching_holds_no_choice_back_from_its_batch():
+    _engine, batches = run_choices("static")
+    assert len(batches[0].sequences) == 4
 
 
 @pytest.mark.parametrize(
