@@ -43,11 +43,13 @@ class ScheduledSequence:
 
 @dataclass(slots=True)
 class Batch:
-    """Everything one step computes: decodes first, then prefill chunks."""
+    """Everything one step computes: decodes first, then prefill chunks. `num_prompt_logprobs`
+    counts the sequences' `prompt_logprob_positions`, so a step without any costs one test."""
 
     sequences: list[ScheduledSequence] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    num_prompt_logprobs: int = 0
 
     @property
     def num_tokens(self) -> int:

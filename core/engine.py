@@ -248,13 +248,14 @@ class Engine:
         merged = ExecutorOutput([], [])
         failed = []
         for seq in batch.sequences:
-            alone = Batch([seq])
+            alone = Batch([seq], num_prompt_logprobs=len(seq.prompt_logprob_positions))
             try:
                 result = self.executor.execute(alone)
             except Exception as seq_error:
                 failed.append(self._fail(self.scheduler.requests[seq.request_id], seq_error))
                 continue
             kept.sequences.append(seq)
+            kept.num_prompt_logprobs += len(seq.prompt_logprob_positions)
             merged.sampled_token_ids.extend(result.sampled_token_ids)
             merged.logprobs.extend(result.logprobs or [None] * len(result.sampled_token_ids))
             merged.prompt_logprobs.update(result.prompt_logprobs)

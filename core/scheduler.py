@@ -18,6 +18,8 @@ from core.kv_cache_manager import KVCacheManager
 from core.policy import UNLIMITED, SchedulerView, SchedulingPolicy
 from core.request import FinishReason, Request, RequestStatus
 
+NO_POSITIONS = range(0)
+
 
 class Scheduler:
     def __init__(
@@ -309,10 +311,13 @@ class Scheduler:
         start = request.num_computed_tokens
         end = start + num_new
         token_ids = request.token_ids
-        scored = range(0)
-        scored_from = request.prompt_logprobs_from
-        if scored_from is not None:
-            scored = range(max(start, scored_from), min(end, request.num_prompt_tokens - 1))
+        scored = NO_POSITIONS
+        # Tested first inline: this runs for every decode of every step.
+        if request.prompt_logprobs is not None:
+            scored_from = request.prompt_logprobs_from
+            if scored_from is not None:
+                scored = range(max(start, scored_from), min(end, request.num_prompt_tokens - 1))
+                batch.num_prompt_logprobs += len(scored)
         batch.sequences.append(
             ScheduledSequence(
                 request.request_id,

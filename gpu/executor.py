@@ -131,7 +131,7 @@ class TorchExecutor:
                 inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_caches
             )
         output = self._sample(batch, hidden, inputs.logits_indices)
-        if any(seq.prompt_logprob_positions for seq in batch.sequences):
+        if batch.num_prompt_logprobs:
             output.prompt_logprobs = prompt_logprobs(
                 batch,
                 hidden,

@@ -178,3 +178,14 @@ def test_negative_max_tokens_and_prompt_logprobs_out_of_range_are_refused():
         SamplingParams(max_tokens=-1)
     with pytest.raises(InvalidRequestError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=21)
+
+
+def test_a_scored_request_keeps_its_prompt_logprobs_when_a_batch_mate_faults():
+    def fault(batch: Batch) -> None:
+        if any(seq.all_token_ids[0] == 99 for seq in batch.sequences):
+            raise RuntimeError("injected fault")
+
+    engine = make_engine(on_batch=fault)
+    engine.add_request(make_request("faulty", [99, 5, 6], max_tokens=2))
+    prompt = list(range(5, 40))
+    assert collect_scored(engine, prompt, max_tokens=2) == expected_simulated(prompt)
