@@ -19,7 +19,7 @@ from core.request import EngineRequest
 from core.sampling_params import SamplingParams
 from gpu.sampler import Sampler
 from tests.factory import make_engine
-from tests.server_harness import base_url, model_engine, running_server
+from tests.server_harness import base_url, model_engine, running_server, simulated_engine
 
 PROMPT = "The for statement iterates over"
 SAMPLED = {"temperature": 1.0, "max_tokens": 8, "seed": 1234}
@@ -297,3 +297,22 @@ def test_logit_bias_moves_only_its_own_row_of_a_batch():
     ]
     output = Sampler(10, [])(logits, seqs)
     assert output.sampled_token_ids == [7, 4, 2]
+
+
+def test_each_choice_counts_against_the_queue_limit(llama_checkpoint):
+    engine = simulated_engine(llama_checkpoint, max_num_seqs=2)
+    with running_server(engine, max_queued_requests=2) as state:
+        full = post(state, "/v1/completions", {"prompt": PROMPT, "n": 2, "best_of": 5})
+        assert full.status_code == 429, full.text
+        fits = post(state, "/v1/completions", {"prompt": PROMPT, "n": 4, "max_tokens": 2})
+        assert fits.status_code == 200, fits.text
+        assert len(fits.json()["choices"]) == 4
+
+
+def test_every_streamed_choice_opens_with_its_echoed_prompt(server):
+    chunks = stream_chunks(server, prompt=PROMPT, echo=True, n=2, max_tokens=3, temperature=0)
+    texts = ["", ""]
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert all(text.startswith(PROMPT) and len(text) > len(PROMPT) for text in texts)
