@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from app.llm import LLM
-from core.batch import Batch
+from core.batch import Batch, ScheduledSequence
 from core.request import FinishReason
 from core.sampling_params import InvalidRequestError, SamplingParams
 from core.simulated_executor import SimulatedExecutor
@@ -125,8 +125,7 @@ def collect_scored(engine, prompt: list[int], **sampling) -> list:
 
 
 def expected_simulated(prompt: list[int]) -> list:
-    from core.batch import ScheduledSequence
-
+    """What the simulated executor scores `prompt` with, computed in one pass."""
     seq = ScheduledSequence(
         "x", prompt, 0, [], False, SamplingParams(), prompt, len(prompt), range(len(prompt) - 1)
     )
