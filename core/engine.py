@@ -126,6 +126,14 @@ class Engine:
         `max_tokens` resolved. Reads only settings fixed at start-up, so any thread may call it.
         """
         self._check_prompt(prompt_token_ids)
+        if params.logit_bias is not None:
+            beyond = [t for t in params.logit_bias if t >= self.vocab_size]
+            if beyond:
+                raise InvalidRequestError(
+                    f"logit_bias names token id {beyond[0]}, outside the vocabulary "
+                    f"[0, {self.vocab_size})",
+                    "logit_bias",
+                )
         num_prompt = len(prompt_token_ids)
         room = self.max_model_len - num_prompt
         if params.max_tokens is None:
@@ -209,21 +217,32 @@ class Engine:
         return outputs
 
     def _process(
-        self, request: Request, token_id: int, logprobs: TokenLogprobs | None, now: float
+        self, request: Request, token_id: int | None, logprobs: TokenLogprobs | None, now: float
     ) -> RequestOutput:
-        if request.first_token_time is None:
+        """The output for a token just sampled, or (`token_id` None) for a request with
+        `max_tokens` 0 whose prompt has just been computed: it finishes with nothing generated.
+        """
+        first = request.first_token_time is None
+        if first:
             request.first_token_time = now
-        request.token_times.append(now)
-        text, finish_reason = self.outputs.process(request, token_id)
-        output = RequestOutput(
-            request.request_id,
-            [token_id],
-            text,
-            request.num_prompt_tokens,
-            request.num_output_tokens,
-        )
-        if logprobs is not None:
-            output.logprobs = [logprobs]
+        if token_id is None:
+            output = RequestOutput(request.request_id, [], "", request.num_prompt_tokens, 0)
+            finish_reason: FinishReason | None = FinishReason.LENGTH
+        else:
+            request.token_times.append(now)
+            text, finish_reason = self.outputs.process(request, token_id)
+            output = RequestOutput(
+                request.request_id,
+                [token_id],
+                text,
+                request.num_prompt_tokens,
+                request.num_output_tokens,
+            )
+            if logprobs is not None:
+                output.logprobs = [logprobs]
+        if first:
+            # Complete once the first token is sampled: the prompt is computed by then.
+            output.prompt_logprobs = request.prompt_logprobs
         if finish_reason is not None:
             self._finish(request, output, finish_reason, now)
         return output
@@ -238,15 +257,17 @@ class Engine:
         merged = ExecutorOutput([], [])
         failed = []
         for seq in batch.sequences:
-            alone = Batch([seq])
+            alone = Batch([seq], num_prompt_logprobs=len(seq.prompt_logprob_positions))
             try:
                 result = self.executor.execute(alone)
             except Exception as seq_error:
                 failed.append(self._fail(self.scheduler.requests[seq.request_id], seq_error))
                 continue
             kept.sequences.append(seq)
+            kept.num_prompt_logprobs += len(seq.prompt_logprob_positions)
             merged.sampled_token_ids.extend(result.sampled_token_ids)
             merged.logprobs.extend(result.logprobs or [None] * len(result.sampled_token_ids))
+            merged.prompt_logprobs.update(result.prompt_logprobs)
         return kept, merged, failed
 
     def _fail(self, request: Request, error: Exception) -> RequestOutput:
