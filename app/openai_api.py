@@ -40,6 +40,7 @@ from app.protocol import (
     validate_request,
 )
 from app.state import ServerState, server_state
+from app.tool_calls import ToolCallStream, tool_call_streams
 from core.outputs import RequestOutput
 from core.request import FinishReason
 
@@ -67,8 +68,12 @@ async def _serve(
     if isinstance(parsed, CompletionRequest):
         # Each prompt is an engine request: refuse what cannot fit before tokenizing any.
         check_capacity(state, len(parsed.prompts))
+    num_choices = len(parsed.prompts) if isinstance(parsed, CompletionRequest) else 1
+    tool_streams = tool_call_streams(
+        parsed, state.tokenizer, state.settings.tool_call_parser, num_choices
+    )
     admitted = await admit(state, parsed)
-    generation = Generation(state, parsed, admitted, format_class(state.tokenizer))
+    generation = Generation(state, parsed, admitted, format_class(state.tokenizer), tool_streams)
     generation.open(arrival_time, request.headers.get("traceparent"))
     if parsed.stream:
         return EventStreamResponse(generation.events(), generation.close)
@@ -135,8 +140,11 @@ class Generation:
         request: GenerationRequest,
         admitted: AdmittedRequest,
         response_format: ResponseFormat,
+        tool_streams: list[ToolCallStream] | None = None,
     ) -> None:
         self.state = state
+        # With tools, each choice's text goes through its stream into content and tool calls.
+        self.tool_streams = tool_streams
         self.request = request
         self.admitted = admitted
         self.format = response_format
@@ -197,9 +205,17 @@ class Generation:
 
     def _chunk(self, index: int, output: RequestOutput, num_chars: int) -> dict[str, Any] | None:
         logprobs = self.format.logprobs(output.logprobs, num_chars) if output.logprobs else None
-        if not output.finished and not output.new_text and logprobs is None:
-            return None  # the engine held text back (a possible stop string, a split character)
-        choice = self.format.delta_choice(index, output.new_text, _reason(output), logprobs)
+        text, tool_calls, reason = output.new_text, [], _reason(output)
+        if self.tool_streams is not None:
+            stream = self.tool_streams[index]
+            text, tool_calls = stream.feed(output.new_text)
+            if output.finished:
+                rest, more_calls = stream.finish()
+                text, tool_calls = text + rest, tool_calls + more_calls
+            reason = stream.finish_reason(reason)
+        if not output.finished and not text and not tool_calls and logprobs is None:
+            return None  # text held back (a possible stop string or tool call, a split char)
+        choice = self.format.delta_choice(index, text, reason, logprobs, tool_calls or None)
         chunk = self.envelope.wrap(self.format.chunk_object_name, choices=[choice])
         if output.finished:
             self._finished.append(output)
@@ -245,7 +261,15 @@ class Generation:
     def _final_choice(self, index: int, choice: ChoiceText) -> dict[str, Any]:
         logprobs = self.format.merge_logprobs(choice.logprobs) if choice.logprobs else None
         reason = _reason(choice.final) if choice.final is not None else None
-        return self.format.final_choice(index, "".join(choice.pieces), reason, logprobs)
+        text = "".join(choice.pieces)
+        if self.tool_streams is None:
+            return self.format.final_choice(index, text, reason, logprobs)
+        stream = self.tool_streams[index]
+        stream.feed(text)
+        stream.finish()
+        return self.format.final_choice(
+            index, text, stream.finish_reason(reason), logprobs, stream.message_fields()
+        )
 
 
 def _gather(choice: ChoiceText, output: RequestOutput, response_format: ResponseFormat) -> None:

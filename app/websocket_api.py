@@ -16,10 +16,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDiscon
 
 from app.admission import AdmittedRequest, admit, check_capacity, submit
 from app.async_engine import EngineDeadError
+from app.body_fields import MAX_NAME_CHARS
 from app.errors import APIError
 from app.openai_format import timing, usage
 from app.protocol import (
-    MAX_NAME_CHARS,
     ChatCompletionRequest,
     CompletionRequest,
     GenerationRequest,

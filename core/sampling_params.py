@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from core.structured_output import StructuredOutput
+
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_LOGPROBS = 20
@@ -39,6 +41,7 @@ class SamplingParams:
     `top_k` of -1 (or 0) and `top_p` of 1.0 disable those filters; `temperature` 0 (or below
     MIN_TEMPERATURE) is greedy.
     `logprobs=N` returns the sampled token's log-probability and the N most likely alternatives.
+    `structured_output` constrains the output to a grammar (compiled before the request runs).
     """
 
     max_tokens: int | None = 16
@@ -56,6 +59,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -132,6 +136,14 @@ class SamplingParams:
             raise InvalidRequestError(
                 f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
                 "logprobs",
+            )
+
+        if self.structured_output is not None and (self.ignore_eos or self.min_tokens):
+            # The grammar ends on the stop token; forbidding or ignoring it has no output.
+            raise InvalidRequestError(
+                f"{self.structured_output.param} cannot be combined with ignore_eos or "
+                "min_tokens: a constrained output ends where its grammar does; leave them out",
+                "ignore_eos" if self.ignore_eos else "min_tokens",
             )
 
     def _validate_stops(self) -> None:

@@ -41,6 +41,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         # Requests holding a place in the batch being built: not candidates for preemption.
         self._scheduled: set[str] = set()
+        # Ended since the last batch; the next batch tells the executor (Batch docstring).
+        self._finished_ids: list[str] = []
         self.num_preemptions = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -63,6 +65,7 @@ class Scheduler:
             self.waiting.remove(request)
         self.kv_cache.free(request)
         del self.requests[request.request_id]
+        self._finished_ids.append(request.request_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.finish_time = now
@@ -137,6 +140,8 @@ class Scheduler:
         if not batch.sequences and self.running:
             # Every running request is protected and none can grow: break the stall.
             self._preempt(self.policy.choose_victim(self.running, now), now)
+        if batch.sequences:  # an empty batch never reaches the executor; the ids wait
+            batch.finished_request_ids, self._finished_ids = self._finished_ids, []
         return batch
 
     def _overdue(self, now: float) -> list[Request]:
