@@ -101,10 +101,15 @@ def _choice_regex(choices: list[str]) -> str:
     return "|".join(_regex_literal(choice) for choice in choices)
 
 
+_CONTROL_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def _regex_literal(text: str) -> str:
     # Every character outside [A-Za-z0-9 _] escaped: xgrammar's regex syntax is a subset of
-    # Python's, and escaping a plain punctuation mark is always allowed there.
-    return "".join(c if c.isalnum() or c in " _" else "\\" + c for c in text)
+    # Python's, and escaping a punctuation mark is always allowed there.
+    return "".join(
+        c if c.isalnum() or c in " _" else _CONTROL_ESCAPES.get(c, "\\" + c) for c in text
+    )
 
 
 @dataclass(slots=True)
