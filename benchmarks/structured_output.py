@@ -93,8 +93,10 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def decode_step_ms(llm: LLM, num_constrained: int, args: argparse.Namespace) -> float:
-    """Median decode-only step time of one batch with `num_constrained` constrained rows."""
+def decode_step_ms(llm: LLM, num_constrained: int, args: argparse.Namespace) -> tuple[float, float]:
+    """Median decode-only step time of one batch with `num_constrained` constrained rows, as
+    wall time and as the process's CPU time (all its threads; what other jobs on a shared
+    machine cannot inflate by taking the cores)."""
     engine = llm.engine
     constraint = engine.compile_structured_output(
         SamplingParams(
@@ -105,36 +107,59 @@ def decode_step_ms(llm: LLM, num_constrained: int, args: argparse.Namespace) -> 
     constrained = SamplingParams(
         temperature=1.0, max_tokens=args.steps, structured_output=constraint
     )
-    steps: list[StepStats] = []
-    engine.step_listeners.append(steps.append)
+    steps: list[tuple[StepStats, float]] = []
+    stats: list[StepStats] = []
+    engine.step_listeners.append(stats.append)
     for i in range(args.batch):
         params = constrained if i < num_constrained else free
         prompt = llm.tokenizer.encode(f"Record {i}: the with statement")
         engine.add_request(EngineRequest(f"bench-{time.monotonic_ns()}-{i}", prompt, params))
     while engine.has_unfinished_requests:
+        cpu = time.process_time()
         engine.step()
-    engine.step_listeners.remove(steps.append)
+        cpu = time.process_time() - cpu
+        if stats:
+            steps.append((stats.pop(), cpu))
+    engine.step_listeners.remove(stats.append)
     decode = [
-        s.finished - s.started
-        for s in steps
+        (s.finished - s.started, cpu)
+        for s, cpu in steps
         if s.num_prefill_tokens == 0 and s.num_seqs == args.batch
     ]
-    return statistics.median(decode) * 1e3
+    return (
+        statistics.median(wall for wall, _ in decode) * 1e3,
+        statistics.median(cpu for _, cpu in decode) * 1e3,
+    )
 
 
-def compile_times(model: Path) -> dict[str, float]:
+def median_ratio(
+    mixed: list[tuple[float, float]], free: list[tuple[float, float]], i: int
+) -> float:
+    """The median over rounds of mixed / free, each round's pair measured back to back."""
+    return statistics.median(m[i] / f[i] for m, f in zip(mixed, free, strict=True))
+
+
+def compile_times(model: Path, repeats: int = 5) -> dict[str, float]:
+    """Median compile time per case, each compile on a fresh compiler (a cold cache)."""
     config = json.loads((model / "config.json").read_text())
+
+    def compiler() -> XGrammarCompiler:
+        return XGrammarCompiler(model, config["vocab_size"], [config["eos_token_id"]])
+
     times = {}
     for name, (kind, spec) in COMPILE_CASES.items():
-        compiler = XGrammarCompiler(model, config["vocab_size"], [config["eos_token_id"]])
-        start = time.perf_counter()
-        compiler.compile(StructuredOutput(kind, spec))
-        times[name] = (time.perf_counter() - start) * 1e3
+        runs = []
+        for _ in range(repeats):
+            fresh = compiler()
+            start = time.perf_counter()
+            fresh.compile(StructuredOutput(kind, spec))
+            runs.append(time.perf_counter() - start)
+        times[name] = statistics.median(runs) * 1e3
     start = time.perf_counter()
-    compiler.compile(StructuredOutput(kind, spec))
+    fresh.compile(StructuredOutput(kind, spec))
     times["cache hit (same grammar again)"] = (time.perf_counter() - start) * 1e3
     start = time.perf_counter()
-    XGrammarCompiler(model, config["vocab_size"], [config["eos_token_id"]])
+    compiler()
     times["vocabulary read (once per server, at first use)"] = (time.perf_counter() - start) * 1e3
     return times
 
@@ -144,29 +169,28 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     llm = LLM(args.model, device="cpu", max_num_seqs=args.batch, num_kv_blocks=1024)
     decode_step_ms(llm, args.constrained, args)  # warm-up: compile, caches, allocator
-    free_ms, mixed_ms = [], []
+    free, mixed = [], []
     for _ in range(args.rounds):
-        free_ms.append(decode_step_ms(llm, 0, args))
-        mixed_ms.append(decode_step_ms(llm, args.constrained, args))
-    ratios = [m / f for m, f in zip(mixed_ms, free_ms, strict=True)]
+        free.append(decode_step_ms(llm, 0, args))
+        mixed.append(decode_step_ms(llm, args.constrained, args))
     report = {
-        "free_step_ms": free_ms,
-        "mixed_step_ms": mixed_ms,
-        "ratio_per_round": ratios,
-        "ratio_median": statistics.median(ratios),
+        "free_step_ms_wall_cpu": free,
+        "mixed_step_ms_wall_cpu": mixed,
+        "ratio_wall_median": median_ratio(mixed, free, 0),
+        "ratio_cpu_median": median_ratio(mixed, free, 1),
         "compile_ms": compile_times(Path(args.model)),
     }
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    print(f"decode step, {args.batch} free:      " + " ".join(f"{t:6.1f}" for t in free_ms) + " ms")
+    for name, runs in (("64 free", free), (f"{args.constrained} constrained", mixed)):
+        walls = " ".join(f"{wall:6.1f}" for wall, _ in runs)
+        cpus = " ".join(f"{cpu:6.1f}" for _, cpu in runs)
+        print(f"decode step, {name}: wall {walls} ms; CPU {cpus} ms")
     print(
-        f"decode step, {args.constrained} constrained: "
-        + " ".join(f"{t:6.1f}" for t in mixed_ms)
-        + " ms"
+        f"mixed / free, median over rounds: wall {report['ratio_wall_median']:.3f}, "
+        f"CPU {report['ratio_cpu_median']:.3f}"
     )
-    per_round = " ".join(f"{r:.3f}" for r in ratios)
-    print(f"ratio per round: {per_round}; median {report['ratio_median']:.3f}")
     for name, ms in report["compile_ms"].items():
         print(f"compile {name}: {ms:.2f} ms")
 

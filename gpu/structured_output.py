@@ -44,8 +44,9 @@ class XGrammarCompiler:
         tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_dir / "tokenizer.json"))
         # The bitmask spans the model's logits: ids past the tokenizer's vocabulary (padded
         # embeddings) get empty strings, which no grammar ever allows.
+        # Without EOS ids in the model's config, xgrammar finds the stop tokens by their names.
         self.tokenizer_info = xgrammar.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=model_vocab_size, stop_token_ids=stop_token_ids
+            tokenizer, vocab_size=model_vocab_size, stop_token_ids=stop_token_ids or None
         )
         # Baton's LRU is the cache, sized in entries; xgrammar's own would keep a second copy.
         self._compiler = xgrammar.GrammarCompiler(

@@ -11,6 +11,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from websockets.asyncio.client import connect
 
 from app.guided import ToolMode
 from app.protocol import ChatCompletionRequest, validate_request
@@ -299,6 +300,32 @@ def test_auto_parses_the_models_calls_whole_and_streamed(server):
     ((_, name, arguments),) = reassemble(entries)
     assert content.strip() == "Checking." and reason == "tool_calls"
     assert (name, json.loads(arguments)) == ("get_time", {"zone": "UTC"})
+
+
+def test_a_websocket_done_frame_carries_the_calls(server):
+    url = f"ws://127.0.0.1:{server.settings.port}/v1/ws"
+    frame = {
+        "type": "generate",
+        "id": "t",
+        "messages": MESSAGES,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        **SAMPLED,
+    }
+
+    async def scenario() -> dict:
+        async with connect(url) as socket:
+            await socket.send(json.dumps(frame))
+            while (answer := json.loads(await socket.recv()))["type"] == "token":
+                pass
+            return answer
+
+    done = asyncio.run(scenario())
+    assert done["type"] == "done" and done["finish_reason"] == "tool_calls"
+    (call,) = done["tool_calls"]
+    function = call["function"]
+    jsonschema.validate(json.loads(function["arguments"]), SCHEMAS[function["name"]])
 
 
 def test_tool_requests_the_server_cannot_serve_are_400s(server, llama_checkpoint):
