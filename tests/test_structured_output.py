@@ -311,3 +311,14 @@ def test_preempted_constrained_requests_still_match_their_grammar(llama_checkpoi
     assert llm.engine.scheduler.num_preemptions > 0
     for result in results:
         jsonschema.validate(json.loads(result.text), SCHEMAS["nested"])
+
+
+def test_a_model_vocabulary_padded_past_the_tokenizer_never_yields_padding(make_checkpoint):
+    """The bitmask spans the model's 640 logits; the 128 ids past the tokenizer's 512 have no
+    text and no grammar allows them."""
+    llm = LLM(make_checkpoint("llama", vocab_size=640), device="cpu", max_num_seqs=8)
+    constraint = StructuredOutput(GuideKind.JSON_SCHEMA, json.dumps(SCHEMAS["arrays_and_enums"]))
+    params = SamplingParams(temperature=1.0, max_tokens=80, structured_output=constraint)
+    for result in llm.generate([f"padded {i}" for i in range(8)], params):
+        assert max(result.token_ids) < 512
+        jsonschema.validate(json.loads(result.text), SCHEMAS["arrays_and_enums"])
