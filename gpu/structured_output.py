@@ -78,8 +78,9 @@ class XGrammarCompiler:
         kind, spec = constraint.kind, constraint.spec
         try:
             if kind is GuideKind.JSON_SCHEMA:
+                schema = json.dumps(bounded_strings_as_patterns(json.loads(spec)))
                 # Compact JSON: free whitespace would let a model pad forever between tokens.
-                return self._compiler.compile_json_schema(spec, any_whitespace=False)
+                return self._compiler.compile_json_schema(schema, any_whitespace=False)
             if kind is GuideKind.JSON_OBJECT:
                 return self._compiler.compile_json_schema(
                     '{"type": "object"}', any_whitespace=False
@@ -96,6 +97,33 @@ class XGrammarCompiler:
                 f"{constraint.param} cannot be compiled into a grammar: {reason}",
                 constraint.param,
             ) from None
+
+
+# One JSON string character: unescaped (no quote, backslash or control character) or an escape.
+_JSON_CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
+# Values, not schemas: never rewritten.
+_LITERAL_KEYS = frozenset({"enum", "const", "default", "examples"})
+
+
+def bounded_strings_as_patterns(schema: object) -> object:
+    """`schema` with every `minLength`/`maxLength` string (without a pattern or format of its
+    own) spelled as an equivalent pattern: xgrammar 0.2.8 compiles length bounds to a character
+    class that admits control characters, which no JSON parser accepts in a string."""
+    if isinstance(schema, list):
+        return [bounded_strings_as_patterns(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    rewritten = {
+        key: value if key in _LITERAL_KEYS else bounded_strings_as_patterns(value)
+        for key, value in schema.items()
+    }
+    bounded = "minLength" in schema or "maxLength" in schema
+    plain = not {"pattern", "format", "enum", "const"} & schema.keys()
+    if schema.get("type") == "string" and bounded and plain:
+        low = rewritten.pop("minLength", 0)
+        high = rewritten.pop("maxLength", "")
+        rewritten["pattern"] = f"^{_JSON_CHAR}{{{low},{high}}}$"
+    return rewritten
 
 
 def _choice_regex(choices: list[str]) -> str:

@@ -58,6 +58,16 @@ SCHEMAS = {
         },
         "required": ["colors", "size", "ok"],
     },
+    # Length bounds: xgrammar alone lets control characters into these (a strict parser's
+    # error); Baton compiles them as patterns.
+    "bounded_strings": {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "minLength": 2, "maxLength": 5},
+            "words": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2},
+        },
+        "required": ["code", "words"],
+    },
     "bounded_numbers": {
         "type": "object",
         "properties": {
