@@ -118,6 +118,13 @@ async def admit(state: ServerState, request: GenerationRequest) -> AdmittedReque
     check_model(state, request.model)
     params = request.sampling_params()
     prompts = await _tokenize(state.tokenizer, request, state.engine.max_model_len)
+    if params.structured_output is not None:
+        # Compiling a new schema takes milliseconds to seconds: on a worker, never on the loop
+        # or the step thread; a schema seen before comes from the compiler's cache.
+        try:
+            params = await asyncio.to_thread(state.engine.compile_structured_output, params)
+        except InvalidRequestError as error:
+            raise request.invalid(error) from None
     admitted = []
     for token_ids in prompts:
         try:
@@ -190,8 +197,12 @@ def _encoder(
     """The tokenizing work for `request` as a callable, and how many characters it reads."""
     if isinstance(request, ChatCompletionRequest):
         messages = request.message_dicts()
+        tools = request.tool_dicts()
         num_chars = sum(len(str(value)) for m in messages for value in m.values())
-        return (lambda: [tokenizer.encode_chat(messages)]), num_chars
+        num_chars += len(str(tools)) if tools else 0
+        if tools is None:
+            return (lambda: [tokenizer.encode_chat(messages)]), num_chars
+        return (lambda: [tokenizer.encode_chat(messages, tools=tools)]), num_chars
     assert isinstance(request, CompletionRequest)
     prompts = request.prompts
     num_chars = sum(len(p) for p in prompts if isinstance(p, str))

@@ -178,6 +178,9 @@ class AsyncEngine:
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
         return self.engine.check_request(prompt_token_ids, params)
 
+    def compile_structured_output(self, params: SamplingParams) -> SamplingParams:
+        return self.engine.compile_structured_output(params)
+
     def forecast_ttft(self, num_prompt_tokens: int, ttft_ms: float | None) -> Forecast:
         """When a request arriving now would get its first token, behind those in flight."""
         return self.forecast.predict(num_prompt_tokens, ttft_ms, time.monotonic())

@@ -11,6 +11,7 @@ from pathlib import Path
 from app.bench import add_bench_parser
 from app.settings import ServerSettings
 from app.simulate import add_simulate_parser
+from app.tool_parsers import PARSERS
 from core.config import POLICIES, EngineConfig
 from core.sampling_params import InvalidRequestError, SamplingParams
 
@@ -221,6 +222,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace-console", action="store_true", help="print request traces to stdout (debugging)"
     )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=sorted(PARSERS),
+        default=None,
+        help="the format the model writes tool calls in, for tool_choice 'auto' (default: "
+        "read off the chat template: <tool_call> is hermes, [TOOL_CALLS] mistral, "
+        "<|python_tag|> llama3_json)",
+    )
 
 
 def server_settings_from(args: argparse.Namespace) -> ServerSettings:
@@ -243,6 +252,7 @@ def server_settings_from(args: argparse.Namespace) -> ServerSettings:
         tpot_slo_ms=args.tpot_slo_ms,
         otlp_traces_endpoint=args.otlp_traces_endpoint,
         trace_console=args.trace_console,
+        tool_call_parser=args.tool_call_parser,
     )
 
 

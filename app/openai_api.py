@@ -41,6 +41,7 @@ from app.protocol import (
     validate_request,
 )
 from app.state import ServerState, server_state
+from app.tool_calls import ToolCallStream, tool_call_streams
 from core.batch import TokenLogprobs
 from core.outputs import RequestOutput
 
@@ -69,8 +70,11 @@ async def _serve(
     # Each candidate of each prompt is an engine request: refuse what cannot fit before
     # tokenizing any.
     check_capacity(state, prompts * parsed.num_candidates)
+    tool_streams = tool_call_streams(
+        parsed, state.tokenizer, state.settings.tool_call_parser, prompts * parsed.num_candidates
+    )
     admitted = await admit(state, parsed)
-    generation = Generation(state, parsed, admitted, format_class(state.tokenizer))
+    generation = Generation(state, parsed, admitted, format_class(state.tokenizer), tool_streams)
     generation.open(arrival_time, request.headers.get("traceparent"))
     if parsed.stream:
         return EventStreamResponse(generation.events(), generation.close)
@@ -127,8 +131,11 @@ class Generation:
         request: GenerationRequest,
         admitted: AdmittedRequest,
         response_format: ResponseFormat,
+        tool_streams: list[ToolCallStream] | None = None,
     ) -> None:
         self.state = state
+        # With tools, each choice's text goes through its stream into content and tool calls.
+        self.tool_streams = tool_streams
         self.request = request
         self.admitted = admitted
         self.format = response_format
@@ -205,7 +212,7 @@ class Generation:
     ) -> dict[str, Any] | None:
         """One choice's chunk; its `opening` one starts with the echoed prompt, if any."""
         echo = self.echoes[index] if opening else None
-        text = output.new_text
+        text, tool_calls, reason = output.new_text, [], _reason(output)
         logprobs = None
         if self.shows_logprobs and output.logprobs:
             logprobs = self.format.logprobs(output.logprobs, num_chars)
@@ -215,9 +222,16 @@ class Generation:
                 assert isinstance(self.format, CompletionFormat)
                 parts = [self.format.echo_logprobs(echo.token_ids, output.prompt_logprobs)]
                 logprobs = self.format.merge_logprobs(parts + ([logprobs] if logprobs else []))
-        if not output.finished and not text and logprobs is None:
-            return None  # the engine held text back (a possible stop string, a split character)
-        choice = self.format.delta_choice(index, text, _reason(output), logprobs)
+        if self.tool_streams is not None:
+            stream = self.tool_streams[index]
+            text, tool_calls = stream.feed(text)
+            if output.finished:
+                rest, more_calls = stream.finish()
+                text, tool_calls = text + rest, tool_calls + more_calls
+            reason = stream.finish_reason(reason)
+        if not output.finished and not text and not tool_calls and logprobs is None:
+            return None  # text held back (a possible stop string or tool call, a split char)
+        choice = self.format.delta_choice(index, text, reason, logprobs, tool_calls or None)
         prompt_logprobs = self._prompt_logprobs_field(output.prompt_logprobs)
         if prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs
@@ -302,7 +316,14 @@ class Generation:
     def _final_choice(self, index: int, choice: ChoiceText) -> dict[str, Any]:
         logprobs = self.format.merge_logprobs(choice.logprobs) if choice.logprobs else None
         reason = _reason(choice.final) if choice.final is not None else None
-        body = self.format.final_choice(index, "".join(choice.pieces), reason, logprobs)
+        text = "".join(choice.pieces)
+        fields = None
+        if self.tool_streams is not None:
+            stream = self.tool_streams[index]
+            stream.feed(text)
+            stream.finish()
+            reason, fields = stream.finish_reason(reason), stream.message_fields()
+        body = self.format.final_choice(index, text, reason, logprobs, fields)
         if choice.prompt_logprobs is not None:
             body["prompt_logprobs"] = choice.prompt_logprobs
         return body

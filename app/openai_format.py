@@ -83,12 +83,22 @@ class CompletionFormat:
         return []
 
     def delta_choice(
-        self, index: int, text: str, finish_reason: str | None, logprobs: dict | None
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: dict | None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def final_choice(
-        self, index: int, text: str, finish_reason: str | None, logprobs: dict | None
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: dict | None,
+        message_fields: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         return self.delta_choice(index, text, finish_reason, logprobs)
 
@@ -181,9 +191,20 @@ class ChatFormat:
         ]
 
     def delta_choice(
-        self, index: int, text: str, finish_reason: str | None, logprobs: dict | None
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: dict | None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        delta = {"content": text} if text or finish_reason is None else {}
+        """`tool_calls` are OpenAI's delta entries: the first of a call carries its index, id,
+        type and name; later ones only more `function.arguments` text for that index."""
+        delta: dict[str, Any] = {}
+        if text or (finish_reason is None and not tool_calls):
+            delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
         return {
             "index": index,
             "delta": delta,
@@ -192,11 +213,17 @@ class ChatFormat:
         }
 
     def final_choice(
-        self, index: int, text: str, finish_reason: str | None, logprobs: dict | None
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: dict | None,
+        message_fields: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """`message_fields` (`content`, `tool_calls`) replace the plain text content."""
         return {
             "index": index,
-            "message": {"role": "assistant", "content": text},
+            "message": {"role": "assistant", "content": text, **(message_fields or {})},
             "logprobs": logprobs,
             "finish_reason": finish_reason,
         }

@@ -3,6 +3,7 @@ validation with messages that name the field to fix, and conversion to engine pa
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Any, ClassVar
 
 import orjson
@@ -12,7 +13,6 @@ from pydantic import (
     Field,
     StrictBool,
     StrictFloat,
-    StrictInt,
     StrictStr,
     ValidationError,
     ValidationInfo,
@@ -21,9 +21,21 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from app.body_fields import Int64, Name, StrictModel
 from app.errors import APIError
+from app.guided import (
+    MAX_CHOICES,
+    MAX_TOOLS,
+    ResponseFormat,
+    Tool,
+    ToolChoice,
+    ToolMode,
+    structured_output,
+    tool_mode,
+)
 from core.request import MAX_SLO_MS, SLO
 from core.sampling_params import InvalidRequestError, SamplingParams
+from core.structured_output import StructuredOutput
 
 EMPTY_PROMPT = "must not be empty; send some text or token ids"
 # A prompt as the engine takes it: text to tokenize, or token ids as sent.
@@ -58,19 +70,6 @@ def parse_json_object(body: bytes | str, what: str = "the request body") -> dict
 
 def json_type(value: object) -> str:
     return JSON_TYPE_NAMES.get(type(value), type(value).__name__)
-
-
-# Integers travel on as 64-bit values (trace attributes, tensors); JSON allows any size.
-Int64 = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
-# Client-chosen strings that are echoed back or logged are bounded, so none amplifies output.
-MAX_NAME_CHARS = 256
-Name = Annotated[StrictStr, Field(max_length=MAX_NAME_CHARS)]
-
-
-class StrictModel(BaseModel):
-    """A body part whose every field is honoured: unknown fields are refused, not ignored."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class StreamOptions(StrictModel):
@@ -115,23 +114,14 @@ def _is_text_part(part: object) -> bool:
 # pass: the values accepted, and what a 400 says (after the field's name) to anything else.
 ASK_NOTHING: dict[str, tuple[tuple[Any, ...], str]] = {
     "suffix": ((None, ""), "is not supported: Baton does not insert text; leave it out"),
-    "response_format": (
-        (None, {"type": "text"}),
-        "is not supported yet (structured output); send {'type': 'text'} or leave it out",
-    ),
-    "tools": ((None, []), "are not supported yet (tool calling); leave them out"),
-    "tool_choice": (
-        (None, "none"),
-        "is not supported yet (tool calling); send 'none' or leave it out",
-    ),
     "modalities": ((None, ["text"]), "other than ['text'] are not supported; Baton serves text"),
     "store": ((None, False), "true is not supported: Baton keeps no completions"),
     "service_tier": ((None, "auto", "default"), "must be 'auto' or 'default': Baton has one tier"),
 }
 
 
-# Choices per prompt (`n`, and `best_of` candidates): each is an engine request of its own.
-MAX_CHOICES = 16
+# Completions per prompt (`n`, and `best_of` candidates): each is an engine request of its own.
+MAX_COMPLETIONS = 16
 
 
 class GenerationRequest(StrictModel):
@@ -169,6 +159,14 @@ class GenerationRequest(StrictModel):
     slo: SLOTargets | None = None
     # Baton's extension: `timing.token_ms` lists when each output token was ready.
     return_token_timestamps: StrictBool = False
+    # Structured output: OpenAI's response_format, and vLLM's extensions (at most one).
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | StrictStr | None = None
+    guided_regex: StrictStr | None = Field(default=None, min_length=1)
+    guided_choice: list[Annotated[StrictStr, Field(min_length=1)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_CHOICES
+    )
+    guided_grammar: StrictStr | None = Field(default=None, min_length=1)
 
     @field_validator(*ASK_NOTHING, check_fields=False)
     @classmethod
@@ -181,8 +179,8 @@ class GenerationRequest(StrictModel):
     @field_validator("n")
     @classmethod
     def _bounded_choices(cls, n: int | None) -> int | None:
-        if n is not None and not 1 <= n <= MAX_CHOICES:
-            raise PydanticCustomError("baton_n", f"must be in [1, {MAX_CHOICES}], got {n}")
+        if n is not None and not 1 <= n <= MAX_COMPLETIONS:
+            raise PydanticCustomError("baton_n", f"must be in [1, {MAX_COMPLETIONS}], got {n}")
         return n
 
     @field_validator("logit_bias")
@@ -266,7 +264,11 @@ class GenerationRequest(StrictModel):
             "logit_bias": {int(k): v for k, v in self.logit_bias.items()}
             if self.logit_bias
             else None,
+            "structured_output": self.structured_output(),
         }
+        if self.tool_mode() is ToolMode.AUTO:
+            # Tool-call markers such as Mistral's [TOOL_CALLS] are special tokens.
+            settings["skip_special_tokens"] = False
         explicit = {k: v for k, v in settings.items() if v is not None or k == "max_tokens"}
         try:
             return SamplingParams(
@@ -274,6 +276,22 @@ class GenerationRequest(StrictModel):
             )
         except InvalidRequestError as error:
             raise self.invalid(error) from None
+
+    def structured_output(self) -> StructuredOutput | None:
+        """The output constraint the request asks for; a 400 if it asks for several."""
+        return structured_output(self._guided_fields())
+
+    def _guided_fields(self) -> dict[str, Any]:
+        return {
+            "response_format": self.response_format,
+            "guided_json": self.guided_json,
+            "guided_regex": self.guided_regex,
+            "guided_choice": self.guided_choice,
+            "guided_grammar": self.guided_grammar,
+        }
+
+    def tool_mode(self) -> ToolMode:
+        return ToolMode.NONE
 
     def slo_targets(self, default: SLO) -> SLO:
         """The request's latency targets, each falling back to the server's default."""
@@ -312,9 +330,9 @@ class CompletionRequest(GenerationRequest):
     @field_validator("best_of")
     @classmethod
     def _bounded_candidates(cls, best_of: int | None) -> int | None:
-        if best_of is not None and not 1 <= best_of <= MAX_CHOICES:
+        if best_of is not None and not 1 <= best_of <= MAX_COMPLETIONS:
             raise PydanticCustomError(
-                "baton_best_of", f"must be in [1, {MAX_CHOICES}], got {best_of}"
+                "baton_best_of", f"must be in [1, {MAX_COMPLETIONS}], got {best_of}"
             )
         return best_of
 
@@ -376,9 +394,8 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: Int64 | None = None
     logprobs: StrictBool = False
     top_logprobs: Int64 | None = None
-    response_format: dict[str, Any] | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     modalities: list[StrictStr] | None = None
     store: StrictBool | None = None
@@ -413,8 +430,39 @@ class ChatCompletionRequest(GenerationRequest):
         # The engine checks the tokenized template as `prompt` and top-N as `logprobs`.
         return {"prompt": "messages", "logprobs": "top_logprobs"}.get(param, param)
 
+    def structured_output(self) -> StructuredOutput | None:
+        fields = {**self._guided_fields(), "parallel_tool_calls": self.parallel_tool_calls}
+        return structured_output(fields, self.tools, self.tool_choice)
+
+    def tool_mode(self) -> ToolMode:
+        return tool_mode(self.tools, self.tool_choice)
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template sees them; None when the model may not call any."""
+        if self.tool_mode() is ToolMode.NONE or not self.tools:
+            return None
+        return [tool.model_dump(exclude_none=True) for tool in self.tools]
+
     def message_dicts(self) -> list[dict[str, Any]]:
-        return [message.model_dump() for message in self.messages]
+        return [_template_message(message.model_dump()) for message in self.messages]
+
+
+def _template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn's tool calls with their arguments as objects: OpenAI sends them as
+    JSON text, and chat templates (Qwen's, Llama's) write them out with `tojson`."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return message
+    converted = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            # Text that is not JSON is left as sent: the template shows it as text.
+            with contextlib.suppress(orjson.JSONDecodeError):
+                call = {**call, "function": {**function, "arguments": orjson.loads(arguments)}}
+        converted.append(call)
+    return {**message, "tool_calls": converted}
 
 
 def _prompt_list(prompt: Any) -> list[Prompt]:

@@ -37,6 +37,9 @@ class ServerSettings:
     # Off only to measure what metrics cost (benchmarks/server_throughput.py): the engine's
     # step and finish listeners are then not attached and the aggregates stay at zero.
     record_metrics: bool = True
+    # The format `tool_choice: auto` parses calls in (app.tool_parsers); None: read it off
+    # the chat template.
+    tool_call_parser: str | None = None
 
     def __post_init__(self) -> None:
         try:

@@ -16,10 +16,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDiscon
 
 from app.admission import AdmittedRequest, admit, check_capacity, submit
 from app.async_engine import EngineDeadError
+from app.body_fields import MAX_NAME_CHARS
 from app.errors import APIError, output_error
 from app.openai_format import timing, usage
 from app.protocol import (
-    MAX_NAME_CHARS,
     ChatCompletionRequest,
     CompletionRequest,
     GenerationRequest,
@@ -28,6 +28,7 @@ from app.protocol import (
     validate_request,
 )
 from app.state import ServerState, server_metrics, server_state
+from app.tool_calls import ToolCallStream, tool_call_streams
 from core.outputs import RequestOutput
 
 logger = logging.getLogger("baton.websocket")
@@ -52,6 +53,8 @@ class InFlight:
     cancelled: bool = False
     num_token_frames: int = 0
     token_timestamps: bool = False
+    # With tools: token frames carry the raw text, the done frame the calls parsed from it.
+    tool_stream: ToolCallStream | None = None
 
 
 class Session:
@@ -148,6 +151,10 @@ class Session:
         check_capacity(self.state)
         request = _validate_generate(frame)
         record.token_timestamps = request.return_token_timestamps
+        streams = tool_call_streams(
+            request, self.state.tokenizer, self.state.settings.tool_call_parser, 1
+        )
+        record.tool_stream = streams[0] if streams else None
         admitted = await admit(self.state, request)
         trace_context = None
         if self.state.tracing is not None:
@@ -170,6 +177,8 @@ class Session:
         client_id = record.client_id
         if (error := output_error(output)) is not None:
             raise error
+        if record.tool_stream is not None:
+            record.tool_stream.feed(output.new_text)
         if output.new_text:
             frame = {
                 "type": "token",
@@ -181,10 +190,16 @@ class Session:
             await self._send(frame)
         if output.finished:
             reason = output.finish_reason.value if output.finish_reason is not None else None
+            calls = None
+            if record.tool_stream is not None:
+                record.tool_stream.finish()
+                reason = record.tool_stream.finish_reason(reason)
+                calls = record.tool_stream.message_fields().get("tool_calls")
             done = {
                 "type": "done",
                 "id": client_id,
                 "finish_reason": reason,
+                **({"tool_calls": calls} if calls else {}),
                 "usage": usage(admitted.num_prompt_tokens, output.num_output_tokens),
                 "timing": timing(
                     output.timing, output.token_times if record.token_timestamps else None

@@ -5,7 +5,10 @@ defaults), so the machine's load changes the wall time only.
     python benchmarks/slo_attainment.py --loads 0.8,0.9,1.0,1.05 --seeds 0,1,2,3,4 --jobs 2
 
 A load is a share of the seed's saturation rate: the throughput `fcfs` reaches with every
-request queued at once (`baton simulate --load`). One JSON line per run.
+request queued at once (`baton simulate --load`). One JSON line per run. With `--capacity`,
+each policy's SLO capacity instead: the highest load with at least 90% attainment, by
+bisection, beside the perfect-shedding bound 1 / 0.9 (no policy serves more than saturation
+in the long run, so at best it refuses the surplus and meets every SLO it serves).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from core.simulator import SimulationConfig, simulate, summarize
 from core.workloads import sample_requests
 
 BASELINES = "slo,sjf,fcfs,hrrn,ltr,priority"
+TARGET_ATTAINMENT = 0.9
+BISECTION_STEPS = 6
 
 
 def config_for(seed: int) -> SimulationConfig:
@@ -67,6 +72,7 @@ def main() -> None:
     rates = parser.add_mutually_exclusive_group(required=True)
     rates.add_argument("--rates", help="comma-separated requests per second")
     rates.add_argument("--loads", help="comma-separated shares of saturation")
+    rates.add_argument("--capacity", action="store_true", help="bisect each policy's capacity")
     parser.add_argument("--burstiness", type=float, default=1.0)
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--policies", default=BASELINES)
@@ -75,10 +81,19 @@ def main() -> None:
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     with ProcessPoolExecutor(args.jobs) as pool:
-        if args.loads:
+        if args.loads or args.capacity:
             found = pool.map(saturation, [(args.workload, s, args.num_requests) for s in seeds])
             by_seed = dict(zip(seeds, found, strict=True))
             print(json.dumps({"saturation_rps": by_seed}), flush=True)
+        if args.capacity:
+            points = [
+                (args.workload, by_seed[seed], args.burstiness, seed, policy, args.num_requests)
+                for seed, policy in itertools.product(seeds, args.policies.split(","))
+            ]
+            for row in pool.map(capacity, points):
+                print(json.dumps(row), flush=True)
+            return
+        if args.loads:
             rates = [(s, load * by_seed[s]) for s in seeds for load in _floats(args.loads)]
         else:
             rates = [(s, rate) for s in seeds for rate in _floats(args.rates)]
@@ -88,6 +103,28 @@ def main() -> None:
         ]
         for row in pool.map(run, points):
             print(json.dumps(row), flush=True)
+
+
+def capacity(point: tuple[str, float, float, int, str, int]) -> dict:
+    """Bisect the load (a share of `saturation`) for the highest with 90% attainment."""
+    workload_name, saturation_rps, burstiness, seed, policy, num_requests = point
+    low, high = 0.5, 1.5
+    for _ in range(BISECTION_STEPS):
+        load = (low + high) / 2
+        point = (workload_name, load * saturation_rps, burstiness, seed, policy, num_requests)
+        if run(point)["slo_attainment"] >= TARGET_ATTAINMENT:
+            low = load
+        else:
+            high = load
+    return {
+        "workload": workload_name,
+        "burstiness": burstiness,
+        "seed": seed,
+        "policy": policy,
+        "capacity_load": low,
+        "perfect_shedding_load": 1 / TARGET_ATTAINMENT,
+        "share_of_bound": low * TARGET_ATTAINMENT,
+    }
 
 
 def _floats(text: str) -> list[float]:

@@ -43,13 +43,18 @@ class ScheduledSequence:
 
 @dataclass(slots=True)
 class Batch:
-    """Everything one step computes: decodes first, then prefill chunks. `num_prompt_logprobs`
-    counts the sequences' `prompt_logprob_positions`, so a step without any costs one test."""
+    """Everything one step computes: decodes first, then prefill chunks.
+
+    `num_prompt_logprobs` counts the sequences' `prompt_logprob_positions`, so a step without
+    any costs one test. `finished_request_ids` are requests that ended since the previous
+    batch, so an executor that keeps state per request (grammar matchers) can drop theirs.
+    """
 
     sequences: list[ScheduledSequence] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     num_prompt_logprobs: int = 0
+    finished_request_ids: list[str] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -26,6 +26,7 @@ from core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, S
 from core.scheduler import Scheduler
 from core.step_cost import StepCostModel
 from core.step_stats import StepStats
+from core.structured_output import GrammarCompiler
 from core.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -159,9 +160,26 @@ class Engine:
             )
         return params
 
+    def compile_structured_output(self, params: SamplingParams) -> SamplingParams:
+        """`params` with its output constraint compiled by the executor (a no-op without one,
+        or when already compiled). Slow for a new schema and thread-safe: the server calls it
+        on a worker thread before submitting, so the step thread never waits for a compile."""
+        constraint = params.structured_output
+        if constraint is None or constraint.grammar is not None:
+            return params
+        compiler: GrammarCompiler | None = getattr(self.executor, "grammar_compiler", None)
+        if compiler is None:
+            raise InvalidRequestError(
+                f"{constraint.param} asks for structured output, which this engine's executor "
+                "does not support; leave it out",
+                constraint.param,
+            )
+        return dataclasses.replace(params, structured_output=compiler.compile(constraint))
+
     def add_request(self, spec: EngineRequest) -> Request:
         """Queue a request, or raise InvalidRequestError if it can never be served."""
         params = self.check_request(spec.prompt_token_ids, spec.sampling_params)
+        params = self.compile_structured_output(params)
         check_priority(spec.priority)
         arrival = self.clock() if spec.arrival_time is None else spec.arrival_time
         request = Request.admit(spec, params, arrival)

@@ -7,6 +7,8 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
+from core.structured_output import StructuredOutput
+
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_LOGPROBS = 20
@@ -47,6 +49,7 @@ class SamplingParams:
     `logprobs=N` returns the sampled token's log-probability and the N most likely alternatives;
     `prompt_logprobs=N` the same for every prompt token after the first (what scoring harnesses
     read). `logit_bias` adds a bias in [-100, 100] to the logits of the token ids it names.
+    `structured_output` constrains the output to a grammar (compiled before the request runs).
     """
 
     max_tokens: int | None = 16
@@ -66,6 +69,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -145,6 +149,13 @@ class SamplingParams:
                     f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}", name
                 )
         self._validate_logit_bias()
+        if self.structured_output is not None and (self.ignore_eos or self.min_tokens):
+            # The grammar ends on the stop token; forbidding or ignoring it has no output.
+            raise InvalidRequestError(
+                f"{self.structured_output.param} cannot be combined with ignore_eos or "
+                "min_tokens: a constrained output ends where its grammar does; leave them out",
+                "ignore_eos" if self.ignore_eos else "min_tokens",
+            )
 
     def _validate_logit_bias(self) -> None:
         if not self.logit_bias:

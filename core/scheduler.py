@@ -45,6 +45,8 @@ class Scheduler:
         self._scheduled: set[str] = set()
         # Hashes of the first uncached block of each prompt admitted in the step being built.
         self._blocks_in_flight: set[bytes] = set()
+        # Ended since the last batch; the next batch tells the executor (Batch docstring).
+        self._finished_ids: list[str] = []
         self.num_preemptions = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -67,6 +69,7 @@ class Scheduler:
             self.waiting.remove(request)
         self.kv_cache.free(request)
         del self.requests[request.request_id]
+        self._finished_ids.append(request.request_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.finish_time = now
@@ -151,6 +154,8 @@ class Scheduler:
         if not batch.sequences and self.running:
             # Every running request is protected and none can grow: break the stall.
             self._preempt(self.policy.choose_victim(self.running, now), now)
+        if batch.sequences:  # an empty batch never reaches the executor; the ids wait
+            batch.finished_request_ids, self._finished_ids = self._finished_ids, []
         return batch
 
     def _overdue(self, now: float) -> list[Request]:

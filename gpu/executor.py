@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -22,6 +24,7 @@ from gpu.kv_cache import (
 from gpu.loader import load_model
 from gpu.prompt_logprobs import prompt_logprobs
 from gpu.sampler import Sampler
+from gpu.structured_output import GrammarMask, GrammarMatchers, XGrammarCompiler
 from kernels.cpu_extension import cpu_kernels_available
 
 logger = logging.getLogger(__name__)
@@ -106,6 +109,11 @@ class TorchExecutor:
         if self.device.type == "cuda" and not engine_config.enforce_eager:
             self.graphs = self._captured_graphs()
         self.sampler = Sampler(model_config.vocab_size, model_config.eos_token_ids)
+        self.grammar_matchers = GrammarMatchers(model_config.vocab_size)
+        self._grammar_compiler: XGrammarCompiler | None = None
+        self._grammar_compiler_lock = threading.Lock()
+        # Fills grammar bitmasks while the forward runs (they depend only on earlier tokens).
+        self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="baton-grammar")
         # Requests without a seed draw from the global generator: --seed makes a server run
         # repeatable as a whole (requests with their own seed are repeatable regardless).
         torch.manual_seed(engine_config.seed)
@@ -117,9 +125,11 @@ class TorchExecutor:
     @torch.inference_mode()
     def execute(self, batch: Batch) -> ExecutorOutput:
         """Compute the batch's KV, then sample one token for each sequence with `sample=True`."""
+        self.grammar_matchers.release(batch.finished_request_ids)
         if not batch.sequences:
             return ExecutorOutput(sampled_token_ids=[])
         start = time.perf_counter()
+        mask = self._start_grammar_mask(batch)
         padded_size = self.graphs.padded_size(batch) if self.graphs is not None else None
         inputs = self.buffers.prepare(batch, pad_to=padded_size)
         self.host_time_s += time.perf_counter() - start
@@ -130,7 +140,7 @@ class TorchExecutor:
             hidden = self.model(
                 inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_caches
             )
-        output = self._sample(batch, hidden, inputs.logits_indices)
+        output = self._sample(batch, hidden, inputs.logits_indices, mask)
         if batch.num_prompt_logprobs:
             output.prompt_logprobs = prompt_logprobs(
                 batch,
@@ -143,14 +153,41 @@ class TorchExecutor:
         self.step_time_s += time.perf_counter() - start
         return output
 
+    @property
+    def grammar_compiler(self) -> XGrammarCompiler:
+        """Structured output's compiler (core.structured_output.GrammarCompiler), built on
+        first use: reading the vocabulary costs start-up time a server without it never pays."""
+        with self._grammar_compiler_lock:
+            if self._grammar_compiler is None:
+                self._grammar_compiler = XGrammarCompiler(
+                    self.model_config.path,
+                    self.model_config.vocab_size,
+                    self.model_config.eos_token_ids,
+                )
+            return self._grammar_compiler
+
+    def _start_grammar_mask(self, batch: Batch) -> Future[GrammarMask | None] | None:
+        to_sample = [seq for seq in batch.sequences if seq.sample]
+        if not any(seq.sampling_params.structured_output is not None for seq in to_sample):
+            return None
+        return self._mask_worker.submit(self.grammar_matchers.fill_mask, to_sample)
+
     def _sample(
-        self, batch: Batch, hidden: torch.Tensor, logits_indices: torch.Tensor
+        self,
+        batch: Batch,
+        hidden: torch.Tensor,
+        logits_indices: torch.Tensor,
+        mask: Future[GrammarMask | None] | None,
     ) -> ExecutorOutput:
         to_sample = [seq for seq in batch.sequences if seq.sample]
         if not to_sample:
             return ExecutorOutput(sampled_token_ids=[])
         logits = self.model.compute_logits(hidden[logits_indices]).float()
-        return self.sampler(logits, to_sample)
+        grammar_mask = mask.result() if mask is not None else None
+        output = self.sampler(logits, to_sample, grammar_mask)
+        if grammar_mask is not None:
+            self.grammar_matchers.accept(to_sample, output.sampled_token_ids)
+        return output
 
     def _log_kv_capacity(self) -> None:
         num_bytes = self.num_kv_blocks * kv_cache_bytes_per_block(

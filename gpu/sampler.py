@@ -16,6 +16,7 @@ import torch
 
 from core.batch import ExecutorOutput, ScheduledSequence, TokenLogprobs
 from core.sampling_params import SamplingParams
+from gpu.structured_output import GrammarMask
 
 _NEG_INF = float("-inf")
 
@@ -28,7 +29,12 @@ class Sampler:
         self.eos_token_ids = list(eos_token_ids)
         self._generators: dict[torch.device, torch.Generator] = {}
 
-    def __call__(self, logits: torch.Tensor, sequences: list[ScheduledSequence]) -> ExecutorOutput:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        sequences: list[ScheduledSequence],
+        grammar_mask: GrammarMask | None = None,
+    ) -> ExecutorOutput:
         # Columns past the tokenizer's vocabulary (padded embeddings) have no token behind them.
         raw = logits[:, : self.vocab_size].float()
         params = [seq.sampling_params for seq in sequences]
@@ -38,6 +44,10 @@ class Sampler:
         if any(p.logit_bias is not None for p in params):
             processed = apply_logit_bias(processed, params)
         processed = mask_stop_tokens(processed, sequences, self.eos_token_ids)
+        # Structured output: the grammar's disallowed tokens go last, after every other
+        # processor, and the logprobs below still describe the raw model distribution.
+        if grammar_mask is not None:
+            processed = grammar_mask.apply(processed)
         if all(p.greedy for p in params):
             token_ids = processed.argmax(dim=-1)
         else:

@@ -1,0 +1,225 @@
+"""Structured output with xgrammar: grammars compiled once per constraint (a bounded LRU,
+off the step thread), one matcher per constrained request, and the step's token bitmask.
+
+The matchers live here, keyed by request id, because they are mutable per-request state of
+the sampler, like its generators: core hands over the compiled grammar and the tokens so far,
+and each step the matcher is brought level with those tokens before its mask is filled, so
+preemption, recompute or a re-run step can never make it accept a token twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import xgrammar
+from transformers import PreTrainedTokenizerFast
+
+from core.batch import ScheduledSequence
+from core.sampling_params import InvalidRequestError
+from core.structured_output import GuideKind, StructuredOutput
+
+logger = logging.getLogger(__name__)
+
+# Distinct constraints kept compiled; a schema sent again skips compilation.
+GRAMMAR_CACHE_SIZE = 256
+
+
+class XGrammarCompiler:
+    """Compiles constraints against one tokenizer's vocabulary, padded to the model's logits."""
+
+    def __init__(
+        self,
+        tokenizer_dir: Path,
+        model_vocab_size: int,
+        stop_token_ids: list[int],
+        cache_size: int = GRAMMAR_CACHE_SIZE,
+    ) -> None:
+        tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_dir / "tokenizer.json"))
+        # The bitmask spans the model's logits: ids past the tokenizer's vocabulary (padded
+        # embeddings) get empty strings, which no grammar ever allows.
+        # Without EOS ids in the model's config, xgrammar finds the stop tokens by their names.
+        self.tokenizer_info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=model_vocab_size, stop_token_ids=stop_token_ids or None
+        )
+        # Baton's LRU is the cache, sized in entries; xgrammar's own would keep a second copy.
+        self._compiler = xgrammar.GrammarCompiler(
+            self.tokenizer_info, max_threads=1, cache_enabled=False
+        )
+        self._cache: OrderedDict[tuple[str, str], xgrammar.CompiledGrammar] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    def compile(self, constraint: StructuredOutput) -> StructuredOutput:
+        key = constraint.cache_key
+        with self._lock:
+            grammar = self._cache.get(key)
+            if grammar is not None:
+                self._cache.move_to_end(key)
+                return constraint.compiled(grammar)
+        grammar = self._compile(constraint)
+        with self._lock:
+            self._cache[key] = grammar
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return constraint.compiled(grammar)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cache)
+
+    def _compile(self, constraint: StructuredOutput) -> xgrammar.CompiledGrammar:
+        kind, spec = constraint.kind, constraint.spec
+        try:
+            if kind is GuideKind.JSON_SCHEMA:
+                schema = json.dumps(bounded_strings_as_patterns(json.loads(spec)))
+                # Compact JSON: free whitespace would let a model pad forever between tokens.
+                return self._compiler.compile_json_schema(schema, any_whitespace=False)
+            if kind is GuideKind.JSON_OBJECT:
+                return self._compiler.compile_json_schema(
+                    '{"type": "object"}', any_whitespace=False
+                )
+            if kind is GuideKind.REGEX:
+                return self._compiler.compile_regex(spec)
+            if kind is GuideKind.CHOICE:
+                return self._compiler.compile_regex(_choice_regex(json.loads(spec)))
+            return self._compiler.compile_grammar(spec)
+        except (RuntimeError, ValueError) as error:
+            # xgrammar's message says what is wrong and where; the client can act on it.
+            reason = str(error).strip().splitlines()[-1] if str(error).strip() else "invalid"
+            raise InvalidRequestError(
+                f"{constraint.param} cannot be compiled into a grammar: {reason}",
+                constraint.param,
+            ) from None
+
+
+# One JSON string character: unescaped (no quote, backslash or control character) or an escape.
+_JSON_CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
+# Values, not schemas: never rewritten.
+_LITERAL_KEYS = frozenset({"enum", "const", "default", "examples"})
+
+
+def bounded_strings_as_patterns(schema: object) -> object:
+    """`schema` with every `minLength`/`maxLength` string (without a pattern or format of its
+    own) spelled as an equivalent pattern: xgrammar 0.2.8 compiles length bounds to a character
+    class that admits control characters, which no JSON parser accepts in a string."""
+    if isinstance(schema, list):
+        return [bounded_strings_as_patterns(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    rewritten = {
+        key: value if key in _LITERAL_KEYS else bounded_strings_as_patterns(value)
+        for key, value in schema.items()
+    }
+    bounded = "minLength" in schema or "maxLength" in schema
+    plain = not {"pattern", "format", "enum", "const"} & schema.keys()
+    if schema.get("type") == "string" and bounded and plain:
+        low = rewritten.pop("minLength", 0)
+        high = rewritten.pop("maxLength", "")
+        rewritten["pattern"] = f"^{_JSON_CHAR}{{{low},{high}}}$"
+    return rewritten
+
+
+def _choice_regex(choices: list[str]) -> str:
+    return "|".join(_regex_literal(choice) for choice in choices)
+
+
+_CONTROL_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _regex_literal(text: str) -> str:
+    # Every character outside [A-Za-z0-9 _] escaped: xgrammar's regex syntax is a subset of
+    # Python's, and escaping a punctuation mark is always allowed there.
+    return "".join(
+        c if c.isalnum() or c in " _" else _CONTROL_ESCAPES.get(c, "\\" + c) for c in text
+    )
+
+
+@dataclass(slots=True)
+class _Matcher:
+    matcher: xgrammar.GrammarMatcher
+    num_accepted: int = 0
+
+
+@dataclass(slots=True)
+class GrammarMask:
+    """The allowed next tokens of the constrained rows of one step's sampled sequences."""
+
+    bitmask: torch.Tensor
+    rows: list[int]
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` with every disallowed token of a constrained row at -inf (a new tensor)."""
+        masked = logits.clone(memory_format=torch.contiguous_format)
+        xgrammar.apply_token_bitmask_inplace(
+            masked, self.bitmask.to(masked.device, non_blocking=True), indices=self.rows
+        )
+        return masked
+
+
+class GrammarMatchers:
+    """Each constrained request's matcher, created on its first sampled step."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self._matchers: dict[str, _Matcher] = {}
+        self._batch = xgrammar.BatchGrammarMatcher(max_threads=1)
+
+    def __len__(self) -> int:
+        return len(self._matchers)
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        for request_id in request_ids:
+            self._matchers.pop(request_id, None)
+
+    def fill_mask(self, sequences: Sequence[ScheduledSequence]) -> GrammarMask | None:
+        """The bitmask of the constrained rows among `sequences` (the rows to be sampled)."""
+        rows = [
+            row
+            for row, seq in enumerate(sequences)
+            if seq.sampling_params.structured_output is not None
+        ]
+        if not rows:
+            return None
+        matchers = [self._level_with(sequences[row]) for row in rows]
+        bitmask = xgrammar.allocate_token_bitmask(len(sequences), self.vocab_size)
+        self._batch.batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)
+        return GrammarMask(bitmask, rows)
+
+    def accept(self, sequences: Sequence[ScheduledSequence], token_ids: Sequence[int]) -> None:
+        """Advance the constrained rows' matchers past this step's sampled tokens."""
+        for seq, token_id in zip(sequences, token_ids, strict=True):
+            state = self._matchers.get(seq.request_id)
+            if state is None:
+                continue
+            if not state.matcher.accept_token(token_id):
+                logger.warning(
+                    "request %s: token %d is outside its grammar", seq.request_id, token_id
+                )
+                continue
+            state.num_accepted += 1
+
+    def _level_with(self, seq: ScheduledSequence) -> xgrammar.GrammarMatcher:
+        """The request's matcher having accepted exactly its output tokens so far."""
+        state = self._matchers.get(seq.request_id)
+        if state is None:
+            constraint = seq.sampling_params.structured_output
+            assert constraint is not None and constraint.grammar is not None
+            state = _Matcher(xgrammar.GrammarMatcher(constraint.grammar))
+            self._matchers[seq.request_id] = state
+        num_output = seq.num_output_tokens
+        if state.num_accepted > num_output:
+            # A step re-run (fault isolation) after its tokens were accepted: undo them.
+            state.matcher.rollback(state.num_accepted - num_output)
+            state.num_accepted = num_output
+        outputs = seq.all_token_ids[seq.num_prompt_tokens :]
+        while state.num_accepted < num_output:
+            state.matcher.accept_token(outputs[state.num_accepted])
+            state.num_accepted += 1
+        return state.matcher
