@@ -13,7 +13,7 @@ from core.batch import TokenLogprobs
 from core.config import EngineConfig
 from core.engine import Engine
 from core.executor import Executor
-from core.model_config import ModelConfig
+from core.model_impl import resolve_model_config
 from core.outputs import RequestOutput, RequestTiming
 from core.request import EngineRequest, FinishReason
 from core.sampling_params import SamplingParams
@@ -47,7 +47,9 @@ def build_engine(
         from gpu.config_folder import write_config_folder
 
         model = write_config_folder(model, tempfile.mkdtemp(prefix="baton-dummy-"))
-    model_config = ModelConfig.from_pretrained(model)
+    model_config = resolve_model_config(
+        model, config.model_impl, needs_weights=load_format != "dummy"
+    )
     tokenizer = Tokenizer.from_pretrained(model)
     executor = TorchExecutor(
         model_config, config, device=device, dtype=dtype, load_format=load_format
