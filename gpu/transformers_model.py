@@ -23,6 +23,7 @@ from torch import nn
 from core.model_config import ModelConfig, UnsupportedModelError
 from gpu.input_batch import AttentionMetadata
 from kernels import ops
+from kernels.linear import onednn_linear, onednn_linear_available, pack_linear_weight
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,26 @@ def paged_attention_forward(
     return out.unsqueeze(0), None
 
 
+class PackedLinear(nn.Module):
+    """An `nn.Linear` of transformers' model, run by oneDNN over its weight packed once.
+
+    `weight` stays as a meta tensor of the same shape and dtype, for code that reads those; the
+    packed copy is the only one in memory (a tied embedding keeps its own table).
+    """
+
+    def __init__(self, linear: nn.Linear, rows_hint: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed_weight = pack_linear_weight(linear.weight, rows_hint)
+        self.weight = nn.Parameter(linear.weight.detach().to("meta"), requires_grad=False)
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out = onednn_linear(rows, self.packed_weight, self.bias)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
 class _HiddenStates(nn.Module):
     """Stands in for the base model inside the transformers CausalLM, so that the CausalLM's own
     head, with any logit scaling or soft-capping its code applies, runs on given hidden states."""
@@ -148,8 +169,18 @@ class TransformersCausalLM(nn.Module):
         return out.logits[0]
 
     def pack_linear_weights(self, rows_hint: int) -> bool:
-        """transformers' own linear layers stay as they are."""
-        return False
+        """Run every `nn.Linear` of the model through oneDNN over a packed weight, as the native
+        model does (float32 on the CPU only; see kernels.linear). Returns whether it packed."""
+        weight = next(self.base.parameters())
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return False
+        if not onednn_linear_available():
+            return False
+        for parent in [*self.base.modules(), *self.causal_lm.modules()]:
+            for name, child in parent.named_children():
+                if type(child) is nn.Linear:
+                    setattr(parent, name, PackedLinear(child, rows_hint))
+        return True
 
     def _run(
         self, step: _PagedStep, input_ids: torch.Tensor, positions: torch.Tensor

@@ -16,6 +16,8 @@ import torch
 from app.llm import LLM
 from core.detokenizer import IncrementalDetokenizer
 from core.sampling_params import SamplingParams
+from gpu.transformers_model import PackedLinear
+from kernels.linear import onednn_linear_available
 from tests.server_harness import base_url, model_engine, running_server
 from tests.test_greedy_vs_transformers import transformers_greedy
 
@@ -148,6 +150,7 @@ def test_generic_path_greedy_over_the_api_equals_transformers(generic_checkpoint
         assert text == detokenized(engine.tokenizer, prompt, expected)
 
 
+@pytest.mark.slow
 def test_generic_path_token_ids_equal_transformers_and_the_native_path(make_checkpoint):
     import transformers
 
@@ -156,6 +159,8 @@ def test_generic_path_token_ids_equal_transformers_and_the_native_path(make_chec
     params = SamplingParams(max_tokens=NUM_NEW_TOKENS, temperature=0.0, ignore_eos=True)
     generic = LLM(path, device="cpu", model_impl="transformers", num_kv_blocks=64)
     native = LLM(path, device="cpu", model_impl="native", num_kv_blocks=64)
+    if onednn_linear_available():  # as the native model's, the linear layers run packed
+        assert any(isinstance(m, PackedLinear) for m in generic.engine.executor.model.modules())
     reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     for prompt, ours, theirs in zip(
         prompts, generic.generate(prompts, params), native.generate(prompts, params), strict=True
@@ -188,3 +193,18 @@ def test_forcing_native_on_an_architecture_baton_lacks_says_so(generic_checkpoin
 
     with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel"):
         model_engine(generic_checkpoint("gpt2"), model_impl="native", num_kv_blocks=16)
+
+
+def test_dummy_weights_from_a_bare_config_run_on_the_generic_path(tmp_path):
+    import transformers
+
+    config_file = tmp_path / "gpt2-shape.json"
+    config = transformers.GPT2Config(
+        n_embd=64, n_layer=2, n_head=4, n_positions=128, vocab_size=512
+    )
+    config.architectures = ["GPT2LMHeadModel"]
+    config.to_json_file(config_file)
+    llm = LLM(config_file, device="cpu", load_format="dummy", num_kv_blocks=16)
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    assert len(llm.generate([[5, 6, 7]], params)[0].token_ids) == 3
+    assert llm.engine.executor.model_config.model_impl == "transformers"
