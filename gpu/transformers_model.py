@@ -13,7 +13,6 @@ down to attention; layers are told apart by call order, which is the order of th
 from __future__ import annotations
 
 import dataclasses
-import logging
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -24,8 +23,6 @@ from core.model_config import ModelConfig, UnsupportedModelError
 from gpu.input_batch import AttentionMetadata
 from kernels import ops
 from kernels.linear import onednn_linear, onednn_linear_available, pack_linear_weight
-
-logger = logging.getLogger(__name__)
 
 ATTN_IMPLEMENTATION = "baton_paged"
 
@@ -41,6 +38,7 @@ class _PagedStep:
     kv_caches: list[torch.Tensor] | None
     num_calls: int = 0
     kv_shapes: list[tuple[int, int, int]] = field(default_factory=list)
+    softcapped: bool = False
 
 
 _current_step: ContextVar[_PagedStep | None] = ContextVar("baton_paged_step", default=None)
@@ -70,11 +68,8 @@ def paged_attention_forward(
     num_heads, num_tokens, head_dim = query.shape[1], query.shape[2], value.shape[-1]
     if step.kv_caches is None:
         step.kv_shapes.append((key.shape[1], key.shape[-1], value.shape[-1]))
+        step.softcapped |= kwargs.get("softcap") is not None
         return query.new_zeros(1, num_tokens, num_heads, head_dim), None
-    if kwargs.get("softcap") is not None:
-        raise UnsupportedModelError(
-            "attention logit soft-capping is not supported on the generic path"
-        )
     metadata = step.metadata
     window = kwargs.get("sliding_window")
     if window is not None and metadata.max_seq_len > window:
@@ -207,6 +202,11 @@ class TransformersCausalLM(nn.Module):
             raise UnsupportedModelError(
                 f"{config.architecture}'s transformers code never called the attention "
                 "interface, so Baton cannot give it a paged cache"
+            )
+        if step.softcapped:
+            raise UnsupportedModelError(
+                f"{config.architecture} soft-caps attention logits, which Baton's paged "
+                "attention does not do; it needs a native model"
             )
         if len(set(step.kv_shapes)) > 1:
             raise UnsupportedModelError(

@@ -15,6 +15,7 @@ import torch
 
 from app.llm import LLM
 from core.detokenizer import IncrementalDetokenizer
+from core.model_config import UnsupportedModelError
 from core.sampling_params import SamplingParams
 from gpu.transformers_model import PackedLinear
 from kernels.linear import onednn_linear_available
@@ -189,8 +190,6 @@ def test_a_native_family_runs_natively_unless_forced(make_checkpoint, caplog):
 
 
 def test_forcing_native_on_an_architecture_baton_lacks_says_so(generic_checkpoint):
-    from core.model_config import UnsupportedModelError
-
     with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel"):
         model_engine(generic_checkpoint("gpt2"), model_impl="native", num_kv_blocks=16)
 
@@ -208,3 +207,32 @@ def test_dummy_weights_from_a_bare_config_run_on_the_generic_path(tmp_path):
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     assert len(llm.generate([[5, 6, 7]], params)[0].token_ids) == 3
     assert llm.engine.executor.model_config.model_impl == "transformers"
+
+
+@pytest.mark.parametrize(
+    ("config_class", "shape", "message"),
+    [
+        (
+            "Gemma2Config",
+            dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, head_dim=16)
+            | dict(intermediate_size=128, num_key_value_heads=2, attn_logit_softcapping=50.0),
+            "Gemma2ForCausalLM soft-caps attention logits",
+        ),
+        (
+            "FalconConfig",
+            dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4),
+            "FalconForCausalLM does not route attention through its attention interface",
+        ),
+    ],
+    ids=["softcap", "no-attention-interface"],
+)
+def test_models_the_generic_path_cannot_page_are_refused_at_load(
+    tmp_path, hf_tokenizer, config_class, shape, message
+):
+    import transformers
+
+    config = getattr(transformers, config_class)(**shape, **TINY)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    hf_tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match=message):
+        model_engine(tmp_path, model_impl="transformers", num_kv_blocks=16)
