@@ -261,9 +261,10 @@ def served_model_name(model: str) -> str:
 
 def serve(args: argparse.Namespace) -> int:
     from app.llm import build_engine
-    from app.server import serve_engine
+    from app.server import configure_logging, serve_engine
 
     settings = server_settings_from(args)
+    configure_logging()
     engine = build_engine(
         args.model,
         engine_config_from(args),
