@@ -102,5 +102,5 @@ def _first(raw: dict, name: str, default: int | None = None) -> int:
         if raw.get(alias) is not None:
             return raw[alias]
     if default is None:
-        raise UnsupportedModelError(f"config.json names no {name} (nor {ALIASES[name][1:]})")
+        raise UnsupportedModelError(f"config.json names no {' or '.join(ALIASES[name])}")
     return default
