@@ -34,29 +34,43 @@ class EnginePrompt:
 
 @dataclass(slots=True)
 class AdmittedRequest:
+    """`num_candidates` engine requests per prompt (`n`, or `best_of`), sharing the prompt's KV
+    blocks through the prefix cache."""
+
     prompts: list[EnginePrompt]
     priority: int
     slo: SLO
+    num_candidates: int = 1
 
     @property
     def num_prompt_tokens(self) -> int:
         return sum(len(prompt.token_ids) for prompt in self.prompts)
 
+    @property
+    def num_engine_requests(self) -> int:
+        return len(self.prompts) * self.num_candidates
+
     def engine_requests(
         self, request_ids: list[str], arrival_time: float, trace_context: object | None
     ) -> list[EngineRequest]:
-        """One engine request per prompt, under the given ids."""
+        """`num_candidates` engine requests per prompt, prompt by prompt, under the given ids;
+        each candidate samples with its own seed (`SamplingParams.for_choice`)."""
+        candidates = [
+            (prompt, prompt.params.for_choice(index))
+            for prompt in self.prompts
+            for index in range(self.num_candidates)
+        ]
         return [
             EngineRequest(
                 request_id,
                 prompt.token_ids,
-                prompt.params,
+                params,
                 self.priority,
                 self.slo,
                 arrival_time,
                 trace_context,
             )
-            for request_id, prompt in zip(request_ids, self.prompts, strict=True)
+            for request_id, (prompt, params) in zip(request_ids, candidates, strict=True)
         ]
 
 
@@ -112,7 +126,9 @@ async def admit(state: ServerState, request: GenerationRequest) -> AdmittedReque
             raise request.invalid(error) from None
         admitted.append(EnginePrompt(token_ids, checked))
     default_slo = SLO(state.settings.ttft_slo_ms, state.settings.tpot_slo_ms)
-    result = AdmittedRequest(admitted, request.priority, request.slo_targets(default_slo))
+    result = AdmittedRequest(
+        admitted, request.priority, request.slo_targets(default_slo), request.num_candidates
+    )
     check_slo(state, result)
     return result
 
@@ -122,7 +138,7 @@ def check_slo(state: ServerState, request: AdmittedRequest) -> None:
     than `--slo-admission-factor` times its TTFT target because of the queue ahead of it
     (it would fit its target on an idle engine): better refused now, with a Retry-After of the
     predicted drain time, than accepted and failed late."""
-    factor = state.settings.slo_admission_factor
+    factor = state.engine.config.slo_admission_factor
     ttft_ms = request.slo.ttft_ms
     if factor <= 0 or ttft_ms is None or state.engine.config.scheduling_policy != "slo":
         return

@@ -207,7 +207,7 @@ class AsyncEngine:
         """A stream is done with: forget it and, if it had not finished, abort its request."""
         if self._streams.pop(request_id, None) is None:
             return
-        self.forecast.remove(request_id, time.monotonic())
+        self.forecast.remove(request_id)
         if abort:
             self._step_loop.abort(request_id)
 
@@ -243,6 +243,7 @@ class AsyncEngine:
     def _dispatch(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
         self.stats = stats
         self.forecast.cost_model = stats.step_cost
+        self.forecast.lifetime_s = stats.mean_lifetime_s
         now = time.monotonic()
         for output in outputs:
             stream = self._streams.get(output.request_id)

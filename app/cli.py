@@ -75,6 +75,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="a request preempted this many times is never preempted again",
     )
     parser.add_argument(
+        "--slo-admission-factor",
+        type=float,
+        default=defaults.slo_admission_factor,
+        help="with --scheduling-policy slo, no request with a TTFT target starts later than "
+        "this factor times its target: one predicted to is refused at arrival (429), one that "
+        "has waited that long is refused then (0: off)",
+    )
+    parser.add_argument(
         "--enforce-eager",
         action="store_true",
         help="no CUDA graphs: run decode steps eagerly too (for debugging and comparison)",
@@ -93,6 +101,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         scheduling_policy=args.scheduling_policy,
         max_wait_ms=args.max_wait_ms,
         max_preemptions=args.max_preemptions,
+        slo_admission_factor=args.slo_admission_factor,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
         seed=args.seed,
@@ -213,13 +222,6 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttft-slo-ms", type=float, default=None)
     parser.add_argument("--tpot-slo-ms", type=float, default=None)
     parser.add_argument(
-        "--slo-admission-factor",
-        type=float,
-        default=defaults.slo_admission_factor,
-        help="with --scheduling-policy slo, answer 429 when a request's predicted TTFT exceeds "
-        "its target by this factor because of the queue (0: off)",
-    )
-    parser.add_argument(
         "--otlp-traces-endpoint",
         default=None,
         help="export request traces over OTLP/HTTP to this URL (e.g. http://localhost:4318)",
@@ -247,7 +249,6 @@ def server_settings_from(args: argparse.Namespace) -> ServerSettings:
         body_timeout_s=args.body_timeout,
         ttft_slo_ms=args.ttft_slo_ms,
         tpot_slo_ms=args.tpot_slo_ms,
-        slo_admission_factor=args.slo_admission_factor,
         otlp_traces_endpoint=args.otlp_traces_endpoint,
         trace_console=args.trace_console,
     )

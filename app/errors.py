@@ -6,6 +6,9 @@ from __future__ import annotations
 import orjson
 from starlette.responses import Response
 
+from core.outputs import RequestOutput
+from core.request import FinishReason
+
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -59,3 +62,16 @@ class APIError(Exception):
             headers=self.headers,
             media_type="application/json",
         )
+
+
+def output_error(output: RequestOutput) -> APIError | None:
+    """What a client gets for an engine output that ends its request without an answer:
+    429 when SLO admission control refused it after queueing (the server is overloaded, as at
+    arrival), 500 when it failed inside the engine; None for any other output."""
+    if output.finish_reason is FinishReason.REFUSED:
+        return APIError(
+            429, output.error or "", code="rate_limit_error", headers={"Retry-After": "1"}
+        )
+    if output.finish_reason is FinishReason.ERROR:
+        return APIError(500, output.error or "the request failed inside the engine")
+    return None

@@ -111,6 +111,7 @@ class GenerationResult:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     timing: RequestTiming | None = None
     error: str | None = None
 
@@ -174,6 +175,8 @@ def _accumulate(result: GenerationResult, output: RequestOutput) -> None:
     result.token_ids.extend(output.new_token_ids)
     if output.logprobs:
         result.logprobs.extend(output.logprobs)
+    if output.prompt_logprobs is not None:
+        result.prompt_logprobs = output.prompt_logprobs
     if output.finished:
         result.finish_reason = output.finish_reason
         result.timing = output.timing

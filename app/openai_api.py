@@ -1,8 +1,9 @@
 """OpenAI-compatible `POST /v1/completions` and `POST /v1/chat/completions`, streamed over SSE
 or answered whole.
 
-Each prompt of a request is its own engine request, generated concurrently; a client that hangs
-up, mid-stream or while waiting for a whole response, aborts all of them.
+Each choice of each prompt (`n`, or `best_of` candidates) is its own engine request, generated
+concurrently; a client that hangs up, mid-stream or while waiting for a whole response, aborts
+all of them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -21,7 +21,8 @@ from starlette.types import Receive, Scope, Send
 
 from app.admission import AdmittedRequest, admit, check_capacity, submit
 from app.async_engine import EngineDeadError, EngineStream
-from app.errors import APIError
+from app.choices import ChoiceText, Echo, best_choices
+from app.errors import APIError, output_error
 from app.openai_format import (
     DONE_EVENT,
     ChatFormat,
@@ -40,8 +41,8 @@ from app.protocol import (
     validate_request,
 )
 from app.state import ServerState, server_state
+from core.batch import TokenLogprobs
 from core.outputs import RequestOutput
-from core.request import FinishReason
 
 
 async def completions(request: Request) -> Response:
@@ -64,9 +65,10 @@ async def _serve(
     except ClientDisconnect:
         return Response(status_code=499)  # gone before its body arrived: nobody to answer
     parsed = validate_request(model, parse_json_object(body))
-    if isinstance(parsed, CompletionRequest):
-        # Each prompt is an engine request: refuse what cannot fit before tokenizing any.
-        check_capacity(state, len(parsed.prompts))
+    prompts = len(parsed.prompts) if isinstance(parsed, CompletionRequest) else 1
+    # Each candidate of each prompt is an engine request: refuse what cannot fit before
+    # tokenizing any.
+    check_capacity(state, prompts * parsed.num_candidates)
     admitted = await admit(state, parsed)
     generation = Generation(state, parsed, admitted, format_class(state.tokenizer))
     generation.open(arrival_time, request.headers.get("traceparent"))
@@ -116,16 +118,6 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
-@dataclass(slots=True)
-class ChoiceText:
-    """What one choice of a whole (non-streamed) response has gathered so far."""
-
-    pieces: list[str] = field(default_factory=list)
-    num_chars: int = 0
-    logprobs: list[dict] = field(default_factory=list)
-    final: RequestOutput | None = None
-
-
 class Generation:
     """One API request's engine requests and the OpenAI objects made from their outputs."""
 
@@ -145,14 +137,23 @@ class Generation:
         self.streams: list[EngineStream] = []
         # Final outputs in the order their requests finished: usage and `timing` come from here.
         self._finished: list[RequestOutput] = []
+        # Per engine request (prompt by prompt, `num_candidates` each): the prompt it echoes.
+        self.echoes: list[Echo | None] = [None] * admitted.num_engine_requests
+        if isinstance(request, CompletionRequest) and request.echo:
+            self.echoes = [
+                Echo.of(prompt, admitted_prompt.token_ids, response_format.tokenizer)
+                for prompt, admitted_prompt in zip(request.prompts, admitted.prompts, strict=True)
+                for _ in range(admitted.num_candidates)
+            ]
+        self.shows_logprobs = request.shows_logprobs
 
     def open(self, arrival_time: float, traceparent: str | None) -> None:
         """Register the engine requests (raises APIError when the server is full); from here
         on `close()` must be called, which aborts whichever have not finished."""
-        num_prompts = len(self.admitted.prompts)
-        # A lone prompt's engine request shares the response's id, so logs and traces match.
-        ids = [f"{self.envelope.id}-{index}" for index in range(num_prompts)]
-        if num_prompts == 1:
+        num_requests = self.admitted.num_engine_requests
+        # A lone engine request shares the response's id, so logs and traces match.
+        ids = [f"{self.envelope.id}-{index}" for index in range(num_requests)]
+        if num_requests == 1:
             ids = [self.envelope.id]
         trace_context = None
         if self.state.tracing is not None:
@@ -170,7 +171,8 @@ class Generation:
     async def events(self) -> AsyncIterator[bytes]:
         """The SSE stream: opening deltas, one chunk per delta, usage, then `[DONE]`."""
         chunk_name = self.format.chunk_object_name
-        for choice in self.format.opening_choices(len(self.admitted.prompts)):
+        # Streams are refused when best_of exceeds n: each engine request is one choice.
+        for choice in self.format.opening_choices(len(self.streams)):
             yield sse_event(self.envelope.wrap(chunk_name, choices=[choice]))
         try:
             async for event in self._delta_events():
@@ -185,21 +187,40 @@ class Generation:
         yield DONE_EVENT
 
     async def _delta_events(self) -> AsyncIterator[bytes]:
-        num_chars = [0] * len(self.admitted.prompts)
+        # Where each choice's next text starts: after its echoed prompt, if any.
+        num_chars = [0 if echo is None else len(echo.text) for echo in self.echoes]
+        started = [False] * len(self.streams)
         async with contextlib.aclosing(merge_streams(self.streams)) as outputs:
             async for index, output in outputs:
-                if output.finish_reason is FinishReason.ERROR:
-                    raise _StreamFailed(_failed(output))
-                chunk = self._chunk(index, output, num_chars[index])
+                if (error := output_error(output)) is not None:
+                    raise _StreamFailed(error)
+                chunk = self._chunk(index, output, num_chars[index], not started[index])
+                started[index] = True
                 num_chars[index] += len(output.new_text)
                 if chunk is not None:
                     yield sse_event(chunk)
 
-    def _chunk(self, index: int, output: RequestOutput, num_chars: int) -> dict[str, Any] | None:
-        logprobs = self.format.logprobs(output.logprobs, num_chars) if output.logprobs else None
-        if not output.finished and not output.new_text and logprobs is None:
+    def _chunk(
+        self, index: int, output: RequestOutput, num_chars: int, opening: bool
+    ) -> dict[str, Any] | None:
+        """One choice's chunk; its `opening` one starts with the echoed prompt, if any."""
+        echo = self.echoes[index] if opening else None
+        text = output.new_text
+        logprobs = None
+        if self.shows_logprobs and output.logprobs:
+            logprobs = self.format.logprobs(output.logprobs, num_chars)
+        if echo is not None:
+            text = echo.text + text
+            if self.shows_logprobs:
+                assert isinstance(self.format, CompletionFormat)
+                parts = [self.format.echo_logprobs(echo.token_ids, output.prompt_logprobs)]
+                logprobs = self.format.merge_logprobs(parts + ([logprobs] if logprobs else []))
+        if not output.finished and not text and logprobs is None:
             return None  # the engine held text back (a possible stop string, a split character)
-        choice = self.format.delta_choice(index, output.new_text, _reason(output), logprobs)
+        choice = self.format.delta_choice(index, text, _reason(output), logprobs)
+        prompt_logprobs = self._prompt_logprobs_field(output.prompt_logprobs)
+        if prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs
         chunk = self.envelope.wrap(self.format.chunk_object_name, choices=[choice])
         if output.finished:
             self._finished.append(output)
@@ -222,39 +243,69 @@ class Generation:
         completion_tokens = sum(output.num_output_tokens for output in self._finished)
         return usage(self.admitted.num_prompt_tokens, completion_tokens)
 
+    def _prompt_logprobs_field(
+        self, entries: list[TokenLogprobs | None] | None
+    ) -> list[dict | None] | None:
+        """vLLM's `prompt_logprobs` choice field, where the request asked for it."""
+        request = self.request
+        if (
+            entries is None
+            or not isinstance(request, CompletionRequest)
+            or request.prompt_logprobs is None
+        ):
+            return None
+        assert isinstance(self.format, CompletionFormat)
+        return self.format.prompt_logprobs(entries)
+
     async def collect(self) -> dict[str, Any]:
         """The whole response; raises APIError if a request failed or the engine died."""
-        choices = [ChoiceText() for _ in self.admitted.prompts]
+        choices = [ChoiceText() for _ in self.streams]
+        for choice, echo in zip(choices, self.echoes, strict=True):
+            if echo is not None:
+                choice.add_text(echo.text)
         try:
             async with contextlib.aclosing(merge_streams(self.streams)) as outputs:
                 async for index, output in outputs:
-                    if output.finish_reason is FinishReason.ERROR:
-                        raise _failed(output)
-                    _gather(choices[index], output, self.format)
+                    if (error := output_error(output)) is not None:
+                        raise error
+                    self._gather(index, choices[index], output)
                     if output.finished:
                         self._finished.append(output)
         except EngineDeadError as error:
             raise APIError(503, str(error)) from None
+        picked = choices
+        if self.admitted.num_candidates > self.request.num_choices:
+            picked = best_choices(choices, self.admitted.num_candidates, self.request.num_choices)
         return self.envelope.wrap(
             self.format.object_name,
-            choices=[self._final_choice(index, choice) for index, choice in enumerate(choices)],
+            choices=[self._final_choice(index, choice) for index, choice in enumerate(picked)],
             usage=self._usage(),
             timing=self._timing(self._finished[-1]),
         )
 
+    def _gather(self, index: int, choice: ChoiceText, output: RequestOutput) -> None:
+        echo = self.echoes[index]
+        # Echo with logprobs asks for the prompt's, which come with the first output.
+        if output.prompt_logprobs is not None:
+            if echo is not None and self.shows_logprobs:
+                assert isinstance(self.format, CompletionFormat)
+                prompt_part = self.format.echo_logprobs(echo.token_ids, output.prompt_logprobs)
+                choice.logprobs.insert(0, prompt_part)
+            choice.prompt_logprobs = self._prompt_logprobs_field(output.prompt_logprobs)
+        choice.add_logprobs(output)
+        if output.logprobs and self.shows_logprobs:
+            choice.logprobs.append(self.format.logprobs(output.logprobs, choice.num_chars))
+        choice.add_text(output.new_text)
+        if output.finished:
+            choice.final = output
+
     def _final_choice(self, index: int, choice: ChoiceText) -> dict[str, Any]:
         logprobs = self.format.merge_logprobs(choice.logprobs) if choice.logprobs else None
         reason = _reason(choice.final) if choice.final is not None else None
-        return self.format.final_choice(index, "".join(choice.pieces), reason, logprobs)
-
-
-def _gather(choice: ChoiceText, output: RequestOutput, response_format: ResponseFormat) -> None:
-    if output.logprobs:
-        choice.logprobs.append(response_format.logprobs(output.logprobs, choice.num_chars))
-    choice.pieces.append(output.new_text)
-    choice.num_chars += len(output.new_text)
-    if output.finished:
-        choice.final = output
+        body = self.format.final_choice(index, "".join(choice.pieces), reason, logprobs)
+        if choice.prompt_logprobs is not None:
+            body["prompt_logprobs"] = choice.prompt_logprobs
+        return body
 
 
 async def merge_streams(
@@ -310,7 +361,3 @@ class _StreamFailed(Exception):
 
 def _reason(output: RequestOutput) -> str | None:
     return output.finish_reason.value if output.finish_reason is not None else None
-
-
-def _failed(output: RequestOutput) -> APIError:
-    return APIError(500, output.error or "the request failed inside the engine")

@@ -110,6 +110,45 @@ class CompletionFormat:
             "text_offset": offsets,
         }
 
+    def echo_logprobs(
+        self, prompt_token_ids: list[int], entries: list[TokenLogprobs | None] | None
+    ) -> dict[str, list]:
+        """The prompt's part of an `echo` response's logprobs, in the same legacy shape: the
+        first token has no context, so its log-probability and alternatives are null."""
+        tokens, offsets = [], []
+        text_offset = 0
+        for token_id in prompt_token_ids:
+            token = token_text(self.tokenizer, token_id)
+            tokens.append(token)
+            offsets.append(text_offset)
+            text_offset += len(token)
+        entries = entries or [None] * len(prompt_token_ids)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [None if e is None else e.logprob for e in entries],
+            "top_logprobs": [
+                None if e is None else {token_text(self.tokenizer, t): lp for t, lp in e.top}
+                for e in entries
+            ],
+            "text_offset": offsets,
+        }
+
+    def prompt_logprobs(self, entries: list[TokenLogprobs | None]) -> list[dict | None]:
+        """vLLM's `prompt_logprobs` choice field: per prompt token, by token id (as a string),
+        the prompt token's and its top alternatives' log-probability and text."""
+        return [
+            None
+            if entry is None
+            else {
+                str(token_id): {
+                    "logprob": logprob,
+                    "decoded_token": token_text(self.tokenizer, token_id),
+                }
+                for token_id, logprob in ((entry.token_id, entry.logprob), *entry.top)
+            }
+            for entry in entries
+        ]
+
     @staticmethod
     def merge_logprobs(parts: list[dict]) -> dict[str, list]:
         merged: dict[str, list] = {key: [] for key in LEGACY_LOGPROBS_KEYS}

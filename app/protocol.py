@@ -17,6 +17,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -113,8 +114,6 @@ def _is_text_part(part: object) -> bool:
 # OpenAI fields Baton does not implement yet, declared so that the values asking for nothing
 # pass: the values accepted, and what a 400 says (after the field's name) to anything else.
 ASK_NOTHING: dict[str, tuple[tuple[Any, ...], str]] = {
-    "logit_bias": ((None, {}), "is not supported yet; leave it out"),
-    "best_of": ((None, 1), "other than 1 is not supported yet; leave it out"),
     "suffix": ((None, ""), "is not supported: Baton does not insert text; leave it out"),
     "response_format": (
         (None, {"type": "text"}),
@@ -131,12 +130,16 @@ ASK_NOTHING: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
+# Choices per prompt (`n`, and `best_of` candidates): each is an engine request of its own.
+MAX_CHOICES = 16
+
+
 class GenerationRequest(StrictModel):
     """The parameters completions and chat share, OpenAI's and Baton's extensions alike.
 
     Every field is honoured or refused with a 400 naming it: OpenAI fields Baton does not
     implement are either left undeclared (refused as unknown) or declared with the one value
-    that asks for nothing (`best_of: 1`, `logit_bias: {}`), so a client never gets a 200 that
+    that asks for nothing (`suffix: ""`, `tools: []`), so a client never gets a 200 that
     silently ignored what it asked for. `user` and the other identifiers are accepted: they
     ask the server to do nothing but carry a name."""
 
@@ -177,14 +180,32 @@ class GenerationRequest(StrictModel):
 
     @field_validator("n")
     @classmethod
-    def _single_choice(cls, n: int | None) -> int | None:
-        if n is not None and n > 1:
-            raise PydanticCustomError(
-                "baton_n", "> 1 is not supported yet; send n=1 or separate requests"
-            )
-        if n is not None and n < 1:
-            raise PydanticCustomError("baton_n", "must be 1")
+    def _bounded_choices(cls, n: int | None) -> int | None:
+        if n is not None and not 1 <= n <= MAX_CHOICES:
+            raise PydanticCustomError("baton_n", f"must be in [1, {MAX_CHOICES}], got {n}")
         return n
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, logit_bias: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key in logit_bias or {}:
+            if not key.isascii() or not key.isdigit():
+                raise PydanticCustomError(
+                    "baton_logit_bias",
+                    f'keys must be token ids written as decimal strings (such as "50256"), '
+                    f"got {key[:32]!r}",
+                )
+        return logit_bias
+
+    @property
+    def num_choices(self) -> int:
+        """Choices returned per prompt (`n`)."""
+        return self.n or 1
+
+    @property
+    def num_candidates(self) -> int:
+        """Engine requests per prompt: `best_of` where the request asks to pick among more."""
+        return self.num_choices
 
     @field_validator("stop")
     @classmethod
@@ -205,9 +226,29 @@ class GenerationRequest(StrictModel):
     def requested_logprobs(self) -> int | None:
         return None
 
+    def requested_prompt_logprobs(self) -> int | None:
+        return None
+
+    @property
+    def shows_logprobs(self) -> bool:
+        """Whether the response carries the sampled tokens' log-probabilities."""
+        return self.requested_logprobs() is not None
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether the prompt is the point (completions' `echo`): then max_tokens may be 0."""
+        return False
+
     def sampling_params(self) -> SamplingParams:
         """Engine parameters; OpenAI's defaults where a field is absent. Raises APIError."""
         max_tokens = self.requested_max_tokens()
+        if max_tokens == 0 and not self.scores_prompt:
+            raise APIError(
+                400,
+                f"{self.field_name('max_tokens')} 0 generates nothing: it is allowed only on "
+                "/v1/completions with echo: true (to score the prompt); send a positive value",
+                param=self.field_name("max_tokens"),
+            )
         settings = {
             "max_tokens": self.default_max_tokens if max_tokens is None else max_tokens,
             "temperature": self.temperature,
@@ -221,6 +262,10 @@ class GenerationRequest(StrictModel):
             "stop": self.stop,
             "stop_token_ids": self.stop_token_ids,
             "logprobs": self.requested_logprobs(),
+            "prompt_logprobs": self.requested_prompt_logprobs(),
+            "logit_bias": {int(k): v for k, v in self.logit_bias.items()}
+            if self.logit_bias
+            else None,
         }
         explicit = {k: v for k, v in settings.items() if v is not None or k == "max_tokens"}
         try:
@@ -261,19 +306,69 @@ class CompletionRequest(GenerationRequest):
     def _known_prompt_shape(cls, prompt: Any) -> list[Prompt]:
         return _prompt_list(prompt)
 
-    @field_validator("echo")
+    # vLLM's extension: the prompt tokens' log-probabilities with their top-N, echo or not.
+    prompt_logprobs: Int64 | None = None
+
+    @field_validator("best_of")
     @classmethod
-    def _no_echo(cls, echo: bool) -> bool:
-        if echo:
-            raise PydanticCustomError("baton_echo", "is not supported; leave it false")
-        return echo
+    def _bounded_candidates(cls, best_of: int | None) -> int | None:
+        if best_of is not None and not 1 <= best_of <= MAX_CHOICES:
+            raise PydanticCustomError(
+                "baton_best_of", f"must be in [1, {MAX_CHOICES}], got {best_of}"
+            )
+        return best_of
+
+    @model_validator(mode="after")
+    def _best_of_fits_n(self) -> CompletionRequest:
+        if self.best_of is None:
+            return self
+        if self.best_of < self.num_choices:
+            raise APIError(
+                400,
+                f"best_of ({self.best_of}) must be at least n ({self.num_choices}): it is the "
+                "number of candidates the n choices are picked from",
+                param="best_of",
+            )
+        if self.stream and self.best_of > self.num_choices:
+            raise APIError(
+                400,
+                "best_of greater than n cannot be streamed: the best choices are known only "
+                "once every candidate has finished; drop stream or best_of",
+                param="best_of",
+            )
+        return self
 
     @property
     def prompts(self) -> list[Prompt]:
         return self.prompt
 
+    @property
+    def num_candidates(self) -> int:
+        return self.best_of or self.num_choices
+
+    @property
+    def scores_prompt(self) -> bool:
+        return self.echo
+
+    @property
+    def shows_logprobs(self) -> bool:
+        # best_of asks the engine for them to rank by; the client sees them only if it asked.
+        return self.logprobs is not None
+
     def requested_logprobs(self) -> int | None:
+        if self.logprobs is None and self.num_candidates > self.num_choices:
+            return 0  # ranking by cumulative logprob needs the sampled tokens' own
         return self.logprobs
+
+    def requested_prompt_logprobs(self) -> int | None:
+        """`echo` with `logprobs` scores the prompt with the same top-N, as OpenAI's legacy
+        API did; vLLM's `prompt_logprobs` asks for it directly."""
+        asked = [
+            value
+            for value in (self.logprobs if self.echo else None, self.prompt_logprobs)
+            if value is not None
+        ]
+        return max(asked) if asked else None
 
 
 class ChatCompletionRequest(GenerationRequest):

@@ -29,9 +29,6 @@ class ServerSettings:
     body_timeout_s: float = 30.0
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
-    # With the slo policy: refuse (429) a request predicted to miss its TTFT target by this
-    # factor because of the queue; 0 turns SLO admission control off.
-    slo_admission_factor: float = 3.0
     otlp_traces_endpoint: str | None = None
     # Print every span to stdout: for debugging, not production.
     trace_console: bool = False
@@ -49,10 +46,6 @@ class ServerSettings:
             raise ValueError(f"{flag}: {error}") from None
         if self.max_queued_requests < 0:
             raise ValueError(f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")
-        if self.slo_admission_factor < 0:
-            raise ValueError(
-                f"--slo-admission-factor must be >= 0, got {self.slo_admission_factor}"
-            )
         if self.shutdown_timeout_s < 0:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout_s}")
         if self.max_header_bytes < 1:

@@ -12,7 +12,6 @@ import time
 import urllib.error
 import urllib.request
 
-from app.settings import ServerSettings
 from core.config import POLICIES, EngineConfig
 from core.request import EngineRequest
 from core.simulator import DEFAULT_COST, SimulationConfig, queue_trend, simulate, summarize
@@ -113,9 +112,9 @@ def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--slo-admission-factor",
         type=float,
-        default=ServerSettings().slo_admission_factor,
-        help="with the slo policy, refuse an arrival whose predicted TTFT exceeds its target by "
-        "this factor because of the queue, as baton serve does (0: off)",
+        default=defaults.slo_admission_factor,
+        help="with the slo policy, refuse a request once it is predicted to start, or has "
+        "waited, later than this factor times its TTFT target, as baton serve does (0: off)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
@@ -135,8 +134,6 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.time_scale != 1.0 and not args.workload_file:
         raise ValueError("--time-scale applies to --workload-file only; use --rate or --load")
-    if args.slo_admission_factor < 0:
-        raise ValueError(f"--slo-admission-factor must be >= 0, got {args.slo_admission_factor}")
     config = SimulationConfig(
         engine=EngineConfig(
             max_num_seqs=args.max_num_seqs,
@@ -145,13 +142,13 @@ def run(args: argparse.Namespace) -> int:
             enable_prefix_caching=False,
             max_wait_ms=args.max_wait_ms,
             max_preemptions=args.max_preemptions,
+            slo_admission_factor=args.slo_admission_factor,
         ),
         num_kv_blocks=args.num_kv_blocks,
         cost=_coefficients(args),
         noise=args.noise,
         seed=args.seed,
         slo_scale=args.slo_scale,
-        slo_admission_factor=args.slo_admission_factor,
     )
     if args.workload_file:
         workload = load_trace(

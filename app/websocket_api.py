@@ -16,7 +16,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDiscon
 
 from app.admission import AdmittedRequest, admit, check_capacity, submit
 from app.async_engine import EngineDeadError
-from app.errors import APIError
+from app.errors import APIError, output_error
 from app.openai_format import timing, usage
 from app.protocol import (
     MAX_NAME_CHARS,
@@ -29,7 +29,6 @@ from app.protocol import (
 )
 from app.state import ServerState, server_metrics, server_state
 from core.outputs import RequestOutput
-from core.request import FinishReason
 
 logger = logging.getLogger("baton.websocket")
 
@@ -169,8 +168,8 @@ class Session:
         self, record: InFlight, output: RequestOutput, admitted: AdmittedRequest
     ) -> None:
         client_id = record.client_id
-        if output.finish_reason is FinishReason.ERROR:
-            raise APIError(500, output.error or "the request failed inside the engine")
+        if (error := output_error(output)) is not None:
+            raise error
         if output.new_text:
             frame = {
                 "type": "token",
@@ -245,11 +244,25 @@ def _validate_generate(frame: dict[str, Any]) -> GenerationRequest:
         raise APIError(400, "traceparent must be a W3C traceparent string", param="traceparent")
     body = {key: value for key, value in frame.items() if key not in FRAME_KEYS}
     if "messages" in body:
-        return validate_request(ChatCompletionRequest, body)
-    request = validate_request(CompletionRequest, body)
+        return _one_choice(validate_request(ChatCompletionRequest, body))
+    request = _one_choice(validate_request(CompletionRequest, body))
     assert isinstance(request, CompletionRequest)
     if len(request.prompts) > 1:
         raise APIError(
             400, "a generate frame takes one prompt; send one frame per prompt", param="prompt"
         )
+    return request
+
+
+def _one_choice(request: GenerationRequest) -> GenerationRequest:
+    """A frame streams one choice: `n`, `best_of` and `echo` are for the HTTP API."""
+    if request.num_candidates > 1:
+        param = "n" if request.num_choices > 1 else "best_of"
+        raise APIError(
+            400,
+            f"a generate frame streams one choice; send {param} 1 or one frame per choice",
+            param=param,
+        )
+    if request.scores_prompt:
+        raise APIError(400, "echo is for /v1/completions; leave it out of frames", param="echo")
     return request

@@ -16,6 +16,9 @@ class ScheduledSequence:
     physical KV blocks and already covers every position written this step.
     `all_token_ids` is the request's whole token list (prompt then output) for penalties;
     the first `num_prompt_tokens` of it are the prompt. The executor must not modify either list.
+    `prompt_logprob_positions` are positions of this chunk whose next prompt token's
+    log-probability the request still needs (position p scores `all_token_ids[p + 1]`); empty
+    for requests that did not ask, so only those pay for the extra logits.
     """
 
     request_id: str
@@ -26,6 +29,7 @@ class ScheduledSequence:
     sampling_params: SamplingParams
     all_token_ids: list[int]
     num_prompt_tokens: int
+    prompt_logprob_positions: range = range(0)
 
     @property
     def seq_len(self) -> int:
@@ -39,11 +43,13 @@ class ScheduledSequence:
 
 @dataclass(slots=True)
 class Batch:
-    """Everything one step computes: decodes first, then prefill chunks."""
+    """Everything one step computes: decodes first, then prefill chunks. `num_prompt_logprobs`
+    counts the sequences' `prompt_logprob_positions`, so a step without any costs one test."""
 
     sequences: list[ScheduledSequence] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    num_prompt_logprobs: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -67,8 +73,10 @@ class ExecutorOutput:
     """One sampled token per sequence with `sample=True`, in batch order.
 
     `logprobs` is aligned with `sampled_token_ids`; an entry is None where the request did not
-    ask for log-probabilities.
+    ask for log-probabilities. `prompt_logprobs` maps a request id to one entry per position of
+    its `prompt_logprob_positions`, in order.
     """
 
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)

@@ -29,6 +29,10 @@ class EngineConfig:
     # preempted more often (after that it is protected).
     max_wait_ms: float = 20_000.0
     max_preemptions: int = 3
+    # With the slo policy, no request with a TTFT target starts later than this times its
+    # target: refused at arrival when predicted to, refused once it has waited that long.
+    # 0 turns SLO admission control off.
+    slo_admission_factor: float = 3.0
     gpu_memory_utilization: float = 0.9
     # CUDA graphs for decode steps off: every step runs eagerly (the CPU always does).
     enforce_eager: bool = False
@@ -57,9 +61,15 @@ class EngineConfig:
             raise ValueError(f"--max-wait-ms must be > 0, got {self.max_wait_ms}")
         if self.max_preemptions < 0:
             raise ValueError(f"--max-preemptions must be >= 0, got {self.max_preemptions}")
+<<<<<<< HEAD
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(
                 f"--model-impl must be one of {', '.join(MODEL_IMPLS)}, got {self.model_impl!r}"
+=======
+        if not self.slo_admission_factor >= 0:
+            raise ValueError(
+                f"--slo-admission-factor must be >= 0, got {self.slo_admission_factor}"
+>>>>>>> main
             )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(

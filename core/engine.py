@@ -16,6 +16,7 @@ from core.engine_stats import EngineStats
 from core.executor import Executor
 from core.kv_cache_manager import KVCacheManager
 from core.length_predictor import LengthPredictor
+from core.lifetime import LifetimeMean
 from core.output_processor import OutputProcessor
 from core.outputs import RequestOutput, RequestTiming
 from core.policy import PolicyContext
@@ -55,16 +56,20 @@ class Engine:
         self.kv_cache = KVCacheManager(
             executor.num_kv_blocks, executor.block_size, config.enable_prefix_caching
         )
-        # Both learn online, in the step thread: step durations from every step, output lengths
-        # from every request that finishes. Policies read them; metrics report their error.
+        # All learn online, in the step thread: step durations from every step, output lengths
+        # and lifetimes from every request that finishes. Policies read them; metrics report
+        # their error; admission reads the published cost fit and lifetime.
         self.step_cost_model = StepCostModel()
         self.length_predictor = LengthPredictor()
+        self.lifetime = LifetimeMean()
         self.policy_context = PolicyContext(
             self.step_cost_model,
             self.length_predictor,
             config.max_wait_ms / 1000,
             config.max_num_batched_tokens,
             config.max_num_seqs,
+            self.lifetime,
+            config.slo_admission_factor,
         )
         self.scheduler = Scheduler(
             self.kv_cache,
@@ -80,7 +85,8 @@ class Engine:
         # as it finishes (with its final output). Listeners must be quick and must not raise.
         self.step_listeners: list[Callable[[StepStats], None]] = [self.step_cost_model.observe]
         self.finish_listeners: list[Callable[[Request, RequestOutput], None]] = [
-            lambda request, _output: self.length_predictor.observe(request)
+            lambda request, _output: self.length_predictor.observe(request),
+            lambda request, _output: self.lifetime.observe(request),
         ]
 
     @property
@@ -112,6 +118,7 @@ class Engine:
             step_cost=cost.current,
             step_cost_error=cost.mean_abs_error_ratio,
             step_cost_observations=cost.num_observations,
+            mean_lifetime_s=self.lifetime.mean_s,
         )
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
@@ -119,6 +126,14 @@ class Engine:
         `max_tokens` resolved. Reads only settings fixed at start-up, so any thread may call it.
         """
         self._check_prompt(prompt_token_ids)
+        if params.logit_bias is not None:
+            beyond = [t for t in params.logit_bias if t >= self.vocab_size]
+            if beyond:
+                raise InvalidRequestError(
+                    f"logit_bias names token id {beyond[0]}, outside the vocabulary "
+                    f"[0, {self.vocab_size})",
+                    "logit_bias",
+                )
         num_prompt = len(prompt_token_ids)
         room = self.max_model_len - num_prompt
         if params.max_tokens is None:
@@ -163,9 +178,10 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         started = self.clock()
+        refused = [self._refuse(request, started) for request in self.scheduler.refused(started)]
         batch = self.scheduler.schedule(started)
         if not batch.sequences:
-            return []
+            return refused
         num_context_tokens = sum(sequence.seq_len for sequence in batch.sequences)
         scheduled = batch
         failed: list[RequestOutput] = []
@@ -173,6 +189,7 @@ class Engine:
             result = self.executor.execute(batch)
         except Exception as error:
             batch, result, failed = self._isolate_fault(batch, error)
+        failed = refused + failed
         sampled = self.scheduler.update(batch, result)
         now = self.clock()
         self.num_steps += 1
@@ -200,21 +217,32 @@ class Engine:
         return outputs
 
     def _process(
-        self, request: Request, token_id: int, logprobs: TokenLogprobs | None, now: float
+        self, request: Request, token_id: int | None, logprobs: TokenLogprobs | None, now: float
     ) -> RequestOutput:
-        if request.first_token_time is None:
+        """The output for a token just sampled, or (`token_id` None) for a request with
+        `max_tokens` 0 whose prompt has just been computed: it finishes with nothing generated.
+        """
+        first = request.first_token_time is None
+        if first:
             request.first_token_time = now
-        request.token_times.append(now)
-        text, finish_reason = self.outputs.process(request, token_id)
-        output = RequestOutput(
-            request.request_id,
-            [token_id],
-            text,
-            request.num_prompt_tokens,
-            request.num_output_tokens,
-        )
-        if logprobs is not None:
-            output.logprobs = [logprobs]
+        if token_id is None:
+            output = RequestOutput(request.request_id, [], "", request.num_prompt_tokens, 0)
+            finish_reason: FinishReason | None = FinishReason.LENGTH
+        else:
+            request.token_times.append(now)
+            text, finish_reason = self.outputs.process(request, token_id)
+            output = RequestOutput(
+                request.request_id,
+                [token_id],
+                text,
+                request.num_prompt_tokens,
+                request.num_output_tokens,
+            )
+            if logprobs is not None:
+                output.logprobs = [logprobs]
+        if first:
+            # Complete once the first token is sampled: the prompt is computed by then.
+            output.prompt_logprobs = request.prompt_logprobs
         if finish_reason is not None:
             self._finish(request, output, finish_reason, now)
         return output
@@ -229,15 +257,17 @@ class Engine:
         merged = ExecutorOutput([], [])
         failed = []
         for seq in batch.sequences:
-            alone = Batch([seq])
+            alone = Batch([seq], num_prompt_logprobs=len(seq.prompt_logprob_positions))
             try:
                 result = self.executor.execute(alone)
             except Exception as seq_error:
                 failed.append(self._fail(self.scheduler.requests[seq.request_id], seq_error))
                 continue
             kept.sequences.append(seq)
+            kept.num_prompt_logprobs += len(seq.prompt_logprob_positions)
             merged.sampled_token_ids.extend(result.sampled_token_ids)
             merged.logprobs.extend(result.logprobs or [None] * len(result.sampled_token_ids))
+            merged.prompt_logprobs.update(result.prompt_logprobs)
         return kept, merged, failed
 
     def _fail(self, request: Request, error: Exception) -> RequestOutput:
@@ -266,6 +296,20 @@ class Engine:
         output.token_times = request.token_times
         for listener in self.finish_listeners:
             listener(request, output)
+
+    def _refuse(self, request: Request, now: float) -> RequestOutput:
+        factor = self.config.slo_admission_factor
+        waited_ms = (now - request.arrival_time) * 1000
+        message = (
+            f"the server is overloaded: this request waited {waited_ms:.0f} ms without starting, "
+            f"past {factor:g} times its TTFT target of {request.slo.ttft_ms:g} ms; retry later "
+            "or send a looser slo.ttft_ms"
+        )
+        output = RequestOutput(
+            request.request_id, [], "", request.num_prompt_tokens, 0, error=message
+        )
+        self._finish(request, output, FinishReason.REFUSED, now)
+        return output
 
     def _finish_early(
         self, request_id: str, reason: FinishReason, error: str | None

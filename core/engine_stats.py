@@ -24,3 +24,5 @@ class EngineStats:
     step_cost: CostCoefficients = field(default_factory=CostCoefficients)
     step_cost_error: float | None = None
     step_cost_observations: int = 0
+    # Mean seconds from a request's first token to its finish (core/lifetime.py).
+    mean_lifetime_s: float = 0.0

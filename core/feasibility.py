@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from core.request import Request, RequestStatus
-from core.step_cost import StepCost, prefill_seconds
+from core.step_cost import StepCost
 
 # A request is served ahead of every order once what is left of the starvation bound only just
 # covers the prefill ahead of it and its own at full budget, plus this many steps; never before
@@ -27,17 +27,24 @@ class Pace:
     """How fast the engine works through a queue: each step carries `tokens_per_step` of
     prefill on top of decodes taking `decode_s`, each prefill token adding `per_token_s`;
     `free_places` places in the batch are open now, and once none is, one frees every
-    `place_gap_s` (a full batch frees one every mean request lifetime / batch size)."""
+    `place_gap_s` (a full batch frees one every mean request lifetime / batch size);
+    `queued_tokens` of prefill are owed in all, and while some are left every step is filled
+    with them."""
 
     tokens_per_step: int
     decode_s: float
     per_token_s: float
     free_places: int
     place_gap_s: float
+    queued_tokens: int = 0
 
     def prefill_s(self, num_tokens: int) -> float:
-        """Seconds until `num_tokens` of prefill are done at this pace."""
-        return prefill_seconds(num_tokens, self.tokens_per_step, self.decode_s, self.per_token_s)
+        """Seconds until `num_tokens` of prefill are done at this pace: the steps they need,
+        each carrying a full budget while the queue has that much (the step that ends a
+        request's prompt carries the next one's too, and takes that long)."""
+        steps = max(1, -(-num_tokens // self.tokens_per_step))
+        carried = min(steps * self.tokens_per_step, max(num_tokens, self.queued_tokens))
+        return steps * self.decode_s + carried * self.per_token_s
 
     def place_wait_s(self, index: int) -> float:
         """Seconds until the `index`-th request (from 0) wanting a place gets one."""
@@ -53,6 +60,31 @@ class Pace:
         if not needs_place:
             return prefill_s
         return max(prefill_s, self.place_wait_s(places - 1) + self.prefill_s(own_tokens))
+
+
+def pace_of(
+    cost: StepCost,
+    tokens_per_step: int,
+    num_decodes: int,
+    decode_context: int,
+    free_places: int,
+    lifetime_s: float,
+    batch_size: int,
+    queued_tokens: int,
+) -> Pace:
+    """The pace of a queue behind `num_decodes` running decodes reading `decode_context` KV
+    entries, with `tokens_per_step` of prefill a step and `free_places` open places; once
+    none is open, one frees every mean request lifetime (first token to finish) / batch size;
+    `queued_tokens` of prefill owed in all. The planner and the forecast build their pace here.
+    """
+    return Pace(
+        max(1, tokens_per_step),
+        cost.predict_step(0, num_decodes, decode_context),
+        cost.prefill_token_s(),
+        free_places,
+        lifetime_s / batch_size,
+        queued_tokens,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,9 @@ class RequestOutput:
     finished: bool = False
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprobs] | None = None
+    # On a request's first output, when it asked for `prompt_logprobs`: one entry per prompt
+    # token, None for the first.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     timing: RequestTiming | None = None
     # What the client is told when the request failed; `error_detail` is the operator's side
     # (the exception, for logs and traces), never sent to the client.

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from core.length_predictor import LengthPredictor
+from core.lifetime import LifetimeMean
 from core.request import Request
 from core.step_cost import StepCostModel
 
@@ -24,15 +25,19 @@ UNLIMITED = sys.maxsize
 
 @dataclass(slots=True)
 class PolicyContext:
-    """What a policy may consult besides the queues: the step-cost model and the output-length
-    predictor (both learning online in the engine), the starvation bound and the scheduler's
-    budgets (tokens per step, sequences in the batch)."""
+    """What a policy may consult besides the queues: the step-cost model, the output-length
+    predictor and the mean request lifetime (all learning online in the engine), the
+    starvation bound, the scheduler's budgets (tokens per step, sequences in the batch) and
+    SLO admission control's factor (a request with a TTFT target starts within it times its
+    target, or is refused)."""
 
     cost_model: StepCostModel = field(default_factory=StepCostModel)
     length_predictor: LengthPredictor = field(default_factory=LengthPredictor)
     max_wait_s: float = 20.0
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = UNLIMITED
+    lifetime: LifetimeMean = field(default_factory=LifetimeMean)
+    slo_admission_factor: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,10 @@ class SchedulingPolicy(ABC):
     def choose_victim(self, candidates: Sequence[Request], now: float) -> Request:
         """The running request to preempt when KV blocks run out: the latest arrival."""
         return max(candidates, key=_arrival)
+
+    def refuse(self, waiting: Sequence[Request], now: float) -> list[Request]:
+        """Queued requests to refuse now instead of serving them (none, but under `slo`)."""
+        return []
 
 
 class FCFSPolicy(SchedulingPolicy):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from core.batch import TokenLogprobs
 from core.sampling_params import InvalidRequestError, SamplingParams
 
 
@@ -20,6 +21,8 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"
     CANCELLED = "cancelled"
     ERROR = "error"
+    # Refused by SLO admission control after it was queued: it waited past its start bound.
+    REFUSED = "refused"
 
 
 # A target looser than a day is no target; capping it keeps every deadline sum finite.
@@ -96,6 +99,7 @@ class Request:
         "preempted_times",
         "prefill_chunks",
         "priority",
+        "prompt_logprobs",
         "request_id",
         "resumed_times",
         "sampling_params",
@@ -140,6 +144,11 @@ class Request:
         self.prefill_chunks: list[tuple[float, float, int]] = []
         self.preempted_times: list[float] = []
         self.resumed_times: list[float] = []
+        # Asked for with `prompt_logprobs`: entry i scores prompt token i (the first has no
+        # context, so None), filled chunk by chunk as the prompt is computed.
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = (
+            None if sampling_params.prompt_logprobs is None else [None]
+        )
         # Opaque to core: what the app's tracing needs to build this request's spans, if any.
         self.trace_context: object | None = None
 
@@ -175,6 +184,17 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_logprobs_from(self) -> int | None:
+        """The first position whose next prompt token's log-probability is still missing, or
+        None when there is none to compute (not asked, or all collected). Entries already
+        collected are kept across a preemption, so recomputing the prompt does not repeat them.
+        """
+        if self.prompt_logprobs is None:
+            return None
+        position = len(self.prompt_logprobs) - 1
+        return position if position < self.num_prompt_tokens - 1 else None
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass, field
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_LOGPROBS = 20
+# OpenAI's own bound on logit_bias entries; each costs one scattered add per step.
+MAX_LOGIT_BIAS_ENTRIES = 300
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
 # Below this a temperature is greedy, as other servers treat it: dividing float32 logits by a
 # smaller one overflows to inf and the draw becomes noise.
 MIN_TEMPERATURE = 1e-5
@@ -35,10 +40,13 @@ CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 class SamplingParams:
     """Sampling and stopping for one request, validated on construction.
 
-    `max_tokens=None` lets the request run to the end of the context window.
+    `max_tokens=None` lets the request run to the end of the context window; `max_tokens=0`
+    generates nothing: the request finishes after its prompt is computed (scoring a prompt).
     `top_k` of -1 (or 0) and `top_p` of 1.0 disable those filters; `temperature` 0 (or below
     MIN_TEMPERATURE) is greedy.
-    `logprobs=N` returns the sampled token's log-probability and the N most likely alternatives.
+    `logprobs=N` returns the sampled token's log-probability and the N most likely alternatives;
+    `prompt_logprobs=N` the same for every prompt token after the first (what scoring harnesses
+    read). `logit_bias` adds a bias in [-100, 100] to the logits of the token ids it names.
     """
 
     max_tokens: int | None = 16
@@ -55,6 +63,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
@@ -62,6 +72,8 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
+        if self.logit_bias is not None:
+            self.logit_bias = dict(self.logit_bias)
         self._validate()
 
     @property
@@ -77,9 +89,9 @@ class SamplingParams:
         )
 
     def _validate(self) -> None:
-        if self.max_tokens is not None and (_not_int(self.max_tokens) or self.max_tokens < 1):
+        if self.max_tokens is not None and (_not_int(self.max_tokens) or self.max_tokens < 0):
             raise InvalidRequestError(
-                f"max_tokens must be a positive integer, got {self.max_tokens!r}", "max_tokens"
+                f"max_tokens must be an integer >= 0, got {self.max_tokens!r}", "max_tokens"
             )
         _require_finite(self.temperature, "temperature")
         if not 0 <= self.temperature <= MAX_TEMPERATURE:
@@ -126,13 +138,49 @@ class SamplingParams:
             _require_finite(value, name)
             if not -2.0 <= value <= 2.0:
                 raise InvalidRequestError(f"{name} must be in [-2, 2], got {value}", name)
-        if self.logprobs is not None and (
-            _not_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
-        ):
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (_not_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise InvalidRequestError(
+                    f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}", name
+                )
+        self._validate_logit_bias()
+
+    def _validate_logit_bias(self) -> None:
+        if not self.logit_bias:
+            self.logit_bias = None  # an empty map asks for nothing; the sampler skips None
+            return
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
             raise InvalidRequestError(
-                f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
-                "logprobs",
+                f"logit_bias may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens, "
+                f"got {len(self.logit_bias)}",
+                "logit_bias",
             )
+        low, high = LOGIT_BIAS_RANGE
+        for token_id, bias in self.logit_bias.items():
+            if _not_int(token_id) or token_id < 0:
+                raise InvalidRequestError(
+                    f"logit_bias keys must be token ids (integers >= 0), got {token_id!r}",
+                    "logit_bias",
+                )
+            _require_finite(bias, "logit_bias")
+            if not low <= bias <= high:
+                raise InvalidRequestError(
+                    f"logit_bias values must be in [{low:g}, {high:g}], got {bias} for token "
+                    f"{token_id}",
+                    "logit_bias",
+                )
+
+    def for_choice(self, index: int) -> SamplingParams:
+        """The params of choice `index` of a request asking for several (`n`, `best_of`).
+
+        With a seed, each choice draws from its own seed derived from the request's, so the
+        choices differ and each stays repeatable; choice 0 keeps the request's own seed.
+        """
+        if index == 0 or self.seed is None:
+            return self
+        digest = hashlib.blake2b(f"{self.seed}/choice/{index}".encode(), digest_size=8).digest()
+        return dataclasses.replace(self, seed=int.from_bytes(digest, "little") >> 1)
 
     def _validate_stops(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:

@@ -15,8 +15,10 @@ import math
 from core import feasibility
 from core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
 from core.kv_cache_manager import KVCacheManager
-from core.policy import SchedulerView, SchedulingPolicy
+from core.policy import UNLIMITED, SchedulerView, SchedulingPolicy
 from core.request import FinishReason, Request, RequestStatus
+
+NO_POSITIONS = range(0)
 
 
 class Scheduler:
@@ -41,6 +43,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         # Requests holding a place in the batch being built: not candidates for preemption.
         self._scheduled: set[str] = set()
+        # Hashes of the first uncached block of each prompt admitted in the step being built.
+        self._blocks_in_flight: set[bytes] = set()
         self.num_preemptions = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -67,9 +71,14 @@ class Scheduler:
         request.finish_reason = reason
         request.finish_time = now
 
+    def refused(self, now: float) -> list[Request]:
+        """Queued requests the policy refuses now; the caller finishes them."""
+        return self.policy.refuse(self.waiting, now) if self.waiting else []
+
     def schedule(self, now: float) -> Batch:
         batch = Batch()
         self._scheduled = set()
+        self._blocks_in_flight = set()
         token_budget = self.max_num_batched_tokens
         overdue = self._overdue(now)
         preempted = self._make_room(overdue, now)
@@ -126,7 +135,12 @@ class Scheduler:
             elif len(self.running) < self.max_num_seqs and (
                 (admitting and not preempted) or request in overdue
             ):
-                used = self._admit(batch, request, prefill_budget, plan.context_weight, now)
+                # Without a prefill limit (static batching forming its batch) everyone starts
+                # now: a request held back would wait for the whole batch to drain.
+                may_wait = plan.prefill_budget < UNLIMITED and request not in overdue
+                used = self._admit(
+                    batch, request, prefill_budget, plan.context_weight, now, may_wait
+                )
                 if used is None:
                     admitting = False
                 elif used:
@@ -193,20 +207,26 @@ class Scheduler:
 
     def update(
         self, batch: Batch, output: ExecutorOutput
-    ) -> list[tuple[Request, int, TokenLogprobs | None]]:
-        """Advance each scheduled request past this step's tokens; return the sampled tokens."""
+    ) -> list[tuple[Request, int | None, TokenLogprobs | None]]:
+        """Advance each scheduled request past this step's tokens; return the sampled tokens,
+        and None for a request with `max_tokens` 0 whose prompt is now computed."""
         sampled = []
         index = 0
         for seq in batch.sequences:
             request = self.requests[seq.request_id]
             request.num_computed_tokens += len(seq.token_ids)
             self.kv_cache.cache_computed_blocks(request)
+            if seq.prompt_logprob_positions:
+                assert request.prompt_logprobs is not None
+                request.prompt_logprobs.extend(output.prompt_logprobs[seq.request_id])
             if seq.sample:
                 token_id = output.sampled_token_ids[index]
                 logprobs = output.logprobs[index] if output.logprobs else None
                 index += 1
                 request.append_token(token_id)
                 sampled.append((request, token_id, logprobs))
+            elif request.num_uncomputed_tokens == 0:
+                sampled.append((request, None, None))  # max_tokens 0: the prompt is scored
         return sampled
 
     def _admit(
@@ -216,10 +236,26 @@ class Scheduler:
         prefill_budget: int,
         context_weight: float,
         now: float,
+        may_wait: bool = False,
     ) -> int | None:
         """Start prefilling a waiting request; the budget it used (0: no room for a chunk of
-        it), or None if blocks ran out."""
+        it, or, if it `may_wait`, its prefix is being computed for another request this step),
+        or None if blocks ran out."""
         prefix = self.kv_cache.cached_prefix(request)
+        scored_from = request.prompt_logprobs_from
+        if scored_from is not None:
+            # A hit skips computing its positions, and so their logits: a request still owed
+            # prompt log-probabilities reads only the blocks before the first one it needs.
+            prefix = prefix[: scored_from // self.kv_cache.block_size]
+        # Requests sharing a prompt (the choices of `n`) arrive together: the first computes
+        # it and the others wait a step to read it from the cache rather than compute it too.
+        first_new = (
+            request.block_hashes[len(prefix)]
+            if len(request.block_hashes) > len(prefix) and scored_from is None
+            else None
+        )
+        if may_wait and first_new is not None and first_new in self._blocks_in_flight:
+            return 0
         num_hit = len(prefix) * self.kv_cache.block_size
         overhead = math.ceil(context_weight * num_hit)
         num_new = min(request.num_tokens - num_hit, prefill_budget - overhead)
@@ -227,6 +263,8 @@ class Scheduler:
             return 0
         if not self.kv_cache.allocate_slots(request, num_new, prefix):
             return None
+        if first_new is not None:
+            self._blocks_in_flight.add(first_new)
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_hit
         if request.num_cached_tokens is None:
@@ -277,16 +315,24 @@ class Scheduler:
         start = request.num_computed_tokens
         end = start + num_new
         token_ids = request.token_ids
+        scored = NO_POSITIONS
+        # Tested first inline: this runs for every decode of every step.
+        if request.prompt_logprobs is not None:
+            scored_from = request.prompt_logprobs_from
+            if scored_from is not None:
+                scored = range(max(start, scored_from), min(end, request.num_prompt_tokens - 1))
+                batch.num_prompt_logprobs += len(scored)
         batch.sequences.append(
             ScheduledSequence(
                 request.request_id,
                 token_ids[start:end],
                 start,
                 self.kv_cache.block_table(request.request_id),
-                end == len(token_ids),
+                end == len(token_ids) and request.sampling_params.max_tokens != 0,
                 request.sampling_params,
                 token_ids,
                 request.num_prompt_tokens,
+                scored,
             )
         )
         self._scheduled.add(request.request_id)

@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.batch import Batch, ExecutorOutput
+from core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
 from core.step_cost import CostCoefficients, StepShape
 
 # What a scripted answer says until its end.
@@ -71,7 +71,10 @@ class SimulatedExecutor:
         # One loop, no call per sequence: the simulator runs it for every token it simulates.
         scripts = self.scripts
         sampled = []
+        prompt_logprobs = {}
         for seq in batch.sequences:
+            if seq.prompt_logprob_positions:
+                prompt_logprobs[seq.request_id] = self.prompt_logprobs(seq)
             if not seq.sample:
                 continue
             if seq.request_id not in scripts:
@@ -81,7 +84,17 @@ class SimulatedExecutor:
             num_output = len(seq.all_token_ids) - seq.num_prompt_tokens + 1
             ended = output_len is not None and num_output >= output_len
             sampled.append(self.eos_token_id if ended else FILLER_TOKEN_ID)
-        return ExecutorOutput(sampled)
+        return ExecutorOutput(sampled, prompt_logprobs=prompt_logprobs)
+
+    @staticmethod
+    def prompt_logprobs(seq: ScheduledSequence) -> list[TokenLogprobs]:
+        """Made-up scores, a pure function of position and token, so any chunking or batching
+        of a prompt must give the same list."""
+        tokens = seq.all_token_ids
+        return [
+            TokenLogprobs(tokens[p + 1], -((p * 31 + tokens[p + 1]) % 97) / 10, [])
+            for p in seq.prompt_logprob_positions
+        ]
 
     def next_token(self, token_ids: list[int]) -> int:
         """Deterministic in the whole history, so a request's output cannot depend on batching."""

@@ -53,9 +53,6 @@ class SimulationConfig:
     seed: int = 0
     # Multiplies every class's SLO targets (a slow machine needs looser ones).
     slo_scale: float = 1.0
-    # With the `slo` policy, refuse an arrival predicted to miss its TTFT target by this factor
-    # because of the queue, as `baton serve --slo-admission-factor` (same default); 0: off.
-    slo_admission_factor: float = 3.0
 
 
 @dataclass(slots=True)
@@ -73,7 +70,8 @@ class RequestRecord:
     finish_s: float
     # Stop (its answer ended) or length (cut at max_tokens); None when rejected.
     finish_reason: FinishReason | None = None
-    # Refused by SLO admission control at arrival (its times are then its arrival time).
+    # Refused by SLO admission control, at arrival or while queued (its times are then its
+    # arrival time but for `finish_s`, when it was refused).
     rejected: bool = False
     num_preemptions: int = 0
 
@@ -148,8 +146,8 @@ def simulate(
         ),
     )
     admission = None
-    if policy == "slo" and config.slo_admission_factor > 0:
-        admission = SLOAdmission(engine, config.slo_admission_factor)
+    if policy == "slo" and engine_config.slo_admission_factor > 0:
+        admission = SLOAdmission(engine, engine_config.slo_admission_factor)
     records: list[RequestRecord] = []
     class_names: dict[str, str] = {}
     engine.finish_listeners.append(
@@ -168,7 +166,11 @@ def simulate(
             if admission is not None and not admission.admit(
                 request_id, spec.prompt_len, slo, spec.arrival_s
             ):
-                records.append(_rejected_record(request_id, spec, slo))
+                records.append(
+                    _rejected_record(
+                        request_id, spec.request_class.name, spec.arrival_s, spec.arrival_s, slo
+                    )
+                )
                 continue
             _submit(engine, executor, request_id, index, spec, slo)
         if admission is not None:
@@ -208,6 +210,8 @@ class SLOAdmission:
             config.max_wait_ms / 1000,
         )
         self.factor = factor
+        self.lifetime = engine.lifetime
+        self._lifetime_s = 0.0
         # The event loop receives a step's outputs when the step ends, so a request arriving
         # during a step is judged on the ledger as of the step before: the outputs of the step
         # just simulated wait here until that step's arrivals are judged.
@@ -225,7 +229,8 @@ class SLOAdmission:
 
     def receive(self, outputs: list[RequestOutput]) -> None:
         """A step's outputs, as the event loop gets them; only a first token and a finish
-        change the ledger."""
+        change the ledger; with them comes the engine's published mean lifetime."""
+        self._lifetime_s = self.lifetime.mean_s
         for output in outputs:
             if output.num_output_tokens == 1 and output.new_token_ids:
                 self._pending.append((output.request_id, False))
@@ -233,9 +238,10 @@ class SLOAdmission:
                 self._pending.append((output.request_id, True))
 
     def settle(self, now: float) -> None:
+        self.forecast.lifetime_s = self._lifetime_s
         for request_id, finished in self._pending:
             if finished:
-                self.forecast.remove(request_id, now)
+                self.forecast.remove(request_id)
             else:
                 self.forecast.first_token(request_id, now)
         self._pending.clear()
@@ -280,6 +286,10 @@ def _scaled(target_ms: float | None, scale: float) -> float | None:
 
 
 def _record(request: Request, class_name: str) -> RequestRecord:
+    if request.finish_reason is FinishReason.REFUSED:
+        return _rejected_record(
+            request.request_id, class_name, request.arrival_time, request.finish_time, request.slo
+        )
     return RequestRecord(
         request.request_id,
         class_name,
@@ -295,18 +305,20 @@ def _record(request: Request, class_name: str) -> RequestRecord:
     )
 
 
-def _rejected_record(request_id: str, spec: WorkloadRequest, slo: SLO) -> RequestRecord:
-    arrival = spec.arrival_s
+def _rejected_record(
+    request_id: str, class_name: str, arrival: float, refused: float, slo: SLO
+) -> RequestRecord:
+    """A request SLO admission control refused at `refused`: at arrival, or after waiting."""
     return RequestRecord(
         request_id,
-        spec.request_class.name,
+        class_name,
         arrival,
         0,
         slo.ttft_ms,
         slo.tpot_ms,
         arrival,
         arrival,
-        arrival,
+        refused,
         rejected=True,
     )
 

@@ -52,23 +52,21 @@ class SLOPolicy(SchedulingPolicy):
 
     def pace(self, view: SchedulerView, budget: int, jobs: Sequence[Job]) -> Pace:
         """How fast the queue moves under this plan: `budget` prefill tokens per step on top of
-        the running decodes and, when more requests want a place than the batch has free, one
-        place freeing every mean request lifetime / batch size (renewal: the remaining tokens
-        of the requests running now would mislead, since one past its predicted length looks
-        about to finish while it is as likely as not to go on)."""
-        cost = self.context.cost_model
+        the running decodes, and once the batch is full one place freeing every mean request
+        lifetime / batch size (renewal: the remaining tokens of the requests running now would
+        mislead, since one past its predicted length looks about to finish while it is as
+        likely as not to go on)."""
         decoding = [r for r in view.running if r.num_uncomputed_tokens == 1]
-        decode_s = cost.predict_step(0, len(decoding), sum(r.num_tokens for r in decoding))
-        per_token_s = cost.prefill_token_s()
-        tokens_per_step = max(1, min(budget, self.context.max_num_batched_tokens))
-        free_places = self.context.max_num_seqs - len(view.running)
-        gap_s = 0.0
-        if view.running and sum(job.needs_place for job in jobs) > free_places:
-            predict = self.context.length_predictor.predict
-            mean_length = sum(predict(r) for r in view.running) / len(view.running)
-            step_s = decode_s + per_token_s * tokens_per_step
-            gap_s = mean_length * step_s / len(view.running)
-        return Pace(tokens_per_step, decode_s, per_token_s, free_places, gap_s)
+        return feasibility.pace_of(
+            self.context.cost_model,
+            min(budget, self.context.max_num_batched_tokens),
+            len(decoding),
+            sum(r.num_tokens for r in decoding),
+            self.context.max_num_seqs - len(view.running),
+            self.context.lifetime.mean_s,
+            self.context.max_num_seqs,
+            sum(job.prefill_tokens for job in jobs),
+        )
 
     def prefill_budget_and_weight(self, view: SchedulerView) -> tuple[int, float]:
         """The step's prefill budget under the TPOT cap, and the budget a chunk uses per token
@@ -146,6 +144,22 @@ class SLOPolicy(SchedulingPolicy):
         remaining = max(0.0, predicted - request.num_output_tokens - 1)
         credit = FUTURE_CREDIT_SHARE * remaining * max(0.0, target_s - decode_step_s)
         return banked + credit
+
+    def refuse(self, waiting: Sequence[Request], now: float) -> list[Request]:
+        """SLO admission control's second half: a request that has waited longer than the
+        factor times its TTFT target without being scheduled is refused, as it would have been
+        at arrival had the forecast seen this coming. In overload, serving it late would take
+        the place of a request that can still be on time, which then misses too."""
+        factor = self.context.slo_admission_factor
+        if factor <= 0:
+            return []
+        return [
+            request
+            for request in waiting
+            if request.first_scheduled_time is None
+            and request.slo.ttft_ms is not None
+            and now - request.arrival_time > factor * request.slo.ttft_ms / 1000
+        ]
 
     def choose_victim(self, candidates: Sequence[Request], now: float) -> Request:
         """The running request whose preemption costs least against its own SLO."""

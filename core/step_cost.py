@@ -2,11 +2,14 @@
 
     seconds = base + prefill_tokens·a_p + decode_tokens·a_d + context_tokens·a_c
 
-Non-negative coefficients, fitted online by recursive least squares with forgetting.
+Non-negative coefficients, fitted online: least squares over the measured steps, older ones
+forgotten, constrained to be non-negative and pulled weakly toward an anchor (the warm-up
+profile's fit), which decides the directions the recent steps say nothing about.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,8 +21,10 @@ from core.step_stats import StepStats
 NUM_FEATURES = 4
 # How quickly old steps are forgotten: an effective memory of about 1 / (1 - λ) = 200 steps.
 FORGETTING_FACTOR = 0.995
-# Initial covariance: a weak prior, so the first measurements dominate the default guess.
-PRIOR_VARIANCE = 1e3
+# Weight of the anchor, in steps' worth of evidence (about the weak prior the fit used to
+# start from): it settles only the directions the traffic never varies (a chat-only load moves
+# decodes and context together) and is outvoted by a single step in the others.
+ANCHOR_WEIGHT = 1e-3
 # Typical size of each feature (1, prefill tokens, decode tokens, context tokens).
 FEATURE_SCALE = (1.0, 256.0, 64.0, 16384.0)
 # Weight of the newest error in the running mean of |error| / actual.
@@ -138,15 +143,19 @@ class StepCostModel:
         self.coefficients = list((initial or CostCoefficients()).as_tuple())
         # The fit runs on features scaled to about unit size: raw ones span six orders of
         # magnitude (one step vs a hundred thousand context tokens), which would leave the
-        # covariance ill-conditioned.
-        self._theta = [c * s for c, s in zip(self.coefficients, FEATURE_SCALE, strict=True)]
-        self._covariance = [
-            [PRIOR_VARIANCE if i == j else 0.0 for j in range(NUM_FEATURES)]
-            for i in range(NUM_FEATURES)
-        ]
+        # normal equations ill-conditioned.
+        self._anchor = [c * s for c, s in zip(self.coefficients, FEATURE_SCALE, strict=True)]
+        # Σ λ^age·x·xᵀ and Σ λ^age·x·seconds over the measured steps (scaled features).
+        self._gram = [[0.0] * NUM_FEATURES for _ in range(NUM_FEATURES)]
+        self._moment = [0.0] * NUM_FEATURES
         self.num_observations = 0
         self.last_error_ratio: float | None = None
         self.mean_abs_error_ratio: float | None = None
+
+    def anchor(self) -> None:
+        """The current fit becomes what the directions later steps do not vary return to
+        (called after the warm-up profile, whose shapes span every feature)."""
+        self._anchor = [c * s for c, s in zip(self.coefficients, FEATURE_SCALE, strict=True)]
 
     @property
     def current(self) -> CostCoefficients:
@@ -180,35 +189,63 @@ class StepCostModel:
         self.num_observations += 1
 
     def _fit(self, features: Sequence[float], seconds: float) -> None:
-        # Recursive least squares: gain k = P·x / (λ + xᵀ·P·x); θ += k·error; P = (P − k·xᵀP)/λ.
         x = [f / s for f, s in zip(features, FEATURE_SCALE, strict=True)]
         n = NUM_FEATURES
-        theta = self._theta
-        error = seconds - sum(theta[i] * x[i] for i in range(n))
-        p = self._covariance
-        px = [sum(p[i][j] * x[j] for j in range(n)) for i in range(n)]
-        gain = [value / (FORGETTING_FACTOR + sum(x[i] * px[i] for i in range(n))) for value in px]
         for i in range(n):
-            theta[i] += gain[i] * error
-            # The estimate itself stays unconstrained (clipping it would break the recursion);
-            # predictions use it clipped at zero, as a negative cost has no meaning.
-            self.coefficients[i] = max(0.0, theta[i] / FEATURE_SCALE[i])
-        # Steps of one unchanging shape carry no news about the other directions; dividing by λ
-        # would inflate their variance without bound (wind-up), so forgetting stops at the prior.
-        trace = sum(p[i][i] for i in range(n))
-        forget = FORGETTING_FACTOR if trace < PRIOR_VARIANCE * n else 1.0
-        for i in range(n):
+            self._moment[i] = FORGETTING_FACTOR * self._moment[i] + x[i] * seconds
+            row = self._gram[i]
             for j in range(n):
-                p[i][j] = (p[i][j] - gain[i] * px[j]) / forget
+                row[j] = FORGETTING_FACTOR * row[j] + x[i] * x[j]
+        theta = _anchored_nnls(self._gram, self._moment, self._anchor, ANCHOR_WEIGHT)
+        self.coefficients = [t / s for t, s in zip(theta, FEATURE_SCALE, strict=True)]
 
 
-def prefill_seconds(
-    num_tokens: int, pace_tokens: int, decode_s: float, per_token_s: float
-) -> float:
-    """Seconds until `num_tokens` of prefill are done, `pace_tokens` per step riding along the
-    running decodes (a step of `decode_s`): full steps, then one carrying the remainder."""
-    full_steps, remainder = divmod(num_tokens, pace_tokens)
-    seconds = full_steps * (decode_s + per_token_s * pace_tokens)
-    if remainder or not full_steps:
-        seconds += decode_s + per_token_s * remainder
-    return seconds
+def _anchored_nnls(
+    gram: list[list[float]], moment: list[float], anchor: list[float], weight: float
+) -> list[float]:
+    """argmin over θ ≥ 0 of θᵀ(G + wI)θ − 2θᵀ(m + w·anchor): least squares on the forgotten
+    steps plus a pull toward the anchor. With four unknowns every support (set of non-zero
+    coefficients) is tried; the best feasible one is the constrained optimum, since the
+    objective is convex and the optimum solves the unconstrained problem on its support."""
+    n = len(moment)
+    matrix = [[gram[i][j] + (weight if i == j else 0.0) for j in range(n)] for i in range(n)]
+    target = [moment[i] + weight * anchor[i] for i in range(n)]
+    unconstrained = _solve(matrix, target)
+    if unconstrained is not None and min(unconstrained) >= 0:
+        return unconstrained  # the usual case: nothing to constrain
+    best, best_value = [0.0] * n, 0.0
+    for size in range(1, n):
+        for support in itertools.combinations(range(n), size):
+            solved = _solve(
+                [[matrix[i][j] for j in support] for i in support], [target[i] for i in support]
+            )
+            if solved is None or min(solved) < 0:
+                continue
+            theta = [0.0] * n
+            for i, value in zip(support, solved, strict=True):
+                theta[i] = value
+            # At the optimum on its support the objective is −θᵀ·target.
+            value = -sum(theta[i] * target[i] for i in range(n))
+            if value < best_value:
+                best, best_value = theta, value
+    return best
+
+
+def _solve(matrix: list[list[float]], vector: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None for a singular system."""
+    n = len(vector)
+    rows = [[*row, value] for row, value in zip(matrix, vector, strict=True)]
+    for column in range(n):
+        pivot = max(range(column, n), key=lambda r: abs(rows[r][column]))
+        if abs(rows[pivot][column]) < 1e-12:
+            return None
+        rows[column], rows[pivot] = rows[pivot], rows[column]
+        for r in range(column + 1, n):
+            factor = rows[r][column] / rows[column][column]
+            for c in range(column, n + 1):
+                rows[r][c] -= factor * rows[column][c]
+    solution = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        total = rows[r][n] - sum(rows[r][c] * solution[c] for c in range(r + 1, n))
+        solution[r] = total / rows[r][r]
+    return solution

@@ -19,10 +19,12 @@ def warm_up(
     shapes: Sequence[StepShape],
     rounds: int = 2,
 ) -> None:
-    """Seed `model` before traffic: time each synthetic step shape `rounds` times."""
+    """Seed `model` before traffic: time each synthetic step shape `rounds` times; the fit
+    becomes the model's anchor."""
     for _ in range(rounds):
         for shape in shapes:
             model.update(shape, measure(shape))
+    model.anchor()
 
 
 def profile_shapes(

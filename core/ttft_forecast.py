@@ -11,6 +11,7 @@ or the live model, which the step thread is changing.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -19,8 +20,6 @@ from core.feasibility import Job, Pace
 from core.request import SLO
 from core.step_cost import StepCost
 
-# Weight of the newest finished request in the running mean of request lifetimes.
-LIFETIME_EMA_WEIGHT = 0.05
 # The key of the request being forecast among the queue's jobs; it sorts after every request
 # id, so of requests alike in deadline and arrival it goes last, as the newest.
 _NEW = "\U0010ffff"
@@ -42,6 +41,8 @@ class Forecast:
     ttft_s: float
     alone_s: float
     drain_s: float
+    # Requests in flight predicted on time without the new request and late with it.
+    displaced: int = 0
 
     def refuses(self, ttft_ms: float, factor: float) -> bool:
         """SLO admission control's rule: refuse a request whose first token is predicted later
@@ -49,7 +50,9 @@ class Forecast:
         idle engine, so it is the queue, not the request, that makes it hopeless). A factor of
         0 refuses nothing."""
         target_s = ttft_ms / 1000
-        return factor > 0 and self.ttft_s > factor * target_s and self.alone_s <= target_s
+        if factor <= 0 or self.alone_s > target_s:
+            return False
+        return self.ttft_s > factor * target_s or self.displaced > 0
 
 
 class TTFTForecast:
@@ -67,8 +70,7 @@ class TTFTForecast:
         self.max_num_seqs = max_num_seqs
         self.max_wait_s = max_wait_s
         self._in_flight: dict[str, _InFlight] = {}
-        # Mean seconds from first token to finish: a full batch frees a place every mean
-        # lifetime / batch size (renewal), the `slo` policy's place gap.
+        # The engine's published mean request lifetime (core/lifetime.py), the planner's.
         self.lifetime_s = 0.0
 
     def add(self, request_id: str, num_prompt_tokens: int, slo: SLO | None, now: float) -> None:
@@ -81,14 +83,8 @@ class TTFTForecast:
         if entry is not None and entry.first_token_s is None:
             entry.first_token_s = now
 
-    def remove(self, request_id: str, now: float) -> None:
-        entry = self._in_flight.pop(request_id, None)
-        if entry is not None and entry.first_token_s is not None:
-            lifetime = now - entry.first_token_s
-            if self.lifetime_s == 0.0:
-                self.lifetime_s = lifetime
-            else:
-                self.lifetime_s += LIFETIME_EMA_WEIGHT * (lifetime - self.lifetime_s)
+    def remove(self, request_id: str) -> None:
+        self._in_flight.pop(request_id, None)
 
     @property
     def num_owed(self) -> int:
@@ -113,27 +109,38 @@ class TTFTForecast:
                 Job(key, entry.arrival_s, entry.deadline_s, entry.num_prompt_tokens, True, False)
             )
         deadline = math.inf if ttft_ms is None else now + ttft_ms / 1000
+        without = self.pace(decodes, context, owed)
+        before = feasibility.first_token_times(
+            feasibility.plan_order(jobs, without, now), without, now
+        )
+        pace = dataclasses.replace(without, queued_tokens=owed + num_prompt_tokens)
         jobs.append(Job(_NEW, now, deadline, num_prompt_tokens, True, False))
-        pace = self.pace(decodes, context)
         ordered = feasibility.plan_order(jobs, pace, now)
-        ttft_s = feasibility.first_token_times(ordered, pace, now)[_NEW] - now
+        times = feasibility.first_token_times(ordered, pace, now)
+        ttft_s = times[_NEW] - now
+        displaced = sum(
+            before[job.key] <= job.deadline_s < times[job.key] for job in jobs if job.key != _NEW
+        )
         if ttft_s > deadline - now:
             ttft_s = self.max_wait_s
         return Forecast(
             ttft_s=min(ttft_s, self.max_wait_s),
-            alone_s=pace.prefill_s(num_prompt_tokens),
-            drain_s=pace.prefill_s(owed),
+            alone_s=dataclasses.replace(pace, queued_tokens=0).prefill_s(num_prompt_tokens),
+            drain_s=without.prefill_s(owed),
+            displaced=displaced,
         )
 
-    def pace(self, num_decodes: int, num_context: int) -> Pace:
+    def pace(self, num_decodes: int, num_context: int, queued_tokens: int) -> Pace:
         """The planner's pace with the in-flight decodes riding in every step: the rest of the
         token budget for prefill, and a place freeing every mean lifetime / batch size once
         the batch is full."""
-        cost = self.cost_model
-        return Pace(
-            max(1, self.max_num_batched_tokens - num_decodes),
-            cost.predict_step(0, num_decodes, num_context),
-            cost.prefill_token_s(),
+        return feasibility.pace_of(
+            self.cost_model,
+            self.max_num_batched_tokens - num_decodes,
+            num_decodes,
+            num_context,
             self.max_num_seqs - num_decodes,
-            self.lifetime_s / self.max_num_seqs,
+            self.lifetime_s,
+            self.max_num_seqs,
+            queued_tokens,
         )

@@ -20,6 +20,7 @@ from gpu.kv_cache import (
     kv_cache_bytes_per_block,
 )
 from gpu.loader import load_model
+from gpu.prompt_logprobs import prompt_logprobs
 from gpu.sampler import Sampler
 from gpu.transformers_model import load_transformers_model
 from kernels.cpu_extension import cpu_kernels_available
@@ -146,6 +147,14 @@ class TorchExecutor:
                 inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_caches
             )
         output = self._sample(batch, hidden, inputs.logits_indices)
+        if batch.num_prompt_logprobs:
+            output.prompt_logprobs = prompt_logprobs(
+                batch,
+                hidden,
+                inputs.attn_metadata.query_start_loc,
+                self.model.compute_logits,
+                self.model_config.vocab_size,
+            )
         self.num_steps += 1
         self.step_time_s += time.perf_counter() - start
         return output

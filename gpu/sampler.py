@@ -1,4 +1,5 @@
-"""Turns a step's logits into one next token per sequence: penalties, filters, seeded draws.
+"""Turns a step's logits into one next token per sequence: penalties, logit bias, filters,
+seeded draws.
 
 Everything is vectorized over the batch; per-row Python touches only token lists and the
 seeded generators. Log-probabilities are reported under the raw model distribution, as vLLM
@@ -34,6 +35,8 @@ class Sampler:
         processed = raw
         if any(p.uses_penalties for p in params):
             processed = apply_penalties(processed, sequences)
+        if any(p.logit_bias is not None for p in params):
+            processed = apply_logit_bias(processed, params)
         processed = mask_stop_tokens(processed, sequences, self.eos_token_ids)
         if all(p.greedy for p in params):
             token_ids = processed.argmax(dim=-1)
@@ -116,6 +119,26 @@ def apply_penalties(logits: torch.Tensor, sequences: Sequence[ScheduledSequence]
     presence = _column([p.presence_penalty for p in params], device)
     frequency = _column([p.frequency_penalty for p in params], device)
     return logits - presence * (output_counts > 0) - frequency * output_counts
+
+
+def apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Add each row's `logit_bias` to its logits: one scattered add for the whole batch."""
+    vocab = logits.shape[1]
+    rows: list[int] = []
+    cols: list[int] = []
+    values: list[float] = []
+    for row, p in enumerate(params):
+        if p.logit_bias is None:
+            continue
+        for token_id, bias in p.logit_bias.items():
+            # Checked against the vocabulary at admission; a padded LM head may be wider still.
+            if token_id < vocab:
+                rows.append(row)
+                cols.append(token_id)
+                values.append(bias)
+    index = (_tensor(rows, logits.device), _tensor(cols, logits.device))
+    bias = torch.tensor(values, dtype=logits.dtype, device=logits.device)
+    return logits.index_put(index, bias, accumulate=True)
 
 
 def mask_stop_tokens(

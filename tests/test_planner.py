@@ -1,6 +1,7 @@
 """The `slo` planner as a function of its view, over random small workloads (hypothesis): no
 request waits past the starvation bound, the plan is the same for the same view, and the
-admission forecast predicts exactly the first-token time the planner's order implies."""
+admission forecast predicts exactly the first-token time the planner's order implies, with
+places free and with a full batch."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from hypothesis import strategies as st
 
 from core import feasibility
 from core.feasibility import Job
+from core.lifetime import LifetimeMean
 from core.policy import PolicyContext, SchedulerView
 from core.policy_registry import make_policy
-from core.request import SLO, Request
+from core.request import SLO, FinishReason, Request, RequestStatus
 from core.sampling_params import SamplingParams
 from core.step_cost import CostCoefficients, StepCostModel
 from core.ttft_forecast import TTFTForecast
@@ -32,8 +34,12 @@ SPEC = st.tuples(
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(specs=st.lists(SPEC, min_size=1, max_size=25), policy=st.sampled_from(["slo", "fcfs"]))
-def test_no_request_waits_past_the_bound(specs, policy):
+@given(
+    specs=st.lists(SPEC, min_size=1, max_size=25),
+    policy=st.sampled_from(["slo", "fcfs"]),
+    factor=st.sampled_from([0.0, 3.0]),
+)
+def test_no_request_waits_past_the_bound(specs, policy, factor):
     bound_ms = 300.0
     engine = make_engine(
         num_kv_blocks=128,
@@ -42,6 +48,7 @@ def test_no_request_waits_past_the_bound(specs, policy):
         max_wait_ms=bound_ms,
         max_num_seqs=4,
         max_num_batched_tokens=256,
+        slo_admission_factor=factor,
     )
     pending = sorted(enumerate(specs), key=lambda item: item[1][0])
     done = []
@@ -64,7 +71,16 @@ def test_no_request_waits_past_the_bound(specs, policy):
         engine.step()
     assert len(done) == len(specs)
     # Its prefill alone may take a few steps at the whole budget; the bound leaves room for them.
+    longest_step_s = COST.predict_step(256, 4, 0)
     for request in done:
+        if request.finish_reason is FinishReason.REFUSED:
+            # SLO admission control refused it at the first step past factor × its target,
+            # before it ever started: it waited no longer than that, nor than the bound.
+            assert policy == "slo" and factor > 0 and request.first_scheduled_time is None
+            waited_s = request.finish_time - request.arrival_time
+            assert factor * request.slo.ttft_ms / 1000 < waited_s <= bound_ms / 1000
+            assert waited_s <= factor * request.slo.ttft_ms / 1000 + longest_step_s
+            continue
         assert request.first_token_time - request.arrival_time <= bound_ms / 1000
         assert request.num_preemptions <= 3
 
@@ -88,19 +104,40 @@ def test_the_plan_is_a_function_of_the_view(specs, now):
     assert sorted(r.request_id for r in first.order) == sorted(r.request_id for r in queue)
 
 
-@settings(max_examples=60, deadline=None)
+def decoding_request(index: int, prompt_len: int) -> Request:
+    """A running request past its first token, owed one decode."""
+    request = Request(f"d{index}", [1] * prompt_len, SamplingParams(max_tokens=64), 0.0, 0, SLO())
+    request.append_token(1)
+    request.num_computed_tokens = prompt_len
+    request.status = RequestStatus.RUNNING
+    request.first_token_time = 0.5
+    return request
+
+
+@settings(max_examples=80, deadline=None)
 @given(
     specs=st.lists(SPEC, min_size=0, max_size=30),
     prompt_len=st.integers(1, 3000),
     ttft_ms=TARGETS,
+    num_running=st.integers(0, 64),
+    lifetime_s=st.floats(0.0, 10.0),
 )
-def test_the_forecast_is_the_planners_first_token_time(specs, prompt_len, ttft_ms):
-    """With the cost model exact and places free, the forecast for a newcomer is the time the
-    planner's own order (including the newcomer) gives it, or the starvation bound where that
-    is past its deadline (out of reach, it is served after everything in reach)."""
+def test_the_forecast_is_the_planners_first_token_time(
+    specs, prompt_len, ttft_ms, num_running, lifetime_s
+):
+    """With the cost model exact (it charges no context, which the forecast's ledger does not
+    track), the forecast for a newcomer is the time the planner's own order (including the
+    newcomer) gives it, or the starvation bound where that is past its deadline (out of reach,
+    it is served after everything in reach): with places free and with a batch of up to 64
+    running decodes, where a place frees every mean lifetime / batch size."""
     now = 2.0
     cost = StepCostModel(COST)
     forecast = TTFTForecast(cost, 2048, max_num_seqs=64, max_wait_s=20.0)
+    forecast.lifetime_s = lifetime_s
+    running = tuple(decoding_request(i, 100 + i) for i in range(num_running))
+    for request in running:
+        forecast.add(request.request_id, request.num_prompt_tokens, SLO(), now=0.0)
+        forecast.first_token(request.request_id, now=0.5)
     queue = []
     for i, (arrival, n, _, target) in enumerate(specs):
         forecast.add(f"w{i}", n, SLO(target, None), now=arrival)
@@ -110,8 +147,11 @@ def test_the_forecast_is_the_planners_first_token_time(specs, prompt_len, ttft_m
     newcomer = Request(
         "\U0010ffff", [1] * prompt_len, SamplingParams(max_tokens=8), now, 0, SLO(ttft_ms)
     )
-    policy = make_policy("slo", PolicyContext(cost, max_num_seqs=64))
-    view = SchedulerView(now, (*queue, newcomer), (), 2048)
+    lifetime = LifetimeMean()
+    lifetime.add(lifetime_s)
+    context = PolicyContext(cost, max_num_seqs=64, lifetime=lifetime)
+    policy = make_policy("slo", context)
+    view = SchedulerView(now, (*queue, newcomer), running, 2048 - num_running)
     plan = policy.plan(view)
     jobs = [Job.of(r) for r in plan.order]
     pace = policy.pace(view, plan.prefill_budget, jobs)

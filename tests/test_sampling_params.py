@@ -12,8 +12,8 @@ from core.sampling_params import InvalidRequestError, SamplingParams
 @pytest.mark.parametrize(
     ("kwargs", "param", "fragment"),
     [
-        ({"max_tokens": 0}, "max_tokens", "positive integer"),
-        ({"max_tokens": 2.5}, "max_tokens", "positive integer"),
+        ({"max_tokens": -1}, "max_tokens", "integer >= 0"),
+        ({"max_tokens": 2.5}, "max_tokens", "integer >= 0"),
         ({"temperature": -0.1}, "temperature", "in [0, 100]"),
         ({"temperature": math.nan}, "temperature", "finite"),
         ({"top_p": 0.0}, "top_p", "(0, 1]"),
@@ -30,6 +30,12 @@ from core.sampling_params import InvalidRequestError, SamplingParams
         ({"temperature": 1e308}, "temperature", "in [0, 100]"),
         ({"presence_penalty": 3.0}, "presence_penalty", "[-2, 2]"),
         ({"logprobs": 21}, "logprobs", "[0, 20]"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs", "[0, 20]"),
+        ({"logit_bias": {5: 100.5}}, "logit_bias", "[-100, 100]"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias", "token ids"),
+        ({"logit_bias": {"5": 1.0}}, "logit_bias", "token ids"),
+        ({"logit_bias": {5: math.inf}}, "logit_bias", "finite"),
+        ({"logit_bias": {i: 1.0 for i in range(301)}}, "logit_bias", "at most 300"),
         ({"seed": "7"}, "seed", "integer"),
     ],
 )

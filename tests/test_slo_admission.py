@@ -5,14 +5,18 @@ answers that with 429, `rate_limit_error` and a Retry-After of the predicted dra
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import pytest
 
-from core.request import SLO
+from core.engine import Engine
+from core.outputs import RequestOutput
+from core.request import SLO, FinishReason
 from core.step_cost import CostCoefficients, StepCostModel
 from core.tokenizer import Tokenizer
 from core.ttft_forecast import TTFTForecast
+from tests.factory import make_engine, make_request
 from tests.server_harness import base_url, running_server, simulated_engine
 from tests.test_backpressure import GatedExecutor, wait_for
 
@@ -40,7 +44,9 @@ def test_queue_with_earlier_deadlines_counts_ahead_and_later_ones_do_not():
     assert behind.ttft_s > 4.0  # 41,000 tokens at 2,048 per 0.21 s step
     loose_queue = forecast_with_queue(20, 60_000)
     ahead = loose_queue.predict(1000, 2000, now=0.0)
-    assert ahead.ttft_s == ahead.alone_s
+    # Served first: its first token ends the first step, which the queue fills to the budget.
+    assert ahead.ttft_s == pytest.approx(0.01 + 2048 * 1e-4)
+    assert ahead.alone_s == pytest.approx(0.01 + 1000 * 1e-4)
     assert ahead.drain_s == behind.drain_s - 0.0  # same owed work either way
     assert ahead.drain_s > 4.0
 
@@ -50,7 +56,7 @@ def test_requests_out_of_reach_do_not_count_ahead():
     # rest are out of reach and go after a request due in 2 s, so they do not delay it.
     tight_queue = forecast_with_queue(20, 1000)
     prediction = tight_queue.predict(1000, 2000, now=1.0)
-    assert prediction.ttft_s == pytest.approx(prediction.alone_s)
+    assert prediction.ttft_s == pytest.approx(0.01 + 2048 * 1e-4)
     assert prediction.drain_s > 4.0
 
 
@@ -71,32 +77,37 @@ def test_first_tokens_settle_owed_prefill_and_turn_into_decodes():
     assert forecast.num_owed == 0
     assert after.ttft_s < before.ttft_s
     assert after.alone_s > before.alone_s  # three decodes now ride in every step
-    forecast.remove("q0", now=0.0)
-    forecast.remove("missing", now=0.0)
+    forecast.remove("q0")
+    forecast.remove("missing")
     assert forecast.num_owed == 0
 
 
 def test_a_full_batch_makes_a_request_wait_for_its_place():
-    """A full batch, places freeing every 0.1 s (6.4 s lifetimes over 64 places), three
-    requests waiting for one with the same deadline: a new urgent request gets the fourth."""
+    """A full batch, places freeing every 0.1 s (the engine's mean lifetime of 6.4 s over 64
+    places), three requests waiting for one with the same deadline: a new urgent request gets
+    the fourth."""
     forecast = TTFTForecast(StepCostModel(COST), 2048, max_num_seqs=64, max_wait_s=20.0)
-    forecast.add("old", 100, SLO(500, None), now=-6.4)
-    forecast.first_token("old", now=-6.4)
-    forecast.remove("old", now=0.0)
-    assert forecast.lifetime_s == 6.4
+    forecast.lifetime_s = 6.4
     for i in range(64):
         forecast.add(f"running{i}", 100, SLO(None, None), now=-1.0)
         forecast.first_token(f"running{i}", now=-1.0)
     for i in range(3):
         forecast.add(f"waiting{i}", 100, SLO(500, None), now=0.0)
+
+    # A step beside the 64 decodes carrying `n` prefill tokens; the queue's are 300 + its own.
+    def step_s(n: int) -> float:
+        return 0.01 + 64 * 2e-4 + n * 1e-4
+
     urgent = forecast.predict(100, 500, now=0.0)
-    assert urgent.ttft_s == pytest.approx(0.4 + urgent.alone_s)  # 4 places at 0.1 s each
+    assert urgent.ttft_s == pytest.approx(0.4 + step_s(400))  # 4 places at 0.1 s each
     assert not urgent.refuses(500, factor=3.0)
     patient = forecast.predict(2000, 5000, now=0.0)
-    assert patient.ttft_s == pytest.approx(0.4 + patient.alone_s)
+    # Its 2,000 tokens take two steps of 1,984 (the budget less the decodes), the queue's 2,300
+    # tokens in all.
+    assert patient.ttft_s == pytest.approx(0.4 + 2 * step_s(0) + 2300 * 1e-4)
     # Due before the others, it takes the first place to free.
     hasty = forecast.predict(100, 300, now=0.0)
-    assert hasty.ttft_s == pytest.approx(0.1 + hasty.alone_s)
+    assert hasty.ttft_s == pytest.approx(0.1 + step_s(400))
 
 
 def completion(ttft_ms: float | None, prompt_len: int = 1500) -> dict:
@@ -112,12 +123,18 @@ SLOWDOWN = 5
 def test_server_refuses_hopeless_ttft_with_429_and_serves_the_rest(llama_checkpoint):
     vocab_size = Tokenizer.from_pretrained(llama_checkpoint).vocab_size
     executor = GatedExecutor(vocab_size)
-    engine = simulated_engine(llama_checkpoint, executor, scheduling_policy="slo", max_num_seqs=64)
+    engine = simulated_engine(
+        llama_checkpoint,
+        executor,
+        scheduling_policy="slo",
+        max_num_seqs=64,
+        slo_admission_factor=2.0,
+    )
     # Steps 5x slower than COST's and 5 s targets: the same queue as 1 s at COST, but a request
     # still counts as on time ahead of the next one however slowly the test sends them (a slow
     # machine took over 1 s for a dozen, and requests past their deadline do not count ahead).
     engine.step_cost_model.coefficients[:] = [SLOWDOWN * c for c in COST.as_tuple()]
-    with running_server(engine, slo_admission_factor=2.0) as state:
+    with running_server(engine) as state:
         url = base_url(state)
         statuses: list[int] = []
         refusals: list[tuple[dict, httpx.Headers]] = []
@@ -167,9 +184,11 @@ def test_other_policies_and_factor_zero_never_refuse(llama_checkpoint):
     vocab_size = Tokenizer.from_pretrained(llama_checkpoint).vocab_size
     for policy, factor in (("fcfs", 2.0), ("slo", 0.0)):
         executor = GatedExecutor(vocab_size)
-        engine = simulated_engine(llama_checkpoint, executor, scheduling_policy=policy)
+        engine = simulated_engine(
+            llama_checkpoint, executor, scheduling_policy=policy, slo_admission_factor=factor
+        )
         engine.step_cost_model.coefficients[:] = COST.as_tuple()
-        with running_server(engine, slo_admission_factor=factor) as state:
+        with running_server(engine) as state:
             url = base_url(state)
             for i in range(20):
                 state.engine.forecast.add(f"fake-{i}", 2000, SLO(1000, None), now=0.0)
@@ -180,3 +199,92 @@ def test_other_policies_and_factor_zero_never_refuse(llama_checkpoint):
                 timeout=30,
             )
             assert response.status_code == 200, (policy, factor)
+
+
+def test_a_request_that_would_push_an_accepted_one_past_its_deadline_is_refused():
+    # Ten prompts of 2,000 tokens due in 2.2 s all make it (the last at 2.1 s: ten steps of
+    # 10 ms, 20,000 tokens at 0.1 ms). A newcomer due sooner would go first and push the last
+    # past its deadline: it is refused although it would be on time itself, because the
+    # server accepted the others.
+    forecast = forecast_with_queue(10, 2200)
+    pushy = forecast.predict(2000, 1000, now=0.0)
+    assert pushy.ttft_s == pytest.approx(0.2148)
+    assert pushy.displaced == 1
+    assert pushy.refuses(1000, factor=3.0)
+    # One due after them queues behind them and pushes nobody.
+    patient = forecast.predict(2000, 3000, now=0.0)
+    assert patient.ttft_s == pytest.approx(11 * 0.01 + 22_000 * 1e-4)
+    assert patient.displaced == 0 and not patient.refuses(3000, factor=3.0)
+
+
+def queued_behind_one_place(factor: float) -> tuple[list[RequestOutput], Engine]:
+    """One place in the batch, held by a long request with no target; behind it one with a
+    100 ms TTFT target and one with none, until the long one finishes 1 s later."""
+    engine = make_engine(
+        scheduling_policy="slo",
+        max_num_seqs=1,
+        slo_admission_factor=factor,
+        cost=CostCoefficients(base_s=0.01),
+    )
+    engine.add_request(make_request("long", [1] * 10, max_tokens=100))
+    engine.step()
+    for request_id, slo in (("tight", SLO(100, None)), ("untargeted", SLO())):
+        engine.add_request(make_request(request_id, [1] * 10, slo=slo, max_tokens=4))
+    outputs = []
+    while engine.has_unfinished_requests:
+        outputs += engine.step()
+    return [output for output in outputs if output.finished], engine
+
+
+def test_a_request_queued_past_the_factor_times_its_target_is_refused_then():
+    finished, _ = queued_behind_one_place(factor=2.0)
+    by_id = {output.request_id: output for output in finished}
+    tight = by_id["tight"]
+    assert tight.finish_reason is FinishReason.REFUSED and not tight.new_token_ids
+    assert "2 times its TTFT target of 100 ms" in tight.error
+    # Refused at the first step past 200 ms of waiting (steps of 10 ms).
+    assert 200 < tight.timing.e2e_ms <= 220
+    assert by_id["untargeted"].finish_reason is FinishReason.LENGTH
+    # With the factor at 0 nothing is refused: it waits for the place.
+    finished, _ = queued_behind_one_place(factor=0.0)
+    assert all(output.finish_reason is FinishReason.LENGTH for output in finished)
+
+
+def test_server_answers_a_request_refused_in_the_queue_with_429(llama_checkpoint):
+    vocab_size = Tokenizer.from_pretrained(llama_checkpoint).vocab_size
+    executor = GatedExecutor(vocab_size)
+    engine = simulated_engine(
+        llama_checkpoint,
+        executor,
+        scheduling_policy="slo",
+        max_num_seqs=1,
+        slo_admission_factor=2.0,
+    )
+    with running_server(engine) as state:
+        url = base_url(state)
+        results: dict[str, httpx.Response] = {}
+
+        def post(name: str, body: dict) -> threading.Thread:
+            def run() -> None:
+                results[name] = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+
+            in_flight = state.engine.num_in_flight
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            wait_for(lambda: state.engine.num_in_flight > in_flight)
+            return thread
+
+        # The first holds the batch's one place (its step waits at the gate); the second, due
+        # in 20 ms, is accepted behind it and has waited past 40 ms when the gate opens.
+        threads = [post("holder", {**completion(None, 10), "stream": False, "max_tokens": 8})]
+        threads.append(post("tight", {**completion(20, 10), "stream": False}))
+        time.sleep(0.1)
+        executor.gate.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert results["holder"].status_code == 200
+    refused = results["tight"]
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    error = refused.json()["error"]
+    assert error["type"] == "rate_limit_error"
+    assert "2 times its TTFT target of 20 ms" in error["message"]

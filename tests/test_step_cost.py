@@ -1,19 +1,25 @@
-"""The step-cost model: recursive least squares recovers known coefficients, follows a drift,
-keeps every coefficient non-negative and reports its error; the engine refits it to every step,
-and the simulated executor charges each step what its coefficients give."""
+"""The step-cost model: its fit recovers known coefficients, follows a drift, keeps every
+coefficient non-negative, stays sane off a load that never varies some feature, and reports its
+error; the engine refits it to every step, and the simulated executor charges each step what
+its coefficients give."""
 
 from __future__ import annotations
 
+import gzip
 import random
+from pathlib import Path
 
 import pytest
 
 from core.batch import Batch
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
+from core.simulator import DEFAULT_COST
 from core.step_cost import CostCoefficients, StepCostModel, StepShape
+from core.step_cost_profile import profile_shapes, warm_up
 from tests.factory import make_engine, make_request
 
 TRUE = CostCoefficients(0.008, 6e-5, 3e-4, 2e-7)
+DATA = Path(__file__).parent / "data"
 
 
 def random_shapes(count: int, seed: int = 0) -> list[StepShape]:
@@ -27,7 +33,7 @@ def random_shapes(count: int, seed: int = 0) -> list[StepShape]:
     return [shape for shape in shapes if shape.num_prefill_tokens or shape.num_decode_tokens]
 
 
-def test_rls_recovers_known_coefficients():
+def test_fit_recovers_known_coefficients():
     model = StepCostModel()
     for shape in random_shapes(300):
         model.update(shape, TRUE.predict(shape))
@@ -37,7 +43,7 @@ def test_rls_recovers_known_coefficients():
     assert model.mean_abs_error_ratio < 0.05
 
 
-def test_rls_follows_a_machine_that_slows_down():
+def test_fit_follows_a_machine_that_slows_down():
     model = StepCostModel()
     for shape in random_shapes(200, seed=1):
         model.update(shape, TRUE.predict(shape))
@@ -54,6 +60,26 @@ def test_coefficients_never_go_negative_under_noise():
     for shape in random_shapes(300, seed=4):
         model.update(shape, TRUE.predict(shape) * rng.uniform(0.5, 1.5))
         assert min(model.coefficients) >= 0.0
+
+
+def test_a_long_chat_run_keeps_the_fit_sane_off_its_own_shapes():
+    # 14,024 steps recorded from a simulated chat-only run (decodes and context move together,
+    # 5% noise). The fit must keep predicting a decode step near the truth all along: the
+    # recursive least squares it replaced wound up and, clipped at zero, predicted 31× the true
+    # time at step 6,346 and 44,000× later.
+    model = StepCostModel()
+    warm_up(model, DEFAULT_COST.predict, profile_shapes(2048, 64, 8192))
+    probe = StepShape(0, 36, 36 * 180)
+    worst = 1.0
+    with gzip.open(DATA / "chat_steps.csv.gz", "rt") as steps:
+        for line in steps:
+            if line.startswith("#"):
+                continue
+            prefill, decode, context, micros = map(int, line.split(","))
+            model.update(StepShape(prefill, decode, context), micros / 1e6)
+            ratio = model.predict(probe) / DEFAULT_COST.predict(probe)
+            worst = max(worst, ratio, 1 / ratio)
+    assert worst < 1.1
 
 
 def test_engine_fits_its_model_to_every_step():
