@@ -61,15 +61,13 @@ class EngineConfig:
             raise ValueError(f"--max-wait-ms must be > 0, got {self.max_wait_ms}")
         if self.max_preemptions < 0:
             raise ValueError(f"--max-preemptions must be >= 0, got {self.max_preemptions}")
-<<<<<<< HEAD
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(
                 f"--model-impl must be one of {', '.join(MODEL_IMPLS)}, got {self.model_impl!r}"
-=======
+            )
         if not self.slo_admission_factor >= 0:
             raise ValueError(
                 f"--slo-admission-factor must be >= 0, got {self.slo_admission_factor}"
->>>>>>> main
             )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
