@@ -12,7 +12,7 @@ from app.bench import add_bench_parser
 from app.settings import ServerSettings
 from app.simulate import add_simulate_parser
 from app.tool_parsers import PARSERS
-from core.config import POLICIES, EngineConfig
+from core.config import MODEL_IMPLS, POLICIES, EngineConfig
 from core.sampling_params import InvalidRequestError, SamplingParams
 
 # The checkpoint gpu/train_demo.py trained, shipped inside the package (docs/demo_model.md), so
@@ -34,6 +34,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "dummy"],
         default="auto",
         help="dummy: random weights from config.json alone (--model may be a config file)",
+    )
+    parser.add_argument(
+        "--model-impl",
+        choices=MODEL_IMPLS,
+        default=defaults.model_impl,
+        help="auto: Baton's native model where it has one, else transformers' modeling code over "
+        "Baton's paged cache; native or transformers forces one",
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument(
@@ -99,6 +106,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
         seed=args.seed,
+        model_impl=args.model_impl,
     )
 
 
@@ -264,9 +272,10 @@ def served_model_name(model: str) -> str:
 
 def serve(args: argparse.Namespace) -> int:
     from app.llm import build_engine
-    from app.server import serve_engine
+    from app.server import configure_logging, serve_engine
 
     settings = server_settings_from(args)
+    configure_logging()
     engine = build_engine(
         args.model,
         engine_config_from(args),

@@ -13,7 +13,7 @@ from core.batch import TokenLogprobs
 from core.config import EngineConfig
 from core.engine import Engine
 from core.executor import Executor
-from core.model_config import ModelConfig
+from core.model_impl import resolve_model_config
 from core.outputs import RequestOutput, RequestTiming
 from core.request import EngineRequest, FinishReason
 from core.sampling_params import SamplingParams
@@ -41,13 +41,16 @@ def build_engine(
     `profile_step_cost` runs a few synthetic steps first to seed the step-cost model (a server
     wants its first scheduling decisions informed; offline runs learn as they go).
     """
-    from gpu.executor import TorchExecutor  # torch loads only when a model is actually built
-
     if load_format == "dummy" and Path(model).is_file():
         from gpu.config_folder import write_config_folder
 
         model = write_config_folder(model, tempfile.mkdtemp(prefix="baton-dummy-"))
-    model_config = ModelConfig.from_pretrained(model)
+    # Before torch loads: a checkpoint that cannot be served fails in milliseconds.
+    model_config = resolve_model_config(
+        model, config.model_impl, needs_weights=load_format != "dummy"
+    )
+    from gpu.executor import TorchExecutor  # torch loads only when a model is actually built
+
     tokenizer = Tokenizer.from_pretrained(model)
     executor = TorchExecutor(
         model_config, config, device=device, dtype=dtype, load_format=load_format

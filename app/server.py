@@ -223,12 +223,17 @@ def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
     )
 
 
-def serve_engine(engine: Engine, model_name: str, settings: ServerSettings) -> None:
-    """Run the server until SIGTERM/SIGINT; blocks."""
-    # Info level for Baton's own lines: one per finished request (baton.requests), no more.
+def configure_logging() -> None:
+    """Info level for Baton's own lines: start-up (the model's path, the KV cache) and one per
+    finished request (baton.requests), no more. Call before the engine is built."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+
+
+def serve_engine(engine: Engine, model_name: str, settings: ServerSettings) -> None:
+    """Run the server until SIGTERM/SIGINT; blocks."""
+    configure_logging()
     state = ServerState(
         engine=AsyncEngine(engine, settings.max_queued_requests),
         tokenizer=engine.tokenizer,

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from core.policy_registry import POLICIES
 
+# How a checkpoint's model runs (core.model_impl): auto, Baton's native model, or transformers'.
+MODEL_IMPLS = ("auto", "native", "transformers")
+
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -34,6 +37,9 @@ class EngineConfig:
     # CUDA graphs for decode steps off: every step runs eagerly (the CPU always does).
     enforce_eager: bool = False
     seed: int = 0
+    # auto: Baton's native model where it has one, else transformers' modeling code (the generic
+    # path); native or transformers forces one (core.model_impl).
+    model_impl: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -55,6 +61,10 @@ class EngineConfig:
             raise ValueError(f"--max-wait-ms must be > 0, got {self.max_wait_ms}")
         if self.max_preemptions < 0:
             raise ValueError(f"--max-preemptions must be >= 0, got {self.max_preemptions}")
+        if self.model_impl not in MODEL_IMPLS:
+            raise ValueError(
+                f"--model-impl must be one of {', '.join(MODEL_IMPLS)}, got {self.model_impl!r}"
+            )
         if not self.slo_admission_factor >= 0:
             raise ValueError(
                 f"--slo-admission-factor must be >= 0, got {self.slo_admission_factor}"

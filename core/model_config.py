@@ -58,6 +58,8 @@ class ModelConfig:
     sliding_window: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
+    # Which model runs it: "native" (gpu.model) or "transformers" (gpu.transformers_model).
+    model_impl: str = "native"
 
     @property
     def max_model_len(self) -> int:

@@ -25,6 +25,7 @@ from gpu.loader import load_model
 from gpu.prompt_logprobs import prompt_logprobs
 from gpu.sampler import Sampler
 from gpu.structured_output import GrammarMask, GrammarMatchers, XGrammarCompiler
+from gpu.transformers_model import load_transformers_model
 from kernels.cpu_extension import cpu_kernels_available
 
 logger = logging.getLogger(__name__)
@@ -83,8 +84,19 @@ class TorchExecutor:
         self.block_size = engine_config.block_size
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        self.model = load_model(
-            model_config, self.device, self.dtype, self.max_model_len, load_format
+        if model_config.model_impl == "transformers":
+            self.model = load_transformers_model(model_config, self.device, self.dtype, load_format)
+            # The KV shape transformers' code was seen to hand attention, however config.json
+            # spells it.
+            self.model_config = model_config = self.model.config
+        else:
+            self.model = load_model(
+                model_config, self.device, self.dtype, self.max_model_len, load_format
+            )
+        logger.info(
+            "model: %s on the %s path",
+            model_config.architecture,
+            "native" if model_config.model_impl == "native" else "generic (transformers' code)",
         )
         if self.model.pack_linear_weights(rows_hint=engine_config.max_num_seqs):
             logger.info("linear layers run through oneDNN over packed weights")
@@ -106,7 +118,11 @@ class TorchExecutor:
         )
         self._log_kv_capacity()
         self.graphs: DecodeGraphs | None = None
-        if self.device.type == "cuda" and not engine_config.enforce_eager:
+        if (
+            self.device.type == "cuda"
+            and not engine_config.enforce_eager
+            and model_config.model_impl == "native"
+        ):
             self.graphs = self._captured_graphs()
         self.sampler = Sampler(model_config.vocab_size, model_config.eos_token_ids)
         self.grammar_matchers = GrammarMatchers(model_config.vocab_size)
