@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from app.bench import add_bench_parser
-from app.settings import ServerSettings
+from app.settings import METRICS_STYLES, ServerSettings
 from app.simulate import add_simulate_parser
 from core.config import POLICIES, EngineConfig
 from core.sampling_params import InvalidRequestError, SamplingParams
@@ -219,6 +219,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace-console", action="store_true", help="print request traces to stdout (debugging)"
     )
+    parser.add_argument(
+        "--metrics-style",
+        choices=METRICS_STYLES,
+        default=defaults.metrics_style,
+        help="names on /metrics: baton: (Baton's), vllm: (vLLM's names and labels, so vLLM's "
+        "Grafana dashboards work unchanged; series vLLM lacks keep baton:), or both",
+    )
 
 
 def server_settings_from(args: argparse.Namespace) -> ServerSettings:
@@ -242,6 +249,7 @@ def server_settings_from(args: argparse.Namespace) -> ServerSettings:
         slo_admission_factor=args.slo_admission_factor,
         otlp_traces_endpoint=args.otlp_traces_endpoint,
         trace_console=args.trace_console,
+        metrics_style=args.metrics_style,
     )
 
 

@@ -130,7 +130,11 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
     )
     app.state.baton = state
     app.state.metrics = ServerMetrics(
-        state.engine, state.settings.stats_window_s, record=state.settings.record_metrics
+        state.engine,
+        state.settings.stats_window_s,
+        record=state.settings.record_metrics,
+        model_name=state.model_name,
+        style=state.settings.metrics_style,
     )
     exporters = exporters_from(state.settings)
     if span_exporter is not None or exporters:
