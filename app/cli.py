@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 import time
@@ -261,9 +262,12 @@ def served_model_name(model: str) -> str:
 
 def serve(args: argparse.Namespace) -> int:
     from app.llm import build_engine
-    from app.server import serve_engine
+    from app.server import bind_socket, configure_logging, log_startup, serve_engine
 
     settings = server_settings_from(args)
+    configure_logging()
+    sock = bind_socket(settings)
+    start = time.perf_counter()
     engine = build_engine(
         args.model,
         engine_config_from(args),
@@ -272,13 +276,23 @@ def serve(args: argparse.Namespace) -> int:
         load_format=args.load_format,
         profile_step_cost=True,
     )
+    log_startup(engine, args.model, time.perf_counter() - start)
     name = settings.served_model_name or served_model_name(args.model)
-    serve_engine(engine, name, settings)
+    serve_engine(engine, name, settings, sock)
     return 0
+
+
+def baton_version() -> str:
+    """The installed distribution's version; a source tree that was never installed has none."""
+    try:
+        return importlib.metadata.version("baton")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description="Baton LLM inference server")
+    parser.add_argument("--version", action="version", version=f"baton {baton_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="generate offline from a checkpoint, no server")
     add_engine_args(gen)

@@ -227,12 +227,63 @@ def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
     )
 
 
-def serve_engine(engine: Engine, model_name: str, settings: ServerSettings) -> None:
-    """Run the server until SIGTERM/SIGINT; blocks."""
-    # Info level for Baton's own lines: one per finished request (baton.requests), no more.
+def configure_logging() -> None:
+    """Info level for Baton's own lines: the startup summary and one line per finished request
+    (baton.requests), no more. Set before the model loads, so the loader's lines show too."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+
+
+def bind_socket(settings: ServerSettings) -> socket.socket:
+    """The server's listening address, taken before the model loads: a busy port fails in a
+    moment with a clear message instead of after a long load. uvicorn serves on this socket."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # As uvicorn does: a restart may take the port while the last run's connections time out.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as error:
+        sock.close()
+        raise AddressUnavailable(
+            f"cannot listen on {settings.host}:{settings.port}: {error.strerror or error}; "
+            "is another server running there? Stop it or pick another --port"
+        ) from None
+    return sock
+
+
+class AddressUnavailable(ValueError):
+    """--host/--port cannot be bound (in use, or not an address of this machine)."""
+
+
+def log_startup(engine: Engine, model: str, load_s: float) -> None:
+    """One line saying what was loaded where, and how much KV cache it got."""
+    executor = engine.executor
+    blocks = executor.num_kv_blocks
+    logger.info(
+        "loaded %s in %.1f s: device %s, dtype %s, KV cache %d blocks x %d tokens = %d tokens, "
+        "max model len %d",
+        model,
+        load_s,
+        getattr(executor, "device", "simulated"),
+        str(getattr(executor, "dtype", "none")).removeprefix("torch."),
+        blocks,
+        executor.block_size,
+        blocks * executor.block_size,
+        engine.max_model_len,
+    )
+
+
+def serve_engine(
+    engine: Engine,
+    model_name: str,
+    settings: ServerSettings,
+    sock: socket.socket | None = None,
+) -> None:
+    """Run the server until SIGTERM/SIGINT; blocks. `sock` is the address `bind_socket` took
+    (uvicorn binds its own when None)."""
+    configure_logging()
     state = ServerState(
         engine=AsyncEngine(engine, settings.max_queued_requests),
         tokenizer=engine.tokenizer,
@@ -241,4 +292,4 @@ def serve_engine(engine: Engine, model_name: str, settings: ServerSettings) -> N
         created=int(time.time()),
     )
     app = create_app(state)
-    BatonServer(uvicorn_config(app, settings), state).run()
+    BatonServer(uvicorn_config(app, settings), state).run(sockets=[sock] if sock else None)
