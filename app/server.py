@@ -47,7 +47,8 @@ CLOSE_GRACE_S = 0.5
 FINAL_FRAMES_GRACE_S = 2.0
 # uvicorn's graceful wait with no time left cancels even an idle server's tasks: the least it gets.
 MIN_CLOSE_S = 0.1
-STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+# The chat UI ships inside the package (package data), so an installed Baton serves it too.
+STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
 async def health(request: Request) -> Response:
