@@ -262,10 +262,12 @@ def log_startup(engine: Engine, model: str, load_s: float) -> None:
     """One line saying what was loaded where, and how much KV cache it got."""
     executor = engine.executor
     blocks = executor.num_kv_blocks
+    model_config = getattr(executor, "model_config", None)
     logger.info(
-        "loaded %s in %.1f s: device %s, dtype %s, KV cache %d blocks x %d tokens = %d tokens, "
-        "max model len %d",
+        "loaded %s (%s) in %.1f s: device %s, dtype %s, KV cache %d blocks x %d tokens = %d "
+        "tokens, max model len %d",
         model,
+        model_config.architecture if model_config else "simulated",
         load_s,
         getattr(executor, "device", "simulated"),
         str(getattr(executor, "dtype", "none")).removeprefix("torch."),

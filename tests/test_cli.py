@@ -126,8 +126,8 @@ def test_serve_logs_what_it_loaded_and_exits_cleanly_on_sigint(llama_checkpoint,
             process.wait()
     text = log.read_text()
     loaded = re.search(
-        r"loaded \S+ in [\d.]+ s: device cpu, dtype float32, KV cache (\d+) blocks x 16 tokens "
-        r"= (\d+) tokens, max model len \d+",
+        r"loaded \S+ \(LlamaForCausalLM\) in [\d.]+ s: device cpu, dtype float32, "
+        r"KV cache (\d+) blocks x 16 tokens = (\d+) tokens, max model len \d+",
         text,
     )
     assert loaded, text
