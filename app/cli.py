@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import logging
 import os
 import sys
 import time
@@ -279,7 +280,20 @@ def serve(args: argparse.Namespace) -> int:
     log_startup(engine, args.model, time.perf_counter() - start)
     name = settings.served_model_name or served_model_name(args.model)
     serve_engine(engine, name, settings, sock)
+    exit_without_teardown(0)
     return 0
+
+
+def exit_without_teardown(code: int) -> None:
+    """End a server that has shut down cleanly (streams drained, spans flushed) without the
+    interpreter's teardown, which has nothing left to do for it: freeing torch's objects would
+    take seconds past --shutdown-timeout, and the objects the step thread's frozen GC
+    generation keeps (core.step_loop) would make triton, which torch imports where it is
+    installed, print nanobind's "leaked instances" report."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def baton_version() -> str:

@@ -78,21 +78,16 @@ class StepLoop:
         # Everything alive now (model, tokenizer, engine) lives as long as the loop: keep the
         # cyclic collector from rescanning it, which shows up as step-time spikes.
         gc.freeze()
-        try:
-            while not self._stopping:
-                outputs = self._drain_inbox(block=not self.engine.has_unfinished_requests)
-                if self._stopping:
-                    break
-                if self.engine.has_unfinished_requests:
-                    outputs.extend(self._step())
-                # Each iteration did something (it drained a message or stepped): the outputs
-                # and the state they leave go out together, the front end's only view of it.
-                self.deliver(outputs, self.engine.make_stats())
-            self._cancel_all()
-        finally:
-            # Frozen cycles are never collected, not even at exit: extension modules whose
-            # objects sit in them (triton's, imported by torch) then report them as leaked.
-            gc.unfreeze()
+        while not self._stopping:
+            outputs = self._drain_inbox(block=not self.engine.has_unfinished_requests)
+            if self._stopping:
+                break
+            if self.engine.has_unfinished_requests:
+                outputs.extend(self._step())
+            # Each iteration did something (it drained a message or stepped): the outputs and
+            # the state they leave go out together, the front end's only view of the engine.
+            self.deliver(outputs, self.engine.make_stats())
+        self._cancel_all()
 
     def _drain_inbox(self, block: bool) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
