@@ -464,12 +464,12 @@ def plot(runs: list[tuple[dict, list[RequestResult]]], path: str) -> None:
     if sweep:
         axes[-1].remove()
     metrics_ms = (
-        ("TTFT", lambda r: [r.ttft_s * 1000]),
-        ("TPOT", lambda r: [r.tpot_ms] if r.output_tokens > 1 else []),
-        ("ITL", lambda r: [gap * 1000 for gap in r.itl_s]),
-        ("E2E latency", lambda r: [r.e2el_s * 1000]),
+        ("TTFT", "requests", lambda r: [r.ttft_s * 1000]),
+        ("TPOT", "requests", lambda r: [r.tpot_ms] if r.output_tokens > 1 else []),
+        ("ITL", "token gaps", lambda r: [gap * 1000 for gap in r.itl_s]),
+        ("E2E latency", "requests", lambda r: [r.e2el_s * 1000]),
     )
-    for axis, (title, values_of) in zip(axes, metrics_ms, strict=False):
+    for axis, (title, counted, values_of) in zip(axes, metrics_ms, strict=False):
         for summary, results in runs:
             values = sorted(v for r in results if r.ok for v in values_of(r))
             if values:
@@ -477,7 +477,7 @@ def plot(runs: list[tuple[dict, list[RequestResult]]], path: str) -> None:
                 axis.step(values, fractions, where="post", label=f"{summary['request_rate']:g}/s")
         axis.set_title(f"{title} CDF")
         axis.set_xlabel("ms")
-        axis.set_ylabel("fraction of requests")
+        axis.set_ylabel(f"fraction of {counted}")
         axis.grid(alpha=0.3)
         if axis.lines:
             axis.legend()
