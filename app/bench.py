@@ -18,8 +18,10 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.progress import progress_bar
 from core.latency import SLOOutcome, percentile, tpot_ms
 from core.trace import load_trace
 from core.workloads import WORKLOADS, arrival_rng, arrival_times, sample_requests
@@ -150,6 +152,9 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--label", default=None, help="a name for this run in the JSON")
     parser.add_argument("--result-json", default=None, help="write the results here")
     parser.add_argument("--plot", default=None, help="write a PNG of the latency CDFs here")
+    parser.add_argument(
+        "--json", action="store_true", help="print the results as one JSON object, no table"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -162,14 +167,18 @@ def run(args: argparse.Namespace) -> int:
     requests = make_requests(args)
     runs = []
     for rate, offsets in schedules(args, requests):
-        results, duration = asyncio.run(benchmark(args, requests, offsets))
+        with progress_bar(len(requests), f"rate {rate:g}/s", "req", quiet=args.json) as bar:
+            results, duration = asyncio.run(benchmark(args, requests, offsets, bar.update))
         summary = summarize(results, duration, goodput)
         summary = {"label": args.label, "request_rate": rate, **summary}
         if args.dataset == "trace":
             summary["arrivals"] = "request-rate" if args.request_rate else "trace"
-        print_summary(summary)
+        if not args.json:
+            print_summary(summary)
         runs.append((summary, results))
     report = runs[0][0] if len(runs) == 1 else {"runs": [summary for summary, _ in runs]}
+    if args.json:
+        print(json.dumps(report, indent=2))
     if args.result_json:
         with open(args.result_json, "w") as file:
             json.dump(report, file, indent=2)
@@ -262,8 +271,12 @@ def words(rng: random.Random, count: int) -> str:
 
 
 async def benchmark(
-    args: argparse.Namespace, requests: list[BenchRequest], offsets: list[float]
+    args: argparse.Namespace,
+    requests: list[BenchRequest],
+    offsets: list[float],
+    on_done: Callable[[], object] = lambda: None,
 ) -> tuple[list[RequestResult], float]:
+    """Send `requests` at `offsets` seconds from the start; `on_done` after each one ends."""
     import httpx  # the client's only dependency beyond the standard library
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -279,7 +292,9 @@ async def benchmark(
         async def issue(request: BenchRequest, offset: float) -> RequestResult:
             await asyncio.sleep(max(0.0, started + offset - time.perf_counter()))
             async with limit:
-                return await send(client, args, model, request)
+                result = await send(client, args, model, request)
+            on_done()
+            return result
 
         results = await asyncio.gather(
             *(issue(r, o) for r, o in zip(requests, offsets, strict=True))
@@ -414,11 +429,15 @@ def meets(result: RequestResult, goodput: dict[str, float]) -> bool:
 def print_summary(summary: dict) -> None:
     rate = summary["request_rate"]
     print(f"==== rate {rate:g}/s: {summary['completed']} completed, {summary['failed']} failed")
+    # Every line fits an 80-column terminal.
     print(
-        f"duration {summary['duration_s']:.1f} s; {summary['request_throughput']:.2f} req/s, "
+        f"duration {summary['duration_s']:.1f} s: {summary['request_throughput']:.2f} req/s, "
         f"{summary['output_throughput']:.1f} output tok/s, "
-        f"{summary['total_token_throughput']:.1f} total tok/s; "
-        f"goodput {summary['goodput_rps']:.2f} req/s ({summary['slo_attainment']:.1%} met)"
+        f"{summary['total_token_throughput']:.1f} total tok/s"
+    )
+    print(
+        f"goodput {summary['goodput_rps']:.2f} req/s "
+        f"({summary['slo_attainment']:.1%} of requests met their targets)"
     )
     print(f"{'ms':<6}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
     for name in ("ttft", "tpot", "itl", "e2el"):
@@ -437,14 +456,20 @@ def plot(runs: list[tuple[dict, list[RequestResult]]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     sweep = len(runs) > 1
-    fig, axes = plt.subplots(1, 5 if sweep else 4, figsize=(22 if sweep else 18, 4))
+    # Two panels a row, about 1000 pixels wide: legible on a page or a laptop screen without
+    # zooming, where one long row of four or five shrank every label.
+    rows = 3 if sweep else 2
+    fig, grid = plt.subplots(rows, 2, figsize=(10, 3.6 * rows), squeeze=False)
+    axes = list(grid.flat)
+    if sweep:
+        axes[-1].remove()
     metrics_ms = (
-        ("TTFT", lambda r: [r.ttft_s * 1000]),
-        ("TPOT", lambda r: [r.tpot_ms] if r.output_tokens > 1 else []),
-        ("ITL", lambda r: [gap * 1000 for gap in r.itl_s]),
-        ("E2E latency", lambda r: [r.e2el_s * 1000]),
+        ("TTFT", "requests", lambda r: [r.ttft_s * 1000]),
+        ("TPOT", "requests", lambda r: [r.tpot_ms] if r.output_tokens > 1 else []),
+        ("ITL", "token gaps", lambda r: [gap * 1000 for gap in r.itl_s]),
+        ("E2E latency", "requests", lambda r: [r.e2el_s * 1000]),
     )
-    for axis, (title, values_of) in zip(axes, metrics_ms, strict=False):
+    for axis, (title, counted, values_of) in zip(axes, metrics_ms, strict=False):
         for summary, results in runs:
             values = sorted(v for r in results if r.ok for v in values_of(r))
             if values:
@@ -452,12 +477,12 @@ def plot(runs: list[tuple[dict, list[RequestResult]]], path: str) -> None:
                 axis.step(values, fractions, where="post", label=f"{summary['request_rate']:g}/s")
         axis.set_title(f"{title} CDF")
         axis.set_xlabel("ms")
-        axis.set_ylabel("fraction of requests")
+        axis.set_ylabel(f"fraction of {counted}")
         axis.grid(alpha=0.3)
         if axis.lines:
             axis.legend()
     if sweep:
-        axis = axes[-1]
+        axis = axes[4]
         rates = [summary["request_rate"] for summary, _ in runs]
         axis.plot(rates, [s["goodput_rps"] for s, _ in runs], marker="o", label="goodput")
         axis.plot(rates, [s["request_throughput"] for s, _ in runs], marker="s", label="throughput")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import logging
 import os
 import sys
 import time
 from pathlib import Path
 
 from app.bench import add_bench_parser
-from app.settings import ServerSettings
+from app.settings import METRICS_STYLES, ServerSettings
 from app.simulate import add_simulate_parser
 from app.tool_parsers import PARSERS
 from core.config import MODEL_IMPLS, POLICIES, EngineConfig
@@ -238,6 +240,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "read off the chat template: <tool_call> is hermes, [TOOL_CALLS] mistral, "
         "<|python_tag|> llama3_json)",
     )
+    parser.add_argument(
+        "--metrics-style",
+        choices=METRICS_STYLES,
+        default=defaults.metrics_style,
+        help="names on /metrics: baton: (Baton's), vllm: (vLLM's names and labels, so vLLM's "
+        "Grafana dashboards work unchanged; series vLLM lacks keep baton:), or both",
+    )
 
 
 def server_settings_from(args: argparse.Namespace) -> ServerSettings:
@@ -261,6 +270,7 @@ def server_settings_from(args: argparse.Namespace) -> ServerSettings:
         otlp_traces_endpoint=args.otlp_traces_endpoint,
         trace_console=args.trace_console,
         tool_call_parser=args.tool_call_parser,
+        metrics_style=args.metrics_style,
     )
 
 
@@ -272,10 +282,12 @@ def served_model_name(model: str) -> str:
 
 def serve(args: argparse.Namespace) -> int:
     from app.llm import build_engine
-    from app.server import configure_logging, serve_engine
+    from app.server import bind_socket, configure_logging, log_startup, serve_engine
 
     settings = server_settings_from(args)
     configure_logging()
+    sock = bind_socket(settings)
+    start = time.perf_counter()
     engine = build_engine(
         args.model,
         engine_config_from(args),
@@ -284,13 +296,36 @@ def serve(args: argparse.Namespace) -> int:
         load_format=args.load_format,
         profile_step_cost=True,
     )
+    log_startup(engine, args.model, time.perf_counter() - start)
     name = settings.served_model_name or served_model_name(args.model)
-    serve_engine(engine, name, settings)
+    serve_engine(engine, name, settings, sock)
+    exit_without_teardown(0)
     return 0
+
+
+def exit_without_teardown(code: int) -> None:
+    """End a server that has shut down cleanly (streams drained, spans flushed) without the
+    interpreter's teardown, which has nothing left to do for it: freeing torch's objects would
+    take seconds past --shutdown-timeout, and the objects the step thread's frozen GC
+    generation keeps (core.step_loop) would make triton, which torch imports where it is
+    installed, print nanobind's "leaked instances" report."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def baton_version() -> str:
+    """The installed distribution's version; a source tree that was never installed has none."""
+    try:
+        return importlib.metadata.version("baton")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description="Baton LLM inference server")
+    parser.add_argument("--version", action="version", version=f"baton {baton_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="generate offline from a checkpoint, no server")
     add_engine_args(gen)

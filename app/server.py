@@ -47,7 +47,8 @@ CLOSE_GRACE_S = 0.5
 FINAL_FRAMES_GRACE_S = 2.0
 # uvicorn's graceful wait with no time left cancels even an idle server's tasks: the least it gets.
 MIN_CLOSE_S = 0.1
-STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+# The chat UI ships inside the package (package data), so an installed Baton serves it too.
+STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
 async def health(request: Request) -> Response:
@@ -130,7 +131,11 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
     )
     app.state.baton = state
     app.state.metrics = ServerMetrics(
-        state.engine, state.settings.stats_window_s, record=state.settings.record_metrics
+        state.engine,
+        state.settings.stats_window_s,
+        record=state.settings.record_metrics,
+        model_name=state.model_name,
+        style=state.settings.metrics_style,
     )
     exporters = exporters_from(state.settings)
     if span_exporter is not None or exporters:
@@ -224,15 +229,65 @@ def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
 
 
 def configure_logging() -> None:
-    """Info level for Baton's own lines: start-up (the model's path, the KV cache) and one per
-    finished request (baton.requests), no more. Call before the engine is built."""
+    """Info level for Baton's own lines: the startup summary (the model's path, the KV cache)
+    and one line per finished request (baton.requests), no more. Set before the model loads,
+    so the loader's lines show too."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
 
-def serve_engine(engine: Engine, model_name: str, settings: ServerSettings) -> None:
-    """Run the server until SIGTERM/SIGINT; blocks."""
+def bind_socket(settings: ServerSettings) -> socket.socket:
+    """The server's listening address, taken before the model loads: a busy port fails in a
+    moment with a clear message instead of after a long load. uvicorn serves on this socket."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # As uvicorn does: a restart may take the port while the last run's connections time out.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as error:
+        sock.close()
+        raise AddressUnavailable(
+            f"cannot listen on {settings.host}:{settings.port}: {error.strerror or error}; "
+            "is another server running there? Stop it or pick another --port"
+        ) from None
+    return sock
+
+
+class AddressUnavailable(ValueError):
+    """--host/--port cannot be bound (in use, or not an address of this machine)."""
+
+
+def log_startup(engine: Engine, model: str, load_s: float) -> None:
+    """One line saying what was loaded where, and how much KV cache it got."""
+    executor = engine.executor
+    blocks = executor.num_kv_blocks
+    model_config = getattr(executor, "model_config", None)
+    logger.info(
+        "loaded %s (%s on the %s path) in %.1f s: device %s, dtype %s, KV cache %d blocks x "
+        "%d tokens = %d tokens, max model len %d",
+        model,
+        model_config.architecture if model_config else "simulated",
+        model_config.model_impl if model_config else "simulated",
+        load_s,
+        getattr(executor, "device", "simulated"),
+        str(getattr(executor, "dtype", "none")).removeprefix("torch."),
+        blocks,
+        executor.block_size,
+        blocks * executor.block_size,
+        engine.max_model_len,
+    )
+
+
+def serve_engine(
+    engine: Engine,
+    model_name: str,
+    settings: ServerSettings,
+    sock: socket.socket | None = None,
+) -> None:
+    """Run the server until SIGTERM/SIGINT; blocks. `sock` is the address `bind_socket` took
+    (uvicorn binds its own when None)."""
     configure_logging()
     state = ServerState(
         engine=AsyncEngine(engine, settings.max_queued_requests),
@@ -242,4 +297,4 @@ def serve_engine(engine: Engine, model_name: str, settings: ServerSettings) -> N
         created=int(time.time()),
     )
     app = create_app(state)
-    BatonServer(uvicorn_config(app, settings), state).run()
+    BatonServer(uvicorn_config(app, settings), state).run(sockets=[sock] if sock else None)

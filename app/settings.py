@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from core.request import SLO
 from core.sampling_params import InvalidRequestError
 
+# What `/metrics` names its series after (app.prometheus).
+METRICS_STYLES = ("baton", "vllm", "both")
+
 
 @dataclass(slots=True)
 class ServerSettings:
@@ -40,6 +43,8 @@ class ServerSettings:
     # The format `tool_choice: auto` parses calls in (app.tool_parsers); None: read it off
     # the chat template.
     tool_call_parser: str | None = None
+    # Names on /metrics: Baton's (`baton:`), vLLM's (`vllm:`, for its dashboards), or both.
+    metrics_style: str = "baton"
 
     def __post_init__(self) -> None:
         try:
@@ -47,6 +52,11 @@ class ServerSettings:
         except InvalidRequestError as error:
             flag = "--ttft-slo-ms" if "ttft" in str(error) else "--tpot-slo-ms"
             raise ValueError(f"{flag}: {error}") from None
+        if self.metrics_style not in METRICS_STYLES:
+            raise ValueError(
+                f"--metrics-style must be one of {', '.join(METRICS_STYLES)}, "
+                f"got {self.metrics_style!r}"
+            )
         if self.max_queued_requests < 0:
             raise ValueError(f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")
         if self.shutdown_timeout_s < 0:

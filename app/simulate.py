@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 
+from app.progress import each
 from core.config import POLICIES, EngineConfig
 from core.request import EngineRequest
 from core.simulator import DEFAULT_COST, SimulationConfig, queue_trend, simulate, summarize
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
             args.workload, num_requests, rate, args.seed, args.burstiness, args.length_scale
         )
     report = {}
-    for policy in policies:
+    for policy in each(policies, "simulating", "policy", quiet=args.json):
         started = time.perf_counter()
         result = simulate(policy, workload, config)
         summary = summarize(result.records)

@@ -105,6 +105,8 @@ class Counters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     steps: int = 0
+    # Completed requests that met every target they had (none counts as met): goodput's count.
+    good_requests: int = 0
 
 
 class EngineMetrics:
@@ -123,10 +125,18 @@ class EngineMetrics:
         self.e2e = Histogram(LATENCY_BUCKETS_S)
         self.queue = Histogram(LATENCY_BUCKETS_S)
         self.tpot = Histogram(ITL_BUCKETS_S)
+        # First scheduled to first token, first token to finish, first scheduled to finish.
+        self.prefill_time = Histogram(LATENCY_BUCKETS_S)
+        self.decode_time = Histogram(LATENCY_BUCKETS_S)
+        self.inference_time = Histogram(LATENCY_BUCKETS_S)
+        self.request_prompt_tokens = Histogram(COUNT_BUCKETS)
+        self.request_generation_tokens = Histogram(COUNT_BUCKETS)
+        self.request_max_tokens = Histogram(COUNT_BUCKETS)
         self.step_duration = Histogram(STEP_BUCKETS_S)
         self.step_batch_size = Histogram(COUNT_BUCKETS)
         self.step_prefill_tokens = Histogram(COUNT_BUCKETS)
         self.step_decode_tokens = Histogram(COUNT_BUCKETS)
+        self.step_tokens = Histogram(COUNT_BUCKETS)
         self.step_cost_error = Histogram(RATIO_BUCKETS)
         self.step_cost_model = None
         self.recent_requests: deque[FinishedRecord] = deque()
@@ -155,6 +165,7 @@ class EngineMetrics:
             self.step_batch_size.observe(record.num_seqs)
             self.step_prefill_tokens.observe(record.num_prefill_tokens)
             self.step_decode_tokens.observe(record.num_decode_tokens)
+            self.step_tokens.observe(record.num_prefill_tokens + record.num_decode_tokens)
             model = self.step_cost_model
             if model is not None and model.last_error_ratio is not None and record.duration_s > 0:
                 self.step_cost_error.observe(model.last_error_ratio)
@@ -180,6 +191,7 @@ class EngineMetrics:
             totals.requests += 1
             totals.prompt_tokens += request.num_prompt_tokens
             totals.generation_tokens += request.num_output_tokens
+            totals.good_requests += completed and outcome.met is not False
             self.finished_by_reason[request.finish_reason or FinishReason.ERROR] += 1
             for name, met in (("ttft", outcome.ttft_met), ("tpot", outcome.tpot_met)):
                 if met is not None:
@@ -187,8 +199,16 @@ class EngineMetrics:
             self.e2e.observe(timing.e2e_ms / 1e3)
             if request.first_scheduled_time is not None:
                 self.queue.observe(timing.queue_ms / 1e3)
+                self.inference_time.observe((timing.e2e_ms - timing.queue_ms) / 1e3)
             if request.first_token_time is not None:
                 self.ttft.observe(timing.ttft_ms / 1e3)
+                self.decode_time.observe((timing.e2e_ms - timing.ttft_ms) / 1e3)
+                if request.first_scheduled_time is not None:
+                    self.prefill_time.observe((timing.ttft_ms - timing.queue_ms) / 1e3)
+            self.request_prompt_tokens.observe(request.num_prompt_tokens)
+            self.request_generation_tokens.observe(request.num_output_tokens)
+            if request.sampling_params.max_tokens is not None:
+                self.request_max_tokens.observe(request.sampling_params.max_tokens)
             if record.tpot_ms is not None:
                 self.tpot.observe(record.tpot_ms / 1e3)
             self.itl.observe_many(gaps)

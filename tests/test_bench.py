@@ -4,6 +4,7 @@ a set rate, and failures counted rather than fatal."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -26,7 +27,7 @@ def server(llama_checkpoint):
         yield base_url(state)
 
 
-def test_bench_reports_latency_throughput_and_goodput(server, tmp_path):
+def test_bench_reports_latency_throughput_and_goodput(server, tmp_path, capsys):
     result_json, png = tmp_path / "result.json", tmp_path / "cdf.png"
     code = main(
         [
@@ -65,7 +66,12 @@ def test_bench_reports_latency_throughput_and_goodput(server, tmp_path):
     assert report["goodput_rps"] == pytest.approx(report["request_throughput"])
     assert report["slo_attainment"] == 1.0
     assert report["output_throughput"] == pytest.approx(160 / report["duration_s"])
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = png.read_bytes()
+    assert image[:8] == b"\x89PNG\r\n\x1a\n"
+    # Two panels a row, a page wide: the PNG's width (IHDR) is at most 1000 pixels.
+    assert int.from_bytes(image[16:20], "big") <= 1000
+    printed = capsys.readouterr().out.splitlines()
+    assert printed and all(len(line) <= 80 for line in printed), printed
 
 
 def test_bench_sweeps_rates_on_the_chat_endpoint_with_class_slos(server, tmp_path):
@@ -202,3 +208,32 @@ def test_bench_counts_refused_requests_as_failures(server, tmp_path, capsys):
 def test_bench_rejects_bad_flags(capsys):
     assert main(["bench", "--request-rate", "fast"]) == 2
     assert main(["bench", "--goodput", "latency:5"]) == 2
+
+
+class Terminal(io.StringIO):
+    """stderr as a terminal would be: what is written there is kept for the test to read."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+BENCH_QUICK = ["bench", "--num-prompts", "4", "--request-rate", "50", "--output-len", "3"]
+
+
+def test_bench_draws_a_progress_bar_on_a_terminal_only(server, monkeypatch, capsys):
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    assert main([*BENCH_QUICK, "--base-url", server]) == 0
+    assert "rate 50/s" in terminal.getvalue() and "/4 [" in terminal.getvalue()
+    monkeypatch.undo()
+    assert main([*BENCH_QUICK, "--base-url", server]) == 0
+    assert capsys.readouterr().err == "", "no bar when stderr is not a terminal"
+
+
+def test_bench_json_prints_the_report_alone_and_no_bar(server, monkeypatch, capsys):
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    assert main([*BENCH_QUICK, "--base-url", server, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["completed"] == 4
+    assert terminal.getvalue() == ""

@@ -1,9 +1,19 @@
-"""`baton generate` end to end in a subprocess, and its errors."""
+"""`baton generate` and `baton serve` end to end in a subprocess: output, startup lines, errors,
+and a clean exit."""
 
 from __future__ import annotations
 
+import re
+import signal
+import socket
 import subprocess
 import sys
+import time
+
+import httpx
+import pytest
+
+from tests.server_harness import free_port
 
 
 def baton(*args: str) -> subprocess.CompletedProcess:
@@ -64,3 +74,66 @@ def test_generate_errors_say_what_to_change(tmp_path, llama_checkpoint):
         "1.5",
     )
     assert bad.returncode == 2 and "top_p must be in (0, 1]" in bad.stderr
+
+
+def test_version_names_the_installed_distribution():
+    result = baton("--version")
+    assert result.returncode == 0
+    assert re.fullmatch(r"baton \d+\.\d+\.\d+\S*\n", result.stdout)
+
+
+def test_a_busy_port_fails_fast_without_loading_the_model(llama_checkpoint):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = baton("serve", "--model", str(llama_checkpoint), "--port", str(port))
+    assert result.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "pick another --port" in result.stderr
+    assert "loaded" not in result.stderr and "KV cache" not in result.stderr
+
+
+@pytest.mark.slow
+def test_serve_logs_what_it_loaded_and_exits_cleanly_on_sigint(llama_checkpoint, tmp_path):
+    port = free_port()
+    log = tmp_path / "serve.log"
+    command = [sys.executable, "-m", "app.cli", "serve", "--model", str(llama_checkpoint)]
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [*command, "--device", "cpu", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        # Generous: the first run on a machine builds the C++ CPU kernels.
+        deadline = time.monotonic() + 300
+        while True:
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "baton serve did not come up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        body = {"prompt": "hi", "max_tokens": 3}
+        assert httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body).status_code == 200
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    text = log.read_text()
+    loaded = re.search(
+        r"loaded \S+ \(LlamaForCausalLM on the native path\) in [\d.]+ s: device cpu, "
+        r"dtype float32, "
+        r"KV cache (\d+) blocks x 16 tokens = (\d+) tokens, max model len \d+",
+        text,
+    )
+    assert loaded, text
+    assert int(loaded[1]) * 16 == int(loaded[2])
+    # No third-party report at exit (nanobind's "leaked instances", multiprocessing's
+    # resource_tracker "leaked semaphore"), no traceback.
+    for marker in ("leaked", "resource_tracker", "Traceback"):
+        assert marker not in text, text

@@ -340,6 +340,49 @@ def test_dashboard_shows_an_empty_window_and_a_server_without_stats(server, open
     expect(dashboard.locator("#banner")).to_contain_text("no /v1/stats endpoint", timeout=WAIT_MS)
 
 
+# Whether anything is painted in a band of rows above a chart's bottom edge (where the time
+# axis's labels sit), read from the canvas's own pixels.
+AXIS_PAINTED = """(canvas) => {
+    const context = canvas.getContext("2d");
+    const ratio = window.devicePixelRatio || 1;
+    const top = Math.round((canvas.clientHeight - 14) * ratio);
+    const rows = Math.round(8 * ratio);
+    const pixels = context.getImageData(0, top, canvas.width, rows).data;
+    return pixels.some((value, index) => index % 4 === 3 && value > 0);
+}"""
+
+
+def test_dashboard_pairs_attainment_with_goodput_and_charts_have_time_axes(server, open_page):
+    untargeted = {
+        **EMPTY_WINDOW,
+        "requests_finished": 3,
+        "slo": {"attainment": None, "goodput_rps": 1.0},
+    }
+    targeted = {**untargeted, "slo": {"attainment": 0.5, "goodput_rps": 0.5}}
+    answers = [untargeted]
+    dashboard = open_page("about:blank")
+    dashboard.route(
+        "**/v1/stats",
+        lambda route: route.fulfill(
+            status=200, content_type="application/json", body=json.dumps(answers[-1])
+        ),
+    )
+    dashboard.goto(base_url(server) + "/dashboard.html")
+    expect(dashboard.locator("#dash-status")).to_have_text("Live", timeout=WAIT_MS)
+    # Requests finished, none with a target: no goodput without an attainment, and a hint.
+    expect(dashboard.locator("[data-field=slo-attainment]")).to_have_text("–")
+    expect(dashboard.locator("[data-field=goodput]")).to_have_text("–")
+    expect(dashboard.locator("#slo-hint")).to_be_visible()
+    answers.append(targeted)
+    expect(dashboard.locator("[data-field=slo-attainment]")).to_have_text("50%", timeout=WAIT_MS)
+    expect(dashboard.locator("[data-field=goodput]")).to_have_text("0.5 req/s")
+    expect(dashboard.locator("#slo-hint")).to_be_hidden()
+    for chart in ("chart-ttft", "chart-slo", "chart-kv"):
+        assert dashboard.locator(f"#{chart}").evaluate(AXIS_PAINTED), chart
+    label = dashboard.locator("#chart-ttft").get_attribute("aria-label")
+    assert label.startswith("Chart of the last 120 seconds")
+
+
 def test_dashboard_on_a_phone_in_the_dark(server, open_page):
     dashboard = open_page(
         base_url(server) + "/dashboard.html",

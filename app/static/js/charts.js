@@ -1,36 +1,43 @@
-// Small line charts drawn on a canvas: a rolling window of samples per series, gaps where a
-// value is null, colours from the page's CSS custom properties so the theme applies.
+// Small line charts drawn on a canvas: the last `windowS` seconds of samples per series on a
+// time axis, gaps where a value is null, colours from the page's CSS custom properties so the
+// theme applies.
 
 const GRID_LINES = 3;
+// Seconds between time-axis ticks.
+const TICK_S = 30;
 
 export class LineChart {
-  /** `series`: [{label, color: "--chart-1"}]; `max`: a fixed top (fractions) or null to fit;
-   * `format(value)`: how the top gridline's value reads. */
-  constructor(canvas, { series, capacity = 120, max = null, format = String }) {
+  /** `series`: [{label, color: "--chart-1"}]; `windowS`: seconds shown; `max`: a fixed top
+   * (fractions) or null to fit; `format(value)`: how the top gridline's value reads. */
+  constructor(canvas, { series, windowS = 120, max = null, format = String }) {
     this.canvas = canvas;
     this.series = series;
-    this.capacity = capacity;
+    this.windowS = windowS;
     this.max = max;
     this.format = format;
+    // Per series, [{t, value}] with t in seconds, oldest first.
     this.samples = series.map(() => []);
+    this.now = Date.now() / 1000;
     new ResizeObserver(() => this.draw()).observe(canvas);
     document.addEventListener("themechange", () => this.draw());
     window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => this.draw());
   }
 
-  push(values) {
+  /** One sample per series, taken at `t` (seconds; now by default). */
+  push(values, t = Date.now() / 1000) {
+    this.now = t;
     values.forEach((value, i) => {
       const samples = this.samples[i];
-      samples.push(typeof value === "number" && Number.isFinite(value) ? value : null);
-      if (samples.length > this.capacity) samples.shift();
+      samples.push({ t, value: typeof value === "number" && Number.isFinite(value) ? value : null });
+      while (samples.length && samples[0].t < t - this.windowS) samples.shift();
     });
     this.draw();
   }
 
   top() {
     if (this.max !== null) return this.max;
-    const highest = Math.max(0, ...this.samples.flat().filter((v) => v !== null));
-    return niceCeiling(highest);
+    const values = this.samples.flat().map((s) => s.value).filter((v) => v !== null);
+    return niceCeiling(Math.max(0, ...values));
   }
 
   draw() {
@@ -46,9 +53,11 @@ export class LineChart {
     context.clearRect(0, 0, width, height);
     const style = getComputedStyle(canvas);
     const top = this.top();
-    const pad = { left: 4, right: 4, top: 14, bottom: 4 };
+    const pad = { left: 4, right: 4, top: 14, bottom: 18 };
     const plotHeight = height - pad.top - pad.bottom;
     const plotWidth = width - pad.left - pad.right;
+    const xAt = (t) => pad.left + plotWidth * (1 - (this.now - t) / this.windowS);
+    const yAt = (value) => pad.top + plotHeight * (1 - Math.min(value, top) / top);
 
     context.strokeStyle = style.getPropertyValue("--chart-grid");
     context.fillStyle = style.getPropertyValue("--muted");
@@ -62,49 +71,67 @@ export class LineChart {
       context.stroke();
     }
     context.fillText(this.format(top), pad.left + 2, pad.top - 3);
+    this.drawTimeAxis(context, pad, height, xAt);
 
-    const step = plotWidth / Math.max(1, this.capacity - 1);
     this.series.forEach((series, i) => {
       const samples = this.samples[i];
-      // The newest sample sits at the right edge; older ones scroll left.
-      const offset = this.capacity - samples.length;
       context.strokeStyle = style.getPropertyValue(series.color);
       context.lineWidth = 2;
       context.lineJoin = "round";
       context.beginPath();
       let drawing = false;
-      samples.forEach((value, index) => {
+      for (const { t, value } of samples) {
         if (value === null) {
           drawing = false;
-          return;
+          continue;
         }
-        const x = pad.left + (offset + index) * step;
-        const y = pad.top + plotHeight * (1 - Math.min(value, top) / top);
-        if (drawing) context.lineTo(x, y);
-        else context.moveTo(x, y);
+        if (drawing) context.lineTo(xAt(t), yAt(value));
+        else context.moveTo(xAt(t), yAt(value));
         drawing = true;
-      });
+      }
       context.stroke();
       // A dot on the newest value, so a lone sample between gaps still shows.
       const last = samples.at(-1);
-      if (last !== null && last !== undefined) {
+      if (last && last.value !== null) {
         context.fillStyle = context.strokeStyle;
         context.beginPath();
-        const y = pad.top + plotHeight * (1 - Math.min(last, top) / top);
-        context.arc(width - pad.right, y, 2.5, 0, 2 * Math.PI);
+        context.arc(xAt(last.t), yAt(last.value), 2.5, 0, 2 * Math.PI);
         context.fill();
       }
     });
     canvas.setAttribute("aria-label", this.describe());
   }
 
+  /** A tick and a label every TICK_S seconds back from now, along the bottom. */
+  drawTimeAxis(context, pad, height, xAt) {
+    const baseline = height - pad.bottom + 0.5;
+    context.textBaseline = "top";
+    for (let ago = 0; ago <= this.windowS; ago += TICK_S) {
+      const x = Math.round(xAt(this.now - ago)) + 0.5;
+      context.beginPath();
+      context.moveTo(x, baseline);
+      context.lineTo(x, baseline + 3);
+      context.stroke();
+      context.textAlign = ago === 0 ? "right" : ago === this.windowS ? "left" : "center";
+      context.fillText(timeAgo(ago), ago === 0 ? x + 0.5 : x, baseline + 4);
+    }
+    context.textAlign = "left";
+    context.textBaseline = "alphabetic";
+  }
+
   describe() {
     const latest = this.series.map((series, i) => {
-      const value = this.samples[i].at(-1);
+      const value = this.samples[i].at(-1)?.value;
       return `${series.label} ${value === null || value === undefined ? "no data" : this.format(value)}`;
     });
-    return `Chart of the last ${this.capacity} seconds; latest: ${latest.join(", ")}`;
+    return `Chart of the last ${this.windowS} seconds; latest: ${latest.join(", ")}`;
   }
+}
+
+/** How long ago `seconds` was, as a time-axis label: "now", "-30 s", "-2 min". */
+export function timeAgo(seconds) {
+  if (seconds === 0) return "now";
+  return seconds % 60 === 0 ? `-${seconds / 60} min` : `-${seconds} s`;
 }
 
 /** The smallest 1, 2 or 5 × 10^n at or above `value`; 1 for nothing above 0. */

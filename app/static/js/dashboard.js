@@ -1,5 +1,5 @@
 // The live dashboard: polls GET /v1/stats once a second and shows the engine's state and the
-// window's latency and SLO figures, as numbers and as charts of the last two minutes.
+// window's latency and SLO figures, as numbers and as charts of the last two minutes on a time axis.
 
 import { apiFetch } from "./api.js";
 import { LineChart } from "./charts.js";
@@ -101,8 +101,12 @@ export function showStats(stats) {
   setField("ttft-p99", ms(ttft.p99));
   setField("tpot-p50", ms(tpot.p50));
   setField("tpot-p99", ms(tpot.p99));
+  // Attainment and goodput show together or not at all: while no request in the window had a
+  // target there is nothing to attain, and "goodput" would only repeat the completion rate.
+  const judged = isNumber(slo.attainment);
   setField("slo-attainment", percent(slo.attainment));
-  setField("goodput", perSecond("req")(slo.goodput_rps));
+  setField("goodput", judged ? perSecond("req")(slo.goodput_rps) : "–");
+  $("#slo-hint").hidden = judged || !(stats.requests_finished > 0);
   setField("generation-tps", perSecond("tok")(throughput.generation_tokens_per_s));
   setField("prompt-tps", perSecond("tok")(throughput.prompt_tokens_per_s));
   setField("rps", perSecond("req")(throughput.requests_per_s));
