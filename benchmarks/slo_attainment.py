@@ -94,7 +94,7 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
             return
         if args.loads:
-            rates = [(s, load * by_seed[s]) for s in seeds for load in _floats(args.loads)]
+            rates = [(s, load * by_seed[s]) for load in _floats(args.loads) for s in seeds]
         else:
             rates = [(s, rate) for s in seeds for rate in _floats(args.rates)]
         points = [

@@ -45,14 +45,16 @@ class Forecast:
     displaced: int = 0
 
     def refuses(self, ttft_ms: float, factor: float) -> bool:
-        """SLO admission control's rule: refuse a request whose first token is predicted later
-        than `factor` times its target because of the queue (it would fit its target on an
-        idle engine, so it is the queue, not the request, that makes it hopeless). A factor of
-        0 refuses nothing."""
+        """SLO admission control's rule at arrival: refuse a request whose first token is
+        predicted later than `factor` times its target because of the queue, or that would
+        push two or more accepted requests from on time to late (one is a wash: one request
+        on time either way, and the prediction may be wrong). One that would fit its target
+        on an idle engine only: otherwise it is the request, not the queue, that makes it
+        late. A factor of 0 refuses nothing."""
         target_s = ttft_ms / 1000
         if factor <= 0 or self.alone_s > target_s:
             return False
-        return self.ttft_s > factor * target_s or self.displaced > 0
+        return self.ttft_s > factor * target_s or self.displaced > 1
 
 
 class TTFTForecast:
@@ -94,9 +96,11 @@ class TTFTForecast:
     def predict(self, num_prompt_tokens: int, ttft_ms: float | None, now: float) -> Forecast:
         """When a request arriving `now` would get its first token, as the `slo` planner would
         order it among the requests still owed a first token (`feasibility.plan_order`), at
-        the pace the in-flight decodes allow. One predicted past its deadline drops out of
-        reach while it waits, and the planner serves those after every request still in
-        reach: under load that means at the starvation bound, which the scheduler keeps."""
+        the pace the in-flight decodes allow, and how many of those it would make late. One
+        predicted past its deadline is not refused for that alone: if it does drop out of
+        reach, the planner sets it aside and, having used nothing, it is refused once it has
+        waited the factor times its target (`SLOPolicy.refuse`); a borderline prediction at
+        moderate load is often wrong, and refusing it would be a sure miss."""
         decodes = context = owed = 0
         jobs = []
         for key, entry in self._in_flight.items():
@@ -121,8 +125,6 @@ class TTFTForecast:
         displaced = sum(
             before[job.key] <= job.deadline_s < times[job.key] for job in jobs if job.key != _NEW
         )
-        if ttft_s > deadline - now:
-            ttft_s = self.max_wait_s
         return Forecast(
             ttft_s=min(ttft_s, self.max_wait_s),
             alone_s=dataclasses.replace(pace, queued_tokens=0).prefill_s(num_prompt_tokens),

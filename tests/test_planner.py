@@ -81,7 +81,8 @@ def test_no_request_waits_past_the_bound(specs, policy, factor):
             assert factor * request.slo.ttft_ms / 1000 < waited_s <= bound_ms / 1000
             assert waited_s <= factor * request.slo.ttft_ms / 1000 + longest_step_s
             continue
-        assert request.first_token_time - request.arrival_time <= bound_ms / 1000
+        # Up to float rounding: the simulated clock sums step times.
+        assert request.first_token_time - request.arrival_time <= bound_ms / 1000 + 1e-9
         assert request.num_preemptions <= 3
 
 
@@ -127,9 +128,9 @@ def test_the_forecast_is_the_planners_first_token_time(
 ):
     """With the cost model exact (it charges no context, which the forecast's ledger does not
     track), the forecast for a newcomer is the time the planner's own order (including the
-    newcomer) gives it, or the starvation bound where that is past its deadline (out of reach,
-    it is served after everything in reach): with places free and with a batch of up to 64
-    running decodes, where a place frees every mean lifetime / batch size."""
+    newcomer, set aside after everything in reach if it is out of reach) gives it, capped at
+    the starvation bound: with places free and with a batch of up to 64 running decodes, where
+    a place frees every mean lifetime / batch size."""
     now = 2.0
     cost = StepCostModel(COST)
     forecast = TTFTForecast(cost, 2048, max_num_seqs=64, max_wait_s=20.0)
@@ -156,6 +157,4 @@ def test_the_forecast_is_the_planners_first_token_time(
     jobs = [Job.of(r) for r in plan.order]
     pace = policy.pace(view, plan.prefill_budget, jobs)
     planned_s = feasibility.first_token_times(jobs, pace, now)[newcomer.request_id] - now
-    deadline_s = math.inf if ttft_ms is None else ttft_ms / 1000
-    expected = planned_s if planned_s <= deadline_s else 20.0
-    assert math.isclose(predicted.ttft_s, min(expected, 20.0), rel_tol=1e-12)
+    assert math.isclose(predicted.ttft_s, min(planned_s, 20.0), rel_tol=1e-12)

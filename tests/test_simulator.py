@@ -189,7 +189,6 @@ def test_simulated_admission_rejects_under_overload_only_behind_a_long_queue():
     assert len(rejected) > 50
     assert all(r.arrival_s >= 10 for r in rejected)  # never while the engine keeps up
     at_arrival = [r for r in rejected if r.finish_s == r.arrival_s]
-    assert len(at_arrival) > 50
     for refused in rejected:
         assert not refused.slo_met
         if refused in at_arrival:

@@ -60,12 +60,13 @@ def test_requests_out_of_reach_do_not_count_ahead():
     assert prediction.drain_s > 4.0
 
 
-def test_a_request_predicted_past_its_deadline_waits_for_the_starvation_bound():
-    # Behind twenty prompts with earlier deadlines it would miss its 2 s target; once out of
-    # reach the planner serves it after everything in reach.
+def test_a_request_predicted_past_its_deadline_is_refused_only_past_the_factor():
+    # Behind twenty prompts with earlier deadlines it would miss its 2 s target: out of reach,
+    # the planner serves it after them all (43,000 tokens, 21 steps of 2,048, 4.51 s).
     prediction = forecast_with_queue(20, 1000).predict(3000, 2000, now=0.0)
-    assert prediction.ttft_s == 20.0
-    assert prediction.refuses(2000, factor=3.0)
+    assert prediction.ttft_s == pytest.approx(21 * 0.01 + 43_000 * 1e-4)
+    assert prediction.refuses(2000, factor=2.0)  # past 4 s
+    assert not prediction.refuses(2000, factor=3.0)  # within 6 s
 
 
 def test_first_tokens_settle_owed_prefill_and_turn_into_decodes():
@@ -158,9 +159,9 @@ def test_server_refuses_hopeless_ttft_with_429_and_serves_the_rest(llama_checkpo
             threads.append(thread)
             wait_for(lambda: state.engine.num_in_flight > in_flight or refusals)
 
-        # Tight-deadline requests queue up (no step runs) until the next one would miss its 5 s
-        # target (some 7 prompts of 1,500 tokens at 2,048 per 1.075 s step): the slo policy
-        # would set it aside until the starvation bound, 4 times its target.
+        # Tight-deadline requests queue up (no step runs) until the next one's first token is
+        # predicted past twice its 5 s target (some dozen prompts of 1,500 tokens at 2,048 per
+        # 1.075 s step).
         while not refusals and len(threads) < 30:
             send(completion(1000 * SLOWDOWN))
         assert refusals and 6 <= state.engine.num_in_flight <= 14
@@ -201,16 +202,18 @@ def test_other_policies_and_factor_zero_never_refuse(llama_checkpoint):
             assert response.status_code == 200, (policy, factor)
 
 
-def test_a_request_that_would_push_an_accepted_one_past_its_deadline_is_refused():
+def test_a_request_that_would_push_accepted_ones_past_their_deadline_is_refused():
     # Ten prompts of 2,000 tokens due in 2.2 s all make it (the last at 2.1 s: ten steps of
-    # 10 ms, 20,000 tokens at 0.1 ms). A newcomer due sooner would go first and push the last
-    # past its deadline: it is refused although it would be on time itself, because the
-    # server accepted the others.
+    # 10 ms, 20,000 tokens at 0.1 ms). A newcomer due sooner goes first: with 2,000 tokens it
+    # pushes the last one past its deadline, a wash (one on time either way), so it is
+    # accepted; with 4,000 it pushes two, so it is refused although it would be on time.
     forecast = forecast_with_queue(10, 2200)
-    pushy = forecast.predict(2000, 1000, now=0.0)
-    assert pushy.ttft_s == pytest.approx(0.2148)
-    assert pushy.displaced == 1
-    assert pushy.refuses(1000, factor=3.0)
+    small = forecast.predict(2000, 1000, now=0.0)
+    assert small.ttft_s == pytest.approx(0.2148)
+    assert small.displaced == 1 and not small.refuses(1000, factor=3.0)
+    pushy = forecast.predict(4000, 1000, now=0.0)
+    assert pushy.ttft_s < 1.0
+    assert pushy.displaced == 2 and pushy.refuses(1000, factor=3.0)
     # One due after them queues behind them and pushes nobody.
     patient = forecast.predict(2000, 3000, now=0.0)
     assert patient.ttft_s == pytest.approx(11 * 0.01 + 22_000 * 1e-4)
