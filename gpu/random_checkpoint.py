@@ -32,7 +32,33 @@ PRESETS = {
     ),
 }
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "mixtral",
+    "qwen3_moe",
+)
+
+# What each family's tiny checkpoint sets beyond the shape: Gemma's head size (its default is
+# 256) and window, the experts of the MoE families.
+FAMILY_DEFAULTS = {
+    "gemma2": dict(head_dim=16, sliding_window=16),
+    "gemma3": dict(
+        head_dim=16,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"],
+        query_pre_attn_scalar=16,
+    ),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "qwen3_moe": dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True
+    ),
+}
 
 
 def model_config(family: str, vocab_size: int, bos: int, eos: int, **overrides):
@@ -44,6 +70,11 @@ def model_config(family: str, vocab_size: int, bos: int, eos: int, **overrides):
         "mistral": transformers.MistralConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
+        "gemma2": transformers.Gemma2Config,
+        "gemma3": transformers.Gemma3TextConfig,
+        "phi3": transformers.Phi3Config,
+        "mixtral": transformers.MixtralConfig,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
     }
     if family not in classes:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
@@ -57,8 +88,9 @@ def model_config(family: str, vocab_size: int, bos: int, eos: int, **overrides):
         tie_word_embeddings=False,
         initializer_range=0.1,
     )
-    if family == "mistral":
+    if family in ("mistral", "mixtral", "phi3"):
         settings["sliding_window"] = None
+    settings.update(FAMILY_DEFAULTS.get(family, {}))
     settings.update(overrides)
     return classes[family](**settings)
 

@@ -8,14 +8,14 @@ batch's lists, and never syncs, so a CUDA graph can capture it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from typing import Protocol
 
 import torch
 
-from kernels.activation import silu_and_mul_ref
+from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from kernels.kv_cache import write_kv_cache_ref
 from kernels.paged_attention import CpuAttentionPlan, paged_attention_cpu, paged_attention_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
@@ -100,15 +100,26 @@ def use_split_kv(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: in
 
 
 def paged_attention(
-    q: torch.Tensor, kv_cache: torch.Tensor, batch: PackedAttentionBatch, scale: float
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    batch: PackedAttentionBatch,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention of packed queries [T, Hq, D] over one layer's paged cache."""
-    if not uses_triton(q):
+    """Causal attention of packed queries [T, Hq, D] over one layer's paged cache; each query
+    sees its last `window` tokens (itself included) when a window is given, and its scores are
+    soft-capped at `softcap` when one is given."""
+    # The Triton kernels have neither a window nor soft-capping: such layers take the
+    # reference on CUDA too (and the model is not graph-captured, see CausalLM).
+    if not uses_triton(q) or window is not None or softcap is not None:
         tables, starts, lens = batch.block_tables, batch.query_start_loc, batch.seq_lens
         # Forced references stay one SDPA call per sequence.
         if _forced is None and not q.is_cuda:
-            return paged_attention_cpu(q, kv_cache, tables, starts, lens, scale, batch.cpu_plan)
-        return paged_attention_ref(q, kv_cache, tables, starts, lens, scale)
+            return paged_attention_cpu(
+                q, kv_cache, tables, starts, lens, scale, batch.cpu_plan, window, softcap
+            )
+        return paged_attention_ref(q, kv_cache, tables, starts, lens, scale, window, softcap)
     from kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
     from kernels.paged_attention_triton import paged_attention_triton
 
@@ -176,6 +187,16 @@ def apply_rotary(
     from kernels.rotary_triton import apply_rotary_triton
 
     return apply_rotary_triton(q, k, positions, cos_sin_cache)
+
+
+def gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The gated MLP activation a config's `hidden_act` names: [gate | up] -> act(gate) * up."""
+    if name == "silu":
+        return silu_and_mul
+    if name in ("gelu_pytorch_tanh", "gelu_tanh"):
+        # No Triton kernel yet: the reference serves CUDA tensors too.
+        return gelu_tanh_and_mul_ref
+    raise ValueError(f"the MLP activation {name!r} has no native kernel; use silu or gelu_tanh")
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
