@@ -103,7 +103,13 @@ class TorchExecutor:
         self._log_kv_capacity()
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not engine_config.enforce_eager:
-            self.graphs = self._captured_graphs()
+            if self.model.graph_capturable:
+                self.graphs = self._captured_graphs()
+            else:
+                logger.info(
+                    "no CUDA graphs: %s has windowed, soft-capped or MoE layers",
+                    model_config.architecture,
+                )
         self.sampler = Sampler(model_config.vocab_size, model_config.eos_token_ids)
         # Requests without a seed draw from the global generator: --seed makes a server run
         # repeatable as a whole (requests with their own seed are repeatable regardless).
