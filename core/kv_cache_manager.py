@@ -44,6 +44,15 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def max_blocks_held(self, num_tokens: int, max_chunk: int) -> int:
+        """The most blocks a request of `num_tokens` tokens holds at once, computed in chunks
+        of at most `max_chunk`: all of them, or with a sliding window the window behind a
+        chunk, the chunk's, and one more where they straddle a block boundary."""
+        needed = self.blocks_needed(num_tokens)
+        if self.sliding_window is None:
+            return needed
+        return min(needed, self.blocks_needed(self.sliding_window - 1 + max_chunk) + 1)
+
     def block_table(self, request_id: str) -> list[int]:
         return self._block_tables[request_id]
 
