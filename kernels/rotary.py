@@ -35,7 +35,7 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int, seq_len: int | None = None) -
         return _yarn_inv_freq(base_freq, rope, head_dim)
     if rope.rope_type == "longrope":
         long = seq_len is not None and seq_len > original
-        factors = torch.tensor(rope.long_factor if long else rope.short_factor)
+        factors = torch.tensor(rope.long_factor if long else rope.short_factor, device="cpu")
         return 1.0 / (factors * base_freq)
     return 1.0 / base_freq
 
@@ -72,7 +72,9 @@ def _yarn_inv_freq(base_freq: torch.Tensor, rope: RopeConfig, head_dim: int) -> 
     low, high = max(low, 0), min(high, head_dim - 1)
     if low == high:
         high += 0.001  # a zero-width ramp would divide by zero
-    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    ramp = (
+        (torch.arange(head_dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)
+    ).clamp(0, 1)
     keep = 1 - ramp
     return (1.0 / (rope.factor * base_freq)) * (1 - keep) + (1.0 / base_freq) * keep
 
