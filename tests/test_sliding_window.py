@@ -118,3 +118,21 @@ def test_gemma2_with_a_global_layer_equals_transformers_and_frees_nothing(make_c
         expected = transformers_greedy(reference, prompt, 20)
         assert_same_or_near_tie(reference, prompt, result.token_ids, expected)
     assert llm.engine.make_stats().kv_blocks_freed_by_window == 0
+
+
+@pytest.mark.slow
+def test_freed_blocks_are_reported_in_v1_stats(make_checkpoint):
+    import httpx
+
+    from tests.server_harness import base_url, model_engine, running_server
+
+    path = make_checkpoint("mistral", sliding_window=WINDOW)
+    engine = model_engine(path, num_kv_blocks=16, max_num_batched_tokens=16)
+    prompt = long_prompts(512, (60,), seed=2)[0]
+    with running_server(engine) as state:
+        url = base_url(state)
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 20, "ignore_eos": True}
+        assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+        stats = httpx.get(f"{url}/v1/stats").json()
+    # The last step computes position 78, whose window starts at 63: blocks 0-2 are behind it.
+    assert stats["kv_blocks_freed_by_window"] == 3
