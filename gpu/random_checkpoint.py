@@ -59,6 +59,13 @@ FAMILY_DEFAULTS = {
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True
     ),
 }
+# The bench shape's head size (hidden / heads) where a family's default or tiny one differs,
+# and experts a quarter of the dense MLP's width.
+BENCH_FAMILY_DEFAULTS = {
+    "gemma2": dict(head_dim=64, query_pre_attn_scalar=64),
+    "gemma3": dict(head_dim=64, query_pre_attn_scalar=64),
+    "qwen3_moe": dict(head_dim=64, moe_intermediate_size=352),
+}
 
 
 def model_config(family: str, vocab_size: int, bos: int, eos: int, **overrides):
@@ -109,6 +116,8 @@ def write_checkpoint(
 
     out = Path(out)
     shape = {**PRESETS[preset], **overrides}
+    if preset == "bench":
+        shape = {**PRESETS[preset], **BENCH_FAMILY_DEFAULTS.get(family, {}), **overrides}
     if tokenizer is None:
         tokenizer = train_tokenizer(shape["vocab_size"])
     config = model_config(family, bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id, **shape)
