@@ -238,9 +238,10 @@ class CausalLM(nn.Module):
 
     @property
     def graph_capturable(self) -> bool:
-        """Whether a decode step can be captured in a CUDA graph: the Triton attention has no
-        window or soft-capping (those layers take the reference path, which reads host lists),
-        and the experts' split by token count is decided on the host."""
+        """Whether decode steps may be captured in CUDA graphs. Not MoE models: the experts'
+        split by token count is decided on the host. Not windowed or soft-capped ones either,
+        until their Triton attention has run under graph capture on a GPU (it has been checked
+        against the reference in the interpreter only)."""
         config = self.config
         windowed = any(config.layer_window(i) for i in range(config.num_hidden_layers))
         return not (windowed or config.attn_logit_softcap or config.moe)

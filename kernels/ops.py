@@ -1,9 +1,10 @@
 """Kernel dispatch: Triton on CUDA tensors, the plain-torch references everywhere else.
 
-The model calls only these (its linear layers excepted: kernels.linear). On the CPU, attention
-is `paged_attention_cpu` over the step's plan; Triton is imported only once a CUDA tensor
-arrives. The Triton path reads only tensors and the scalars fixed per graph bucket, never the
-batch's lists, and never syncs, so a CUDA graph can capture it.
+The model calls only these (its linear layers excepted: kernels.linear; and the MoE experts
+and logit soft-capping, plain torch on every device: kernels.moe, kernels.softcap). On the CPU,
+attention is `paged_attention_cpu` over the step's plan; Triton is imported only once a CUDA
+tensor arrives. The Triton path reads only tensors and the scalars fixed per graph bucket, never
+the batch's lists, and never syncs, so a CUDA graph can capture it.
 """
 
 from __future__ import annotations
@@ -110,9 +111,7 @@ def paged_attention(
     """Causal attention of packed queries [T, Hq, D] over one layer's paged cache; each query
     sees its last `window` tokens (itself included) when a window is given, and its scores are
     soft-capped at `softcap` when one is given."""
-    # The Triton kernels have neither a window nor soft-capping: such layers take the
-    # reference on CUDA too (and the model is not graph-captured, see CausalLM).
-    if not uses_triton(q) or window is not None or softcap is not None:
+    if not uses_triton(q):
         tables, starts, lens = batch.block_tables, batch.query_start_loc, batch.seq_lens
         # Forced references stay one SDPA call per sequence.
         if _forced is None and not q.is_cuda:
@@ -126,8 +125,12 @@ def paged_attention(
     # Shapes and per-bucket scalars only: a graph replay must take the same branch.
     num_seqs = batch.seq_lens_tensor.shape[0]
     decode_only = batch.max_query_len == 1 and q.shape[0] == num_seqs
-    if decode_only and use_split_kv(
-        num_seqs, kv_cache.shape[3], batch.max_seq_len, device_num_sms(q.device)
+    # The split-KV kernel has no window or soft-capping (a window keeps decodes short anyway).
+    plain = window is None and softcap is None
+    if (
+        plain
+        and decode_only
+        and use_split_kv(num_seqs, kv_cache.shape[3], batch.max_seq_len, device_num_sms(q.device))
     ):
         return paged_decode_split_kv_triton(
             q,
@@ -146,6 +149,8 @@ def paged_attention(
         batch.seq_lens_tensor,
         batch.max_query_len,
         scale,
+        window=window,
+        softcap=softcap,
     )
 
 
@@ -194,9 +199,16 @@ def gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     if name == "silu":
         return silu_and_mul
     if name in ("gelu_pytorch_tanh", "gelu_tanh"):
-        # No Triton kernel yet: the reference serves CUDA tensors too.
-        return gelu_tanh_and_mul_ref
+        return gelu_tanh_and_mul
     raise ValueError(f"the MLP activation {name!r} has no native kernel; use silu or gelu_tanh")
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if not uses_triton(x):
+        return gelu_tanh_and_mul_ref(x)
+    from kernels.activation_triton import gelu_tanh_and_mul_triton
+
+    return gelu_tanh_and_mul_triton(x)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -170,12 +170,12 @@ def test_kernel_refuses_a_length_past_its_block_table_with_a_clear_error() -> No
     rows = torch.tensor([0, 1])
     with pytest.raises(RuntimeError, match="exceeds its block table"):
         torch.ops.baton_cpu.paged_decode(
-            out, q, kv_cache, block_tables, torch.tensor([40, 49]), rows, rows, 0.25, 0, 0.0
+            out, q, kv_cache, block_tables, torch.tensor([40, 49]), rows, rows, 0.25
         )
     block_tables[1, 0] = kv_cache.shape[1]
     with pytest.raises(RuntimeError, match="outside the cache"):
         torch.ops.baton_cpu.paged_decode(
-            out, q, kv_cache, block_tables, torch.tensor(seq_lens), rows, rows, 0.25, 0, 0.0
+            out, q, kv_cache, block_tables, torch.tensor(seq_lens), rows, rows, 0.25
         )
 
 

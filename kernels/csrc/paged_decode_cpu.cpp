@@ -264,7 +264,8 @@ void paged_decode(const at::Tensor& out, const at::Tensor& q, const at::Tensor& 
 TORCH_LIBRARY(baton_cpu, m) {
   m.def(
       "paged_decode(Tensor(a!) out, Tensor q, Tensor kv_cache, Tensor block_tables, "
-      "Tensor seq_lens, Tensor rows, Tensor seqs, float scale, int window, float softcap) -> ()");
+      "Tensor seq_lens, Tensor rows, Tensor seqs, float scale, int window=0, "
+      "float softcap=0.0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(baton_cpu, CPU, m) { m.impl("paged_decode", &paged_decode); }
