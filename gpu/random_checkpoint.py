@@ -48,12 +48,7 @@ FAMILIES = (
 # 256) and window, the experts of the MoE families.
 FAMILY_DEFAULTS = {
     "gemma2": dict(head_dim=16, sliding_window=16),
-    "gemma3": dict(
-        head_dim=16,
-        sliding_window=16,
-        layer_types=["sliding_attention", "full_attention"],
-        query_pre_attn_scalar=16,
-    ),
+    "gemma3": dict(head_dim=16, sliding_window=16, query_pre_attn_scalar=16),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
     "qwen3_moe": dict(
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True
@@ -99,6 +94,11 @@ def model_config(family: str, vocab_size: int, bos: int, eos: int, **overrides):
         settings["sliding_window"] = None
     settings.update(FAMILY_DEFAULTS.get(family, {}))
     settings.update(overrides)
+    if family == "gemma3" and "layer_types" not in overrides:
+        # Sliding and global layers alternating, so a tiny model has both (Gemma 3's own
+        # default is one global layer in six).
+        kinds = ("sliding_attention", "full_attention")
+        settings["layer_types"] = [kinds[i % 2] for i in range(settings["num_hidden_layers"])]
     return classes[family](**settings)
 
 
