@@ -45,6 +45,7 @@ def snapshot(state: ServerState, server_metrics: ServerMetrics) -> dict[str, Any
         "running": stats.num_running,
         "waiting": stats.num_waiting,
         "kv_cache_usage": stats.kv_cache_usage,
+        "kv_blocks_freed_by_window": stats.kv_blocks_freed_by_window,
         "window_s": window_s,
         "requests_finished": len(requests),
         "throughput": {

@@ -6,6 +6,7 @@ continuous batching (`generate_batch`'s manager).
     python benchmarks/offline_throughput.py --preset qwen3-0.6b  # nano-vllm's workload, GPU
     python benchmarks/offline_throughput.py --preset llama-3.1-8b
     python benchmarks/offline_throughput.py --model DIR --device cuda --dtype bfloat16
+    python benchmarks/offline_throughput.py --family mixtral     # a random bench-size Mixtral
 
 Workload: N requests, prompt and output lengths uniform in the given ranges, greedy, ignore_eos.
 Every side is credited only with the tokens each request asked for; a static batch runs until
@@ -30,7 +31,7 @@ import transformers
 
 from app.llm import LLM
 from core.sampling_params import SamplingParams
-from gpu.random_checkpoint import write_checkpoint
+from gpu.random_checkpoint import FAMILIES, write_checkpoint
 
 CONFIGS = Path(__file__).parent / "configs"
 CONTENDERS = ("baton", "generate", "generate_batch")
@@ -202,6 +203,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=PRESETS, default="cpu")
     parser.add_argument("--model", type=Path, help="checkpoint folder, or a config with dummy")
+    parser.add_argument(
+        "--family", choices=FAMILIES, default="llama", help="of the random checkpoint, no --model"
+    )
     parser.add_argument("--load-format", choices=["auto", "dummy"])
     parser.add_argument("--num-requests", type=int)
     parser.add_argument("--input-len", type=int, nargs=2, metavar=("MIN", "MAX"))
@@ -238,6 +242,7 @@ def main() -> None:
     args = parse_args()
     report: dict = {
         "preset": args.preset,
+        "family": None if args.model else args.family,
         "machine": f"{platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
         f"transformers {transformers.__version__}",
@@ -245,7 +250,7 @@ def main() -> None:
     if args.device.startswith("cuda"):
         report["device"] = torch.cuda.get_device_name()
     with tempfile.TemporaryDirectory() as scratch:
-        model = args.model or write_checkpoint(Path(scratch) / "bench", "llama", "bench")
+        model = args.model or write_checkpoint(Path(scratch) / "bench", args.family, "bench")
         vocab_size = transformers.AutoConfig.from_pretrained(model).vocab_size
         prompts, outputs = make_workload(
             args.num_requests, args.input_len, args.output_len, vocab_size, args.seed

@@ -47,6 +47,7 @@ class Engine:
         eos_token_ids: list[int],
         tokenizer: Tokenizer | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sliding_window: int | None = None,
     ) -> None:
         self.config = config
         self.executor = executor
@@ -54,8 +55,13 @@ class Engine:
         self.vocab_size = vocab_size
         self.clock = clock
         self.tokenizer = tokenizer
+        # `sliding_window`: the model's window when every layer has one (KV blocks behind it
+        # are freed as requests grow); None when any layer attends to everything.
         self.kv_cache = KVCacheManager(
-            executor.num_kv_blocks, executor.block_size, config.enable_prefix_caching
+            executor.num_kv_blocks,
+            executor.block_size,
+            config.enable_prefix_caching,
+            sliding_window,
         )
         # All learn online, in the step thread: step durations from every step, output lengths
         # and lifetimes from every request that finishes. Policies read them; metrics report
@@ -116,6 +122,7 @@ class Engine:
             num_preemptions=scheduler.num_preemptions,
             prefix_cache_queries=scheduler.prefix_cache_queries,
             prefix_cache_hits=scheduler.prefix_cache_hits,
+            kv_blocks_freed_by_window=self.kv_cache.num_window_freed_blocks,
             step_cost=cost.current,
             step_cost_error=cost.mean_abs_error_ratio,
             step_cost_observations=cost.num_observations,
@@ -150,7 +157,11 @@ class Engine:
                 "max_tokens",
                 CONTEXT_LENGTH_EXCEEDED,
             )
-        blocks = self.kv_cache.blocks_needed(num_prompt + params.max_tokens)
+        # The static policy prefills a whole prompt at once, past the token budget.
+        max_chunk = self.config.max_num_batched_tokens
+        if self.config.scheduling_policy == "static":
+            max_chunk = max(max_chunk, num_prompt)
+        blocks = self.kv_cache.max_blocks_held(num_prompt + params.max_tokens, max_chunk)
         if blocks > self.kv_cache.num_blocks:
             raise InvalidRequestError(
                 f"the request needs {blocks} KV blocks ({num_prompt} prompt + {params.max_tokens}"

@@ -20,6 +20,8 @@ class EngineStats:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # KV blocks freed because they slid out of every layer's attention window.
+    kv_blocks_freed_by_window: int = 0
     # The online step-cost fit: coefficients, its mean |error| / measured, steps observed.
     step_cost: CostCoefficients = field(default_factory=CostCoefficients)
     step_cost_error: float | None = None

@@ -1,5 +1,6 @@
 """Per-request block tables over the block pool: allocate on demand as sequences grow, find and
-share cached prefixes, free on finish, abort or preemption."""
+share cached prefixes, free on finish, abort or preemption, and free the blocks that have slid
+out of the attention window of every layer."""
 
 from __future__ import annotations
 
@@ -8,14 +9,29 @@ from core.request import Request
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    """`sliding_window`: when every layer of the model attends only to its last that many
+    tokens, a request's blocks that fall wholly before the window of its next token are never
+    read again and go back to the pool as it grows (`num_window_freed_blocks` counts them).
+    Their ids stay in its block table, which the attention never reads that far back."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        sliding_window: int | None = None,
+    ) -> None:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window
         self._blocks: dict[str, list[KVBlock]] = {}
         self._block_tables: dict[str, list[int]] = {}
         # How many leading blocks of each request are registered in the prefix cache.
         self._num_hashed: dict[str, int] = {}
+        # How many leading blocks of each request were freed as out of the window.
+        self._num_window_freed: dict[str, int] = {}
+        self.num_window_freed_blocks = 0
 
     @property
     def num_blocks(self) -> int:
@@ -27,6 +43,15 @@ class KVCacheManager:
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def max_blocks_held(self, num_tokens: int, max_chunk: int) -> int:
+        """The most blocks a request of `num_tokens` tokens holds at once, computed in chunks
+        of at most `max_chunk`: all of them, or with a sliding window the window behind a
+        chunk, the chunk's, and one more where they straddle a block boundary."""
+        needed = self.blocks_needed(num_tokens)
+        if self.sliding_window is None:
+            return needed
+        return min(needed, self.blocks_needed(self.sliding_window - 1 + max_chunk) + 1)
 
     def block_table(self, request_id: str) -> list[int]:
         return self._block_tables[request_id]
@@ -55,10 +80,12 @@ class KVCacheManager:
         """Give the request blocks for `num_new_tokens` more tokens after its computed ones.
 
         `prefix` is a cache hit for a request not yet holding blocks; its tokens count as
-        computed. Returns False, changing nothing, when the pool cannot cover the growth.
+        computed. Returns False when the pool cannot cover the growth, having changed nothing
+        but freeing blocks that slid out of the window.
         """
         blocks = self._blocks.get(request.request_id)
         if blocks is not None:
+            self._free_out_of_window(request, blocks)
             # The common decode case: the last block still has room.
             num_tokens = request.num_computed_tokens + num_new_tokens
             if num_tokens <= len(blocks) * self.block_size:
@@ -104,7 +131,27 @@ class KVCacheManager:
             return
         del self._block_tables[request.request_id]
         del self._num_hashed[request.request_id]
-        self.pool.free(reversed(blocks))
+        num_window_freed = self._num_window_freed.pop(request.request_id, 0)
+        self.pool.free(reversed(blocks[num_window_freed:]))
+
+    def _free_out_of_window(self, request: Request, blocks: list[KVBlock]) -> None:
+        """Free the leading blocks no later token of `request` attends to."""
+        if self.sliding_window is None:
+            return
+        # The next token sits at position num_computed_tokens and sees keys from
+        # num_computed_tokens - window + 1 on: blocks ending before that are dead.
+        first_needed = request.num_computed_tokens - self.sliding_window + 1
+        num_dead = max(0, first_needed) // self.block_size
+        if self.enable_prefix_caching:
+            # Only blocks already in the prefix cache: the rest are still to be registered.
+            num_dead = min(num_dead, self._num_hashed[request.request_id])
+        num_freed = self._num_window_freed.get(request.request_id, 0)
+        if num_dead <= num_freed:
+            return
+        # Freed blocks keep their hash: a later request with this prefix may still share them.
+        self.pool.free(reversed(blocks[num_freed:num_dead]))
+        self._num_window_freed[request.request_id] = num_dead
+        self.num_window_freed_blocks += num_dead - num_freed
 
     def holds(self, request_id: str) -> bool:
         return request_id in self._blocks

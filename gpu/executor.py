@@ -118,12 +118,15 @@ class TorchExecutor:
         )
         self._log_kv_capacity()
         self.graphs: DecodeGraphs | None = None
-        if (
-            self.device.type == "cuda"
-            and not engine_config.enforce_eager
-            and model_config.model_impl == "native"
-        ):
-            self.graphs = self._captured_graphs()
+        if self.device.type == "cuda" and not engine_config.enforce_eager:
+            if model_config.model_impl == "native" and self.model.graph_capturable:
+                self.graphs = self._captured_graphs()
+            else:
+                logger.info(
+                    "no CUDA graphs: %s runs on the generic path, or has windowed, "
+                    "soft-capped or MoE layers",
+                    model_config.architecture,
+                )
         self.sampler = Sampler(model_config.vocab_size, model_config.eos_token_ids)
         self.grammar_matchers = GrammarMatchers(model_config.vocab_size)
         self._grammar_compiler: XGrammarCompiler | None = None

@@ -1,7 +1,9 @@
 """Load a Hugging Face checkpoint folder's safetensors weights into Baton's `CausalLM`.
 
 Separate q/k/v and gate/up tensors land in slices of the fused `qkv_proj` and `gate_up_proj`
-parameters; a checkpoint without `lm_head.weight` gets tied embeddings.
+parameters (Phi-3 saves them fused already); each expert's tensors land in its slice of the
+stacked expert parameters; Gemma's (1 + w) norm weights are stored with the one added; a
+checkpoint without `lm_head.weight` gets tied embeddings.
 """
 
 from __future__ import annotations
@@ -15,12 +17,20 @@ from safetensors import safe_open
 
 from core.model_config import ModelConfig
 from gpu.model import CausalLM
+from gpu.moe import SparseMoE
 
 # Baton's fused projections and the checkpoint's tensors that fill them, in order.
 SPLIT_PROJECTIONS = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
     "gate_up_proj": ("gate_proj", "up_proj"),
 }
+# The checkpoint's names of an expert's (gate, up, down) projections, by MoE layout, and of
+# the MoE block and its router.
+EXPERT_PROJECTIONS = {
+    "mixtral": ("w1", "w3", "w2"),
+    "qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
+}
+MOE_BLOCK = {"mixtral": "block_sparse_moe", "qwen3_moe": "mlp"}
 # Buffers some older checkpoints saved that Baton recomputes.
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
@@ -133,6 +143,9 @@ def load_weights(
             )
         with torch.no_grad():
             target.copy_(tensor)
+            if config.gemma and hf_name.endswith("norm.weight"):
+                # Gemma normalizes with (1 + w); stored so, its norms are Llama's.
+                target.add_(1.0)
         unfilled.discard(hf_name)
     if unfilled:
         shown = ", ".join(sorted(unfilled)[:5])
@@ -151,7 +164,11 @@ def _weight_slots(model: CausalLM, config: ModelConfig) -> dict[str, torch.Tenso
     for name, param in model.named_parameters():
         *module, projection, kind = name.split(".")
         prefix = "" if projection == "lm_head" else "model."
-        if projection not in SPLIT_PROJECTIONS:
+        layer, _, moe_param = name.partition(".mlp.")
+        if moe_param and isinstance(model.get_submodule(f"{layer}.mlp"), SparseMoE):
+            slots.update(_expert_slots(f"model.{layer}", moe_param, param, config))
+            continue
+        if projection not in SPLIT_PROJECTIONS or config.fused_checkpoint:
             slots[prefix + name] = param
             continue
         offset = 0
@@ -159,4 +176,24 @@ def _weight_slots(model: CausalLM, config: ModelConfig) -> dict[str, torch.Tenso
         for part, size in parts:
             slots[prefix + ".".join([*module, part, kind])] = param.detach().narrow(0, offset, size)
             offset += size
+    return slots
+
+
+def _expert_slots(
+    layer: str, parameter: str, param: torch.Tensor, config: ModelConfig
+) -> dict[str, torch.Tensor]:
+    """The checkpoint names that fill `parameter` of layer `layer`'s `SparseMoE`."""
+    block = f"{layer}.{MOE_BLOCK[config.moe]}"  # type: ignore[index]
+    gate, up, down = EXPERT_PROJECTIONS[config.moe]  # type: ignore[index]
+    size = config.moe_intermediate_size
+    if parameter == "gate.weight":  # the router
+        return {f"{block}.gate.weight": param}
+    slots = {}
+    for expert in range(config.num_experts):
+        prefix = f"{block}.experts.{expert}"
+        if parameter == "gate_up_proj":
+            slots[f"{prefix}.{gate}.weight"] = param[expert].narrow(0, 0, size)
+            slots[f"{prefix}.{up}.weight"] = param[expert].narrow(0, size, size)
+        else:
+            slots[f"{prefix}.{down}.weight"] = param[expert]
     return slots

@@ -1,4 +1,9 @@
-"""The decoder-only transformer of Llama, Mistral, Qwen2 and Qwen3, over a packed batch.
+"""The decoder-only transformer of Baton's native families, over a packed batch.
+
+Llama is the base; the config's switches add what other families change: q/k norm (Qwen3,
+Gemma 3), Gemma's norms after attention and around the MLP, scaled embeddings, GeGLU and logit
+soft-capping, per-layer sliding windows (Mistral, Gemma), and mixture-of-experts MLPs
+(gpu/moe.py: Mixtral, Qwen3-MoE).
 
 Every scheduled token of every sequence runs as one [T, hidden] tensor. Each attention layer
 writes its new K/V into the paged cache by slot mapping and then reads all K/V back from the
@@ -14,9 +19,11 @@ from torch import nn
 
 from core.model_config import ModelConfig
 from gpu.input_batch import AttentionMetadata
+from gpu.moe import SparseMoE
 from kernels import ops
 from kernels.linear import onednn_linear, onednn_linear_available, pack_linear_weight
 from kernels.rotary import build_cos_sin_cache
+from kernels.softcap import softcap_ref
 
 # One layer's keys and values: [2, num_blocks, block_size, num_kv_heads, head_dim].
 LayerKVCache = torch.Tensor
@@ -60,14 +67,16 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """Grouped-query self-attention with rotary positions, through the paged KV cache."""
 
-    def __init__(self, config: ModelConfig, cos_sin_cache: torch.Tensor) -> None:
+    def __init__(self, config: ModelConfig, layer: int, cos_sin_cache: torch.Tensor) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim**-0.5
+        self.scale = config.attention_scale or self.head_dim**-0.5
+        self.window = config.layer_window(layer)
+        self.softcap = config.attn_logit_softcap
         self.qkv_proj = Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias
         )
@@ -95,35 +104,44 @@ class Attention(nn.Module):
         q, k = ops.apply_rotary(q, k, positions, self.cos_sin_cache)
 
         ops.write_kv_cache(k, v, kv_cache, attn_metadata.slot_mapping)
-        out = ops.paged_attention(q, kv_cache, attn_metadata, self.scale)
+        out = ops.paged_attention(
+            q, kv_cache, attn_metadata, self.scale, window=self.window, softcap=self.softcap
+        )
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward with the gate and up projections fused into one matmul."""
+    """Gated feed-forward (SwiGLU, or GeGLU for Gemma) with the gate and up projections fused
+    into one matmul."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.act_and_mul = ops.gated_activation(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: norm, attention, residual add; norm, MLP, residual add.
+    """Pre-norm block: norm, attention, residual add; norm, MLP, residual add. Gemma also norms
+    the attention's and the MLP's outputs before each add (its `post_attention_layernorm` is
+    that output norm, and `pre_feedforward_layernorm` the MLP's input norm).
 
     Each residual add is deferred into the next norm (fused add + RMSNorm), so a layer returns
     its output and the residual stream separately.
     """
 
-    def __init__(self, config: ModelConfig, cos_sin_cache: torch.Tensor) -> None:
+    def __init__(self, config: ModelConfig, layer: int, cos_sin_cache: torch.Tensor) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, cos_sin_cache)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        size, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(size, eps)
+        self.self_attn = Attention(config, layer, cos_sin_cache)
+        self.post_attention_layernorm = RMSNorm(size, eps)
+        self.pre_feedforward_layernorm = RMSNorm(size, eps) if config.gemma else None
+        self.post_feedforward_layernorm = RMSNorm(size, eps) if config.gemma else None
+        self.mlp: nn.Module = SparseMoE(config) if config.is_moe_layer(layer) else MLP(config)
 
     def forward(
         self,
@@ -138,8 +156,12 @@ class DecoderLayer(nn.Module):
         else:
             hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
         hidden = self.self_attn(positions, hidden, kv_cache, attn_metadata)
-        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
-        return self.mlp(hidden), residual
+        if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
+            hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+            return self.mlp(hidden), residual
+        hidden = self.post_attention_layernorm(hidden)
+        hidden, residual = self.pre_feedforward_layernorm.add_and_norm(hidden, residual)
+        return self.post_feedforward_layernorm(self.mlp(hidden)), residual
 
 
 class CausalLM(nn.Module):
@@ -159,12 +181,21 @@ class CausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
-        cos_sin_cache = build_cos_sin_cache(
-            config.rope, config.head_dim, max_positions or config.max_position_embeddings, device
-        )
+        num_positions = max_positions or config.max_position_embeddings
+        cos_sin_cache = build_cos_sin_cache(config.rope, config.head_dim, num_positions, device)
+        local_cache = cos_sin_cache
+        if config.local_rope is not None:
+            local_cache = build_cos_sin_cache(
+                config.local_rope, config.head_dim, num_positions, device
+            )
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Gemma scales embeddings by sqrt(hidden), rounded to the model's dtype as it does.
+        self.embed_scale = config.hidden_size**0.5 if config.gemma else None
         self.layers = nn.ModuleList(
-            DecoderLayer(config, cos_sin_cache) for _ in range(config.num_hidden_layers)
+            DecoderLayer(
+                config, i, local_cache if config.layer_window(i) is not None else cos_sin_cache
+            )
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if tie_word_embeddings is None:
@@ -185,6 +216,8 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """The final hidden state of every packed token: [T, hidden_size]."""
         hidden = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
@@ -194,10 +227,24 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits [N, vocab_size] for the hidden states [N, hidden_size] given."""
         if self.lm_head is not None:
-            return self.lm_head(hidden)
-        if self.packed_logits_weight is not None:
-            return onednn_linear(hidden, self.packed_logits_weight, None)
-        return F.linear(hidden, self.embed_tokens.weight)
+            logits = self.lm_head(hidden)
+        elif self.packed_logits_weight is not None:
+            logits = onednn_linear(hidden, self.packed_logits_weight, None)
+        else:
+            logits = F.linear(hidden, self.embed_tokens.weight)
+        if self.config.final_logit_softcap is not None:
+            logits = softcap_ref(logits, self.config.final_logit_softcap)
+        return logits
+
+    @property
+    def graph_capturable(self) -> bool:
+        """Whether decode steps may be captured in CUDA graphs. Not MoE models: the experts'
+        split by token count is decided on the host. Not windowed or soft-capped ones either,
+        until their Triton attention has run under graph capture on a GPU (it has been checked
+        against the reference in the interpreter only)."""
+        config = self.config
+        windowed = any(config.layer_window(i) for i in range(config.num_hidden_layers))
+        return not (windowed or config.attn_logit_softcap or config.moe)
 
     def pack_linear_weights(self, rows_hint: int) -> bool:
         """Run every linear layer through oneDNN over packed weights (float32 on the CPU only;

@@ -32,7 +32,35 @@ PRESETS = {
     ),
 }
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "mixtral",
+    "qwen3_moe",
+)
+
+# What each family's tiny checkpoint sets beyond the shape: Gemma's head size (its default is
+# 256) and window, the experts of the MoE families.
+FAMILY_DEFAULTS = {
+    "gemma2": dict(head_dim=16, sliding_window=16),
+    "gemma3": dict(head_dim=16, sliding_window=16, query_pre_attn_scalar=16),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "qwen3_moe": dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True
+    ),
+}
+# The bench shape's head size (hidden / heads) where a family's default or tiny one differs,
+# and experts a quarter of the dense MLP's width.
+BENCH_FAMILY_DEFAULTS = {
+    "gemma2": dict(head_dim=64, query_pre_attn_scalar=64),
+    "gemma3": dict(head_dim=64, query_pre_attn_scalar=64),
+    "qwen3_moe": dict(head_dim=64, moe_intermediate_size=352),
+}
 
 
 def model_config(family: str, vocab_size: int, bos: int, eos: int, **overrides):
@@ -44,6 +72,11 @@ def model_config(family: str, vocab_size: int, bos: int, eos: int, **overrides):
         "mistral": transformers.MistralConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
+        "gemma2": transformers.Gemma2Config,
+        "gemma3": transformers.Gemma3TextConfig,
+        "phi3": transformers.Phi3Config,
+        "mixtral": transformers.MixtralConfig,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
     }
     if family not in classes:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
@@ -57,9 +90,15 @@ def model_config(family: str, vocab_size: int, bos: int, eos: int, **overrides):
         tie_word_embeddings=False,
         initializer_range=0.1,
     )
-    if family == "mistral":
+    if family in ("mistral", "mixtral", "phi3"):
         settings["sliding_window"] = None
+    settings.update(FAMILY_DEFAULTS.get(family, {}))
     settings.update(overrides)
+    if family == "gemma3" and "layer_types" not in overrides:
+        # Sliding and global layers alternating, so a tiny model has both (Gemma 3's own
+        # default is one global layer in six).
+        kinds = ("sliding_attention", "full_attention")
+        settings["layer_types"] = [kinds[i % 2] for i in range(settings["num_hidden_layers"])]
     return classes[family](**settings)
 
 
@@ -77,6 +116,8 @@ def write_checkpoint(
 
     out = Path(out)
     shape = {**PRESETS[preset], **overrides}
+    if preset == "bench":
+        shape = {**PRESETS[preset], **BENCH_FAMILY_DEFAULTS.get(family, {}), **overrides}
     if tokenizer is None:
         tokenizer = train_tokenizer(shape["vocab_size"])
     config = model_config(family, bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id, **shape)

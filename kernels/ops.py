@@ -1,21 +1,22 @@
 """Kernel dispatch: Triton on CUDA tensors, the plain-torch references everywhere else.
 
-The model calls only these (its linear layers excepted: kernels.linear). On the CPU, attention
-is `paged_attention_cpu` over the step's plan; Triton is imported only once a CUDA tensor
-arrives. The Triton path reads only tensors and the scalars fixed per graph bucket, never the
-batch's lists, and never syncs, so a CUDA graph can capture it.
+The model calls only these (its linear layers excepted: kernels.linear; and the MoE experts
+and logit soft-capping, plain torch on every device: kernels.moe, kernels.softcap). On the CPU,
+attention is `paged_attention_cpu` over the step's plan; Triton is imported only once a CUDA
+tensor arrives. The Triton path reads only tensors and the scalars fixed per graph bucket, never
+the batch's lists, and never syncs, so a CUDA graph can capture it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from typing import Protocol
 
 import torch
 
-from kernels.activation import silu_and_mul_ref
+from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from kernels.kv_cache import write_kv_cache_ref
 from kernels.paged_attention import CpuAttentionPlan, paged_attention_cpu, paged_attention_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
@@ -100,23 +101,36 @@ def use_split_kv(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: in
 
 
 def paged_attention(
-    q: torch.Tensor, kv_cache: torch.Tensor, batch: PackedAttentionBatch, scale: float
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    batch: PackedAttentionBatch,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention of packed queries [T, Hq, D] over one layer's paged cache."""
+    """Causal attention of packed queries [T, Hq, D] over one layer's paged cache; each query
+    sees its last `window` tokens (itself included) when a window is given, and its scores are
+    soft-capped at `softcap` when one is given."""
     if not uses_triton(q):
         tables, starts, lens = batch.block_tables, batch.query_start_loc, batch.seq_lens
         # Forced references stay one SDPA call per sequence.
         if _forced is None and not q.is_cuda:
-            return paged_attention_cpu(q, kv_cache, tables, starts, lens, scale, batch.cpu_plan)
-        return paged_attention_ref(q, kv_cache, tables, starts, lens, scale)
+            return paged_attention_cpu(
+                q, kv_cache, tables, starts, lens, scale, batch.cpu_plan, window, softcap
+            )
+        return paged_attention_ref(q, kv_cache, tables, starts, lens, scale, window, softcap)
     from kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
     from kernels.paged_attention_triton import paged_attention_triton
 
     # Shapes and per-bucket scalars only: a graph replay must take the same branch.
     num_seqs = batch.seq_lens_tensor.shape[0]
     decode_only = batch.max_query_len == 1 and q.shape[0] == num_seqs
-    if decode_only and use_split_kv(
-        num_seqs, kv_cache.shape[3], batch.max_seq_len, device_num_sms(q.device)
+    # The split-KV kernel has no window or soft-capping (a window keeps decodes short anyway).
+    plain = window is None and softcap is None
+    if (
+        plain
+        and decode_only
+        and use_split_kv(num_seqs, kv_cache.shape[3], batch.max_seq_len, device_num_sms(q.device))
     ):
         return paged_decode_split_kv_triton(
             q,
@@ -135,6 +149,8 @@ def paged_attention(
         batch.seq_lens_tensor,
         batch.max_query_len,
         scale,
+        window=window,
+        softcap=softcap,
     )
 
 
@@ -176,6 +192,23 @@ def apply_rotary(
     from kernels.rotary_triton import apply_rotary_triton
 
     return apply_rotary_triton(q, k, positions, cos_sin_cache)
+
+
+def gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The gated MLP activation a config's `hidden_act` names: [gate | up] -> act(gate) * up."""
+    if name == "silu":
+        return silu_and_mul
+    if name in ("gelu_pytorch_tanh", "gelu_tanh"):
+        return gelu_tanh_and_mul
+    raise ValueError(f"the MLP activation {name!r} has no native kernel; use silu or gelu_tanh")
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if not uses_triton(x):
+        return gelu_tanh_and_mul_ref(x)
+    from kernels.activation_triton import gelu_tanh_and_mul_triton
+
+    return gelu_tanh_and_mul_triton(x)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,8 @@
 sequence. `paged_attention_cpu` is the CPU path: prefill chunks as the reference, a step's
 decodes in one call of the C++ kernel (kernels/csrc), or batched into a few padded SDPA calls
 where that kernel cannot build or the dtype is not float32. How a step splits is a
-`CpuAttentionPlan`, built once per step with the attention metadata.
+`CpuAttentionPlan`, built once per step with the attention metadata. Every path takes a
+sliding window and Gemma 2's soft-capping of scores, per call (layers differ).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu_extension import cpu_kernels_available
+from kernels.softcap import softcap_ref
 
 # Decodes are padded up to a multiple of this many tokens and run together per multiple, at
 # most DECODE_GROUP sequences per SDPA call. The padded length depends only on a sequence's own
@@ -67,8 +69,10 @@ class CpuAttentionPlan:
     decode_rows: torch.Tensor
     decode_seqs: torch.Tensor
     seq_lens: torch.Tensor
-    # For the padded-SDPA path (empty when the kernel serves the decodes).
+    # For the padded-SDPA path (empty when the kernel serves the decodes), and the sequences
+    # they hold, for layers whose window or soft-capping the groups' masks do not express.
     decode_groups: list[_DecodeGroup]
+    padded_decode_seqs: list[int]
 
 
 class _GatherBuffer(threading.local):
@@ -106,16 +110,21 @@ def paged_attention_ref(
     query_start_loc: list[int],
     seq_lens: list[int],
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of packed queries `q` [T, Hq, D] over one layer's paged KV cache.
 
     `kv_cache` is [2, num_blocks, block_size, Hkv, D] (keys, then values). Sequence i owns rows
     `query_start_loc[i]:query_start_loc[i + 1]` of `q`; they are the last tokens of its
     `seq_lens[i]` tokens, whose K/V are already cached at the blocks `block_tables[i]` lists.
-    Each query attends causally: to every cached token up to and including its own position.
+    Each query attends causally: to every cached token up to and including its own position,
+    and with a `window` only to the last `window` of those (transformers' sliding window: key j
+    is seen from position p when p - window < j <= p). With `softcap`, scores (after `scale`)
+    become `softcap * tanh(score / softcap)` before the softmax, as Gemma 2's do.
     """
     outputs = [
-        _attend_sequence(q[start:end], kv_cache, block_tables[i], seq_len, scale)
+        _attend_sequence(q[start:end], kv_cache, block_tables[i], seq_len, scale, window, softcap)
         for i, seq_len in enumerate(seq_lens)
         if (start := query_start_loc[i]) < (end := query_start_loc[i + 1])
     ]
@@ -133,9 +142,12 @@ def paged_attention_cpu(
     seq_lens: list[int],
     scale: float,
     plan: CpuAttentionPlan | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """`paged_attention_ref`'s contract: single-query sequences in one C++ kernel call (or
     batched by length bucket into padded SDPA calls), prefill chunks one SDPA call each.
+    Without the kernel, windowed or soft-capped decodes run one sequence at a time.
 
     `plan` is this batch's `cpu_attention_plan`; without one, a plan is made for this call.
     """
@@ -152,7 +164,7 @@ def paged_attention_cpu(
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     for i, start, end in plan.prefills:
         out[start:end] = _attend_sequence(
-            q[start:end], kv_cache, block_tables[i], seq_lens[i], scale
+            q[start:end], kv_cache, block_tables[i], seq_lens[i], scale, window, softcap
         )
     if plan.use_kernel and plan.decode_rows.numel():
         torch.ops.baton_cpu.paged_decode(
@@ -164,7 +176,17 @@ def paged_attention_cpu(
             plan.decode_rows,
             plan.decode_seqs,
             scale,
+            window or 0,
+            softcap or 0.0,
         )
+    if window is not None or softcap is not None:
+        # The padded groups' masks are for plain causal attention.
+        for i in plan.padded_decode_seqs:
+            row = query_start_loc[i]
+            out[row : row + 1] = _attend_sequence(
+                q[row : row + 1], kv_cache, block_tables[i], seq_lens[i], scale, window, softcap
+            )
+        return out
     for group in plan.decode_groups:
         out.index_copy_(0, group.rows, _attend_decode_group(q, kv_cache, group, scale))
     return out
@@ -218,36 +240,67 @@ def cpu_attention_plan(
         decode_seqs=torch.tensor(decodes, dtype=torch.int64),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
         decode_groups=groups,
+        padded_decode_seqs=[] if use_kernel else decodes,
     )
 
 
 def _attend_sequence(
-    q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int, scale: float
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One sequence's queries [Tq, Hq, D], the last Tq of its `seq_len` tokens, attending."""
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    used = block_table[: -(-seq_len // block_size)]
+    query_len = q.shape[0]
+    # With a window, blocks wholly before the first query's window are not read at all.
+    first_block = 0
+    if window is not None:
+        first_block = max(0, seq_len - query_len - window + 1) // block_size
+    first_key = first_block * block_size
+    used = block_table[first_block : -(-seq_len // block_size)]
     # Rows of 2-d views: CPU index_select is fastest along dim 0 of a 2-d tensor.
     k = kv_cache[0].view(num_blocks, -1).index_select(0, used)
     v = kv_cache[1].view(num_blocks, -1).index_select(0, used)
-    k = k.view(1, -1, num_kv_heads, head_dim)[:, :seq_len]
-    v = v.view(1, -1, num_kv_heads, head_dim)[:, :seq_len]
-    query_len = q.shape[0]
+    k = k.view(1, -1, num_kv_heads, head_dim)[:, : seq_len - first_key]
+    v = v.view(1, -1, num_kv_heads, head_dim)[:, : seq_len - first_key]
     mask = None
-    if query_len > 1:
+    if query_len > 1 or window is not None:
         # Query j sits at position seq_len - query_len + j: a causal mask aligned to the end.
-        query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
-        mask = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]
+        query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)[:, None]
+        key_pos = torch.arange(first_key, seq_len, device=q.device)[None, :]
+        mask = key_pos <= query_pos
+        if window is not None:
+            mask &= key_pos > query_pos - window
     # SDPA wants [1, heads, tokens, D]; its fast CPU kernel only takes 4-d inputs.
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0),
-        k.transpose(1, 2),
-        v.transpose(1, 2),
-        attn_mask=mask,
-        scale=scale,
-        enable_gqa=True,
-    )
+    q4, k4, v4 = q.transpose(0, 1).unsqueeze(0), k.transpose(1, 2), v.transpose(1, 2)
+    if softcap is not None:
+        return _softcapped_attention(q4, k4, v4, mask, scale, softcap)[0].transpose(0, 1)
+    out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=True)
     return out[0].transpose(0, 1)
+
+
+def _softcapped_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """Attention over [1, heads, tokens, D] inputs with Gemma 2's capped scores, written out
+    (SDPA has no soft-capping): scores, cap, mask, float32 softmax, weighted values."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = softcap_ref(torch.matmul(q, k.transpose(2, 3)) * scale, softcap)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
 
 
 def _attend_decode_group(

@@ -89,6 +89,10 @@ def _split_kv_partial_kernel(
         BLOCK_N,
         HEAD_DIM,
         DOT_PRECISION,
+        0,
+        0.0,
+        False,
+        False,
     )
     # Partials are [seq, head, partition]; partitions past the sequence's end stay unwritten.
     stat = (seq * num_heads + heads).to(tl.int64) * num_partitions + part

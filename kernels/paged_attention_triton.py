@@ -2,7 +2,9 @@
 
 One kernel for decodes and prefill chunks, with `paged_attention_ref`'s contract: a program
 takes a tile of one sequence's query tokens times the query heads of one KV head (so GQA reads
-K/V once per group) and streams the sequence's K/V with an online softmax, causally masked.
+K/V once per group) and streams the sequence's K/V with an online softmax, causally masked,
+within a sliding window when one is given (keys behind the tile's window are not read), with
+scores soft-capped when asked (Gemma 2).
 """
 
 from __future__ import annotations
@@ -38,8 +40,15 @@ def attend_tile(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    window=0,
+    softcap=0.0,
+    HAS_WINDOW: tl.constexpr = False,
+    HAS_SOFTCAP: tl.constexpr = False,
 ):
-    """Fold the keys/values of tokens `tok_start:tok_end` into the online softmax state."""
+    """Fold the keys/values of tokens `tok_start:tok_end` into the online softmax state.
+
+    `qk_scale` is the softmax scale times log2(e), or with HAS_SOFTCAP the plain scale: the cap
+    applies to natural-unit scores, which are then brought to base 2."""
     offs_d = tl.arange(0, HEAD_DIM)
     for start in range(tok_start, tok_end, BLOCK_N):
         toks = start + tl.arange(0, BLOCK_N)
@@ -56,7 +65,13 @@ def attend_tile(
         v = tl.load(kv_ptr + stride_kv + kv_offsets, mask=in_range[:, None], other=0.0)
 
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if HAS_SOFTCAP:
+            # cap * tanh(s / cap), with tanh(x) = 2 sigmoid(2x) - 1; then base 2.
+            scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
+            scores = scores * 1.4426950408889634
         visible = (toks[None, :] <= query_pos[:, None]) & in_range[None, :]
+        if HAS_WINDOW:
+            visible = visible & (toks[None, :] > query_pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -88,6 +103,8 @@ def _paged_attention_kernel(
     stride_slot,
     stride_head,
     stride_table,
+    window,
+    softcap,
     GROUP: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -95,6 +112,8 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -123,6 +142,10 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     # Keys past the tile's last query position are masked for every row: skip them.
     last_query = tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, query_len)
+    # Keys behind the window of the tile's first query are masked for every row: skip them too.
+    first_key = 0
+    if HAS_WINDOW:
+        first_key = tl.maximum(context_len + q_tile * BLOCK_Q - window + 1, 0)
     acc, m_i, l_i = attend_tile(
         q,
         acc,
@@ -131,7 +154,7 @@ def _paged_attention_kernel(
         kv_ptr,
         block_tables_ptr + seq.to(tl.int64) * stride_table,
         kv_head,
-        0,
+        first_key,
         context_len + last_query,
         query_pos,
         qk_scale,
@@ -143,6 +166,10 @@ def _paged_attention_kernel(
         BLOCK_N,
         HEAD_DIM,
         DOT_PRECISION,
+        window,
+        softcap,
+        HAS_WINDOW,
+        HAS_SOFTCAP,
     )
     out = acc / tl.where(row_valid, l_i, 1.0)[:, None]
     o_rows = (q_begin + q_idx).to(tl.int64) * stride_o_tok + heads * stride_o_head
@@ -180,6 +207,8 @@ def paged_attention_triton(
     max_query_len: int,
     scale: float,
     *,
+    window: int | None = None,
+    softcap: float | None = None,
     block_m: int = 64,
     block_n: int = 64,
 ) -> torch.Tensor:
@@ -187,6 +216,7 @@ def paged_attention_triton(
 
     `query_start_loc` [B + 1] and `seq_lens` [B] are int32 tensors on q's device;
     `max_query_len` sizes the grid. A tile holds `block_m` rows (query tokens x group heads).
+    `window` and `softcap` as `paged_attention_ref`'s.
     """
     group, block_size, head_dim = check_layouts(q, kv_cache)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -204,7 +234,7 @@ def paged_attention_triton(
         block_tables,
         query_start_loc,
         seq_lens,
-        scale * LOG2E,
+        scale if softcap is not None else scale * LOG2E,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -214,6 +244,8 @@ def paged_attention_triton(
         kv_cache.stride(2),
         kv_cache.stride(3),
         block_tables.stride(0),
+        window or 0,
+        softcap or 0.0,
         GROUP=group,
         BLOCK_Q=block_q,
         BLOCK_M=block_m,
@@ -221,5 +253,7 @@ def paged_attention_triton(
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
         DOT_PRECISION=dot_precision(q.dtype),
+        HAS_WINDOW=window is not None,
+        HAS_SOFTCAP=softcap is not None,
     )
     return out

@@ -18,8 +18,8 @@ if not torch.cuda.is_available():
 
 from core.model_config import RopeConfig
 from kernels import ops
-from kernels.activation import silu_and_mul_ref
-from kernels.activation_triton import silu_and_mul_triton
+from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from kernels.activation_triton import gelu_tanh_and_mul_triton, silu_and_mul_triton
 from kernels.kv_cache import write_kv_cache_ref
 from kernels.kv_cache_triton import write_kv_cache_triton
 from kernels.paged_attention import paged_attention_ref
@@ -109,6 +109,13 @@ def test_silu_and_mul_matches_reference(dtype):
     close(silu_and_mul_triton(x, block=16), silu_and_mul_ref(x), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_tanh_and_mul_matches_reference(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(3, 2 * 40, device=DEVICE, dtype=dtype) * 3
+    close(gelu_tanh_and_mul_triton(x, block=16), gelu_tanh_and_mul_ref(x), dtype)
+
+
 def packed_batch(query_lens: list[int], seq_lens: list[int], num_heads: int, kv_shape, dtype):
     """Random q, a filled cache and block tables for sequences with these query/sequence lens."""
     num_kv_heads, head_dim = kv_shape
@@ -157,6 +164,31 @@ def test_paged_attention_mixed_decode_and_prefill_matches_reference(
         int32(MIXED_SEQ_LENS),
         max(MIXED_QUERY_LENS),
         scale,
+        block_m=16,
+        block_n=16,
+    )
+    close(actual, expected, torch.float32)
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(3, None), (None, 1.5), (5, 1.5)])
+def test_paged_attention_window_and_softcap_match_reference(window, softcap):
+    torch.manual_seed(1)
+    q, kv_cache, tables, query_start_loc = packed_batch(
+        MIXED_QUERY_LENS, MIXED_SEQ_LENS, 8, (2, 16), torch.float32
+    )
+    expected = paged_attention_ref(
+        q, kv_cache, tables, query_start_loc, MIXED_SEQ_LENS, 0.25, window, softcap
+    )
+    actual = paged_attention_triton(
+        q,
+        kv_cache,
+        tables,
+        int32(query_start_loc),
+        int32(MIXED_SEQ_LENS),
+        max(MIXED_QUERY_LENS),
+        0.25,
+        window=window,
+        softcap=softcap,
         block_m=16,
         block_n=16,
     )

@@ -193,3 +193,48 @@ def test_a_build_lock_left_by_a_dead_build_is_cleared_and_a_live_one_kept(tmp_pa
     assert clear_stale_build_lock(directory, now=made + STALE_LOCK_S + 1)
     assert not lock.exists()
     assert not clear_stale_build_lock(directory)
+
+
+def dense_attention(q, kv_cache, block_tables, query_start_loc, seq_lens, scale, window, softcap):
+    """The definition, one query at a time over each sequence's keys laid out contiguously:
+    key j is seen from position p when j <= p and (no window or j > p - window)."""
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    out = torch.zeros_like(q)
+    for i, seq_len in enumerate(seq_lens):
+        blocks = block_tables[i, : -(-seq_len // block_size)].long()
+        keys = kv_cache[0, blocks].reshape(-1, num_kv_heads, q.shape[2])[:seq_len]
+        values = kv_cache[1, blocks].reshape(-1, num_kv_heads, q.shape[2])[:seq_len]
+        group = q.shape[1] // num_kv_heads
+        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+        start, end = query_start_loc[i], query_start_loc[i + 1]
+        for row in range(start, end):
+            position = seq_len - (end - row)
+            first = 0 if window is None else max(0, position - window + 1)
+            scores = torch.einsum("hd,khd->hk", q[row], keys[first : position + 1]) * scale
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
+            out[row] = torch.einsum("hk,khd->hd", scores.softmax(-1), values[first : position + 1])
+    return out
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(5, None), (16, None), (40, 2.0), (None, 2.0)])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_window_and_softcap_match_their_definition(window, softcap, block_size) -> None:
+    batch = packed_batch(MIXED, block_size, 8, 2, seed=11)
+    expected = dense_attention(*batch, HEAD_DIM**-0.5, window, softcap)
+    reference = paged_attention_ref(*batch, HEAD_DIM**-0.5, window, softcap)
+    actual = paged_attention_cpu(*batch, HEAD_DIM**-0.5, None, window, softcap)
+    torch.testing.assert_close(reference, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_window_reads_no_block_behind_it() -> None:
+    # Blocks wholly behind every query's window hold NaN, as freed and reused blocks might hold
+    # anything: neither path may read them.
+    batch = packed_batch([(100, 1), (70, 6)], 16, 4, 2, seed=12)
+    kv_cache, block_tables = batch[1], batch[2]
+    expected = paged_attention_ref(*batch, 0.25, 20)
+    kv_cache[:, block_tables[0, :4].long()] = float("nan")
+    kv_cache[:, block_tables[1, :2].long()] = float("nan")
+    torch.testing.assert_close(paged_attention_ref(*batch, 0.25, 20), expected)
+    torch.testing.assert_close(paged_attention_cpu(*batch, 0.25, None, 20), expected)

@@ -13,7 +13,9 @@
 // Layouts (as kernels/paged_attention.py documents): q [T, Hq, D]; kv_cache [2, num_blocks,
 // block_size, Hkv, D] contiguous; block_tables [num_seqs, width] int32 or int64; seq_lens
 // [num_seqs]. `rows[i]` is the row of q (and of out) of the decode of sequence `seqs[i]`, which
-// attends to the first seq_lens[seqs[i]] tokens of its blocks.
+// attends to the first seq_lens[seqs[i]] tokens of its blocks, or with `window` > 0 to the last
+// `window` of them (blocks wholly before the window are not read). With `softcap` > 0 each
+// scaled score s becomes softcap * tanh(s / softcap) (Gemma 2).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -88,7 +90,7 @@ struct RowState {
 template <typename Index>
 void attend_sequence(const CacheView& cache, const Index* table, int64_t seq_len,
                      const float* q, float* out, int64_t group, int64_t first_head,
-                     int64_t end_head, float scale) {
+                     int64_t end_head, float scale, int64_t window, float softcap) {
   const int64_t D = cache.head_dim;
   const int64_t bs = cache.block_size;
   const int64_t stride = cache.num_kv_heads * D;  // from one token to the next in a block
@@ -97,11 +99,14 @@ void attend_sequence(const CacheView& cache, const Index* table, int64_t seq_len
   std::vector<RowState> state(num_rows);
   std::vector<float> scores(bs);
 
-  for (int64_t first = 0; first < seq_len; first += bs) {
+  const int64_t first_key = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;
+  for (int64_t first = first_key / bs * bs; first < seq_len; first += bs) {
     const int64_t block = static_cast<int64_t>(table[first / bs]);
-    const int64_t n = std::min(bs, seq_len - first);
+    // Keys before the window's first in this block are skipped: the block is read from there.
+    const int64_t skip = std::max<int64_t>(0, first_key - first);
+    const int64_t n = std::min(bs, seq_len - first) - skip;
     for (int64_t head = first_head; head < end_head; ++head) {
-      const int64_t offset = block * bs * stride + head * D;
+      const int64_t offset = (block * bs + skip) * stride + head * D;
       const float* k = cache.keys + offset;
       const float* v = cache.values + offset;
       for (int64_t g = 0; g < group; ++g) {
@@ -121,6 +126,7 @@ void attend_sequence(const CacheView& cache, const Index* table, int64_t seq_len
         float block_max = -std::numeric_limits<float>::infinity();
         for (t = 0; t < n; ++t) {
           s[t] *= scale;
+          if (softcap > 0.0f) s[t] = softcap * std::tanh(s[t] / softcap);
           block_max = std::max(block_max, s[t]);
         }
         // Rescale what is accumulated when this block raises the maximum.
@@ -166,7 +172,8 @@ void attend_sequence(const CacheView& cache, const Index* table, int64_t seq_len
 template <typename Index>
 void run(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
          const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens,
-         const at::Tensor& rows, const at::Tensor& seqs, double scale) {
+         const at::Tensor& rows, const at::Tensor& seqs, double scale, int64_t window,
+         double softcap) {
   const int64_t num_blocks = kv_cache.size(1);
   const int64_t num_heads = q.size(1);
   CacheView cache{kv_cache.data_ptr<float>(), nullptr, kv_cache.size(2), kv_cache.size(3),
@@ -196,14 +203,17 @@ void run(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
       attend_sequence<Index>(cache, tables + seq * width, seq_lens[seq],
                              q_data + row_ids[i] * q_row_stride,
                              out_data + row_ids[i] * out_row_stride, group, first_head,
-                             first_head + heads_per_task, static_cast<float>(scale));
+                             first_head + heads_per_task, static_cast<float>(scale), window,
+                             static_cast<float>(softcap));
     }
   });
 }
 
 void paged_decode(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                  const at::Tensor& rows, const at::Tensor& seqs, double scale) {
+                  const at::Tensor& rows, const at::Tensor& seqs, double scale, int64_t window,
+                  double softcap) {
+  TORCH_CHECK(window >= 0 && softcap >= 0.0, "window and softcap are >= 0 (0: none)");
   TORCH_CHECK(q.device().is_cpu() && kv_cache.device().is_cpu(), "CPU tensors only");
   TORCH_CHECK(q.scalar_type() == at::kFloat && kv_cache.scalar_type() == at::kFloat &&
                   out.scalar_type() == at::kFloat,
@@ -242,10 +252,10 @@ void paged_decode(const at::Tensor& out, const at::Tensor& q, const at::Tensor& 
     TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < q.size(0), "a decode names no row of q");
   }
   if (block_tables.scalar_type() == at::kInt) {
-    run<int32_t>(out, q, kv_cache, block_tables, seq_len_list, rows, seqs, scale);
+    run<int32_t>(out, q, kv_cache, block_tables, seq_len_list, rows, seqs, scale, window, softcap);
   } else {
     TORCH_CHECK(block_tables.scalar_type() == at::kLong, "block_tables are int32 or int64");
-    run<int64_t>(out, q, kv_cache, block_tables, seq_len_list, rows, seqs, scale);
+    run<int64_t>(out, q, kv_cache, block_tables, seq_len_list, rows, seqs, scale, window, softcap);
   }
 }
 
@@ -254,7 +264,8 @@ void paged_decode(const at::Tensor& out, const at::Tensor& q, const at::Tensor& 
 TORCH_LIBRARY(baton_cpu, m) {
   m.def(
       "paged_decode(Tensor(a!) out, Tensor q, Tensor kv_cache, Tensor block_tables, "
-      "Tensor seq_lens, Tensor rows, Tensor seqs, float scale) -> ()");
+      "Tensor seq_lens, Tensor rows, Tensor seqs, float scale, int window=0, "
+      "float softcap=0.0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(baton_cpu, CPU, m) { m.impl("paged_decode", &paged_decode); }

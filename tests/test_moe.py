@@ -1,0 +1,50 @@
+"""Mixture-of-experts kernels against their references: routing as transformers' Mixtral and
+Qwen3-MoE routers compute it, and the expert computation batched by expert equal to every
+expert on every token weighted by the routing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from kernels.moe import moe_experts, moe_experts_ref, route
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_route_picks_the_top_k_softmax_weights(renormalize):
+    torch.manual_seed(0)
+    logits = torch.randn(7, 8)
+    weights, expert_ids = route(logits, 2, renormalize)
+    probs = logits.softmax(-1)
+    for token in range(7):
+        top = probs[token].topk(2)
+        assert expert_ids[token].tolist() == top.indices.tolist()
+        expected = top.values / top.values.sum() if renormalize else top.values
+        torch.testing.assert_close(weights[token], expected)
+
+
+@pytest.mark.parametrize("act", [silu_and_mul_ref, gelu_tanh_and_mul_ref])
+@pytest.mark.parametrize(
+    ("num_tokens", "num_experts", "top_k"), [(1, 4, 2), (37, 8, 2), (64, 8, 3)]
+)
+def test_batched_experts_equal_every_expert_weighted(act, num_tokens, num_experts, top_k):
+    torch.manual_seed(num_tokens)
+    hidden_size, size = 32, 24
+    hidden = torch.randn(num_tokens, hidden_size)
+    gate_up = torch.randn(num_experts, 2 * size, hidden_size) * 0.1
+    down = torch.randn(num_experts, hidden_size, size) * 0.1
+    weights, expert_ids = route(torch.randn(num_tokens, num_experts), top_k, True)
+    expected = moe_experts_ref(hidden, gate_up, down, weights, expert_ids, act)
+    actual = moe_experts(hidden, gate_up, down, weights, expert_ids, act)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_token_gets_the_same_result_alone_and_in_a_batch():
+    torch.manual_seed(1)
+    hidden = torch.randn(50, 16)
+    gate_up, down = torch.randn(4, 20, 16), torch.randn(4, 16, 10)
+    weights, expert_ids = route(torch.randn(50, 4), 2, True)
+    batched = moe_experts(hidden, gate_up, down, weights, expert_ids, silu_and_mul_ref)
+    alone = moe_experts(hidden[7:8], gate_up, down, weights[7:8], expert_ids[7:8], silu_and_mul_ref)
+    torch.testing.assert_close(batched[7:8], alone, atol=1e-6, rtol=1e-6)
