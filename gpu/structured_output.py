@@ -99,8 +99,11 @@ class XGrammarCompiler:
             ) from None
 
 
-# One JSON string character: unescaped (no quote, backslash or control character) or an escape.
-_JSON_CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
+# One JSON string character of a length-bounded string: printable ASCII but the quote and the
+# backslash, or an escape. ASCII only: with a negated class, a sampled string once decoded to
+# replacement characters (bytes that were no whole UTF-8 character), each counted against the
+# bound (tests/test_structured_output.py, bounded_strings); others are written as \uXXXX.
+_JSON_CHAR = r'(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
 # Values, not schemas: never rewritten.
 _LITERAL_KEYS = frozenset({"enum", "const", "default", "examples"})
 
