@@ -143,8 +143,9 @@ async def admit(state: ServerState, request: GenerationRequest) -> AdmittedReque
 def check_slo(state: ServerState, request: AdmittedRequest) -> None:
     """With the `slo` policy, 429 for a request whose first token is predicted to come later
     than `--slo-admission-factor` times its TTFT target because of the queue ahead of it
-    (it would fit its target on an idle engine): better refused now, with a Retry-After of the
-    predicted drain time, than accepted and failed late."""
+    (it would fit its target on an idle engine), or that would make requests already accepted
+    late (`Forecast.refuses`): better refused now, with a Retry-After of the predicted drain
+    time, than accepted and failed late."""
     factor = state.engine.config.slo_admission_factor
     ttft_ms = request.slo.ttft_ms
     if factor <= 0 or ttft_ms is None or state.engine.config.scheduling_policy != "slo":
@@ -153,11 +154,14 @@ def check_slo(state: ServerState, request: AdmittedRequest) -> None:
     if not forecast.refuses(ttft_ms, factor):
         return
     retry_after = max(1, math.ceil(forecast.drain_s))
+    if forecast.ttft_s > factor * ttft_ms / 1000:
+        reason = f"its first token is predicted in {forecast.ttft_s * 1000:.0f} ms behind the queue"
+    else:
+        reason = f"serving it first would make {forecast.displaced} accepted requests miss theirs"
     raise APIError(
         429,
-        f"the server cannot meet this request's TTFT target of {ttft_ms:g} ms: its first "
-        f"token is predicted in {forecast.ttft_s * 1000:.0f} ms behind the queue; retry after "
-        f"{retry_after} s or send a looser slo.ttft_ms",
+        f"the server cannot meet this request's TTFT target of {ttft_ms:g} ms: {reason}; "
+        f"retry after {retry_after} s or send a looser slo.ttft_ms",
         code="rate_limit_error",
         headers={"Retry-After": str(retry_after)},
     )
