@@ -218,13 +218,12 @@ class Engine:
             result = self.executor.execute(batch)
         except Exception as error:
             batch, result, failed = self._isolate_fault(batch, error)
-        failed = refused + failed
         sampled = self.scheduler.update(batch, result)
         now = self.clock()
         self.num_steps += 1
         if batch.num_prefill_tokens:
             _record_prefill_chunks(batch, self.scheduler.requests, started, now)
-        outputs = failed
+        outputs = refused + failed
         for request, token_id, logprobs in sampled:
             try:
                 outputs.append(self._process(request, token_id, logprobs, now))
