@@ -17,6 +17,7 @@ class LifetimeMean:
 
     def __init__(self) -> None:
         self.mean_s = 0.0
+        self.num_observations = 0
 
     def observe(self, request: Request) -> None:
         """Finish listener: one that never produced a token held a place for no decode."""
@@ -25,7 +26,8 @@ class LifetimeMean:
         self.add(request.finish_time - request.first_token_time)
 
     def add(self, lifetime_s: float) -> None:
-        if self.mean_s == 0.0:
+        if self.num_observations == 0:
             self.mean_s = lifetime_s
         else:
             self.mean_s += LIFETIME_EMA_WEIGHT * (lifetime_s - self.mean_s)
+        self.num_observations += 1
