@@ -57,9 +57,10 @@ class Pace:
         wanting a place: the prefill ahead, or its own prefill after its place frees, whichever
         ends later."""
         prefill_s = self.prefill_s(tokens)
-        if not needs_place:
-            return prefill_s
-        return max(prefill_s, self.place_wait_s(places - 1) + self.prefill_s(own_tokens))
+        wait_s = self.place_wait_s(places - 1) if needs_place else 0.0
+        if wait_s == 0.0:
+            return prefill_s  # its own prefill is part of what is ordered up to it
+        return max(prefill_s, wait_s + self.prefill_s(own_tokens))
 
 
 def pace_of(
@@ -187,11 +188,18 @@ def overdue(
 
 
 def critical(
-    request: Request, now: float, bound_s: float, full_step_s: float, full_tokens: int
+    request: Request,
+    now: float,
+    bound_s: float,
+    full_step_s: float,
+    full_tokens: int,
+    tokens_ahead: int = 0,
 ) -> bool:
     """Whether an overdue request must be admitted this step, preempting if need be: what is
-    left of its bound covers its own prefill plus one step, no more."""
-    need_s = -(-request.num_uncomputed_tokens // full_tokens) * full_step_s
+    left of its bound covers the prefill still owed by the overdue requests ahead of it
+    (`tokens_ahead`, served first) and its own, plus one step, no more."""
+    tokens = tokens_ahead + request.num_uncomputed_tokens
+    need_s = -(-tokens // full_tokens) * full_step_s
     return now - request.arrival_time >= bound_s - need_s - full_step_s
 
 

@@ -122,7 +122,9 @@ class Scheduler:
         for request in order:
             if prefill_budget <= 0:
                 break
-            if request.request_id in admitted:
+            if request.request_id in self._scheduled:
+                # Once a step: an overdue request on its last prompt token rode along as a
+                # decode already, and the order may name a request twice.
                 continue
             overhead = math.ceil(plan.context_weight * request.num_computed_tokens)
             if request.status is RequestStatus.RUNNING:
@@ -188,9 +190,12 @@ class Scheduler:
         cost = self.policy.context.cost_model
         full = self.max_num_batched_tokens
         full_step_s = self._full_step_s()
+        # The overdue go oldest first and share the budget: each waits for those ahead of it.
+        tokens_ahead = 0
         for request in overdue:
+            ahead, tokens_ahead = tokens_ahead, tokens_ahead + request.num_uncomputed_tokens
             if request.status is RequestStatus.RUNNING or not feasibility.critical(
-                request, now, self.max_wait_s, full_step_s, full
+                request, now, self.max_wait_s, full_step_s, full, ahead
             ):
                 continue
             chunk = min(request.num_tokens, self.max_num_batched_tokens)

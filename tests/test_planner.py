@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from core import feasibility
@@ -38,6 +38,28 @@ SPEC = st.tuples(
     specs=st.lists(SPEC, min_size=1, max_size=25),
     policy=st.sampled_from(["slo", "fcfs"]),
     factor=st.sampled_from([0.0, 3.0]),
+)
+# Found by hypothesis: two overdue requests waiting for places, the younger critical only once
+# the older one's prefill is counted ahead of it (it passed the bound by 2 ms)...
+@example(
+    specs=[
+        *([(0.0, 1, 1, None)] * 8),
+        *[(0.0, 1, 27, None), (0.0, 330, 8, None), (0.0, 8, 38, 5000.0), (0.0, 7, 40, None)],
+        *[(0.0, 103, 40, None), (1 / 256, 262, 22, None), (1 / 256, 171, 1, None)],
+    ],
+    policy="slo",
+    factor=0.0,
+)
+# ...and an overdue request on its last prompt token, scheduled as a decode and again from the
+# overdue order in the same step (its output processed twice: KeyError).
+@example(
+    specs=[
+        *([(0.0, 1, 1, None)] * 8),
+        *[(0.0, 1, 27, None), (0.0, 329, 9, None), (0.0, 8, 38, 5000.0), (0.0, 7, 40, None)],
+        *[(0.0, 103, 40, 5000.0), (1 / 256, 279, 18, None), (1 / 256, 154, 1, None)],
+    ],
+    policy="slo",
+    factor=0.0,
 )
 def test_no_request_waits_past_the_bound(specs, policy, factor):
     bound_ms = 300.0
