@@ -23,8 +23,11 @@ from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rotary import apply_rotary_ref
 
 # Flash-decoding pays for its second kernel only when the plain grid (one program per sequence
-# and KV head) leaves SMs idle and each sequence has several partitions to spread.
+# and KV head) leaves SMs idle and each sequence has several partitions to spread: on an H200
+# (benchmarks/kernel_attention.py, docs/benchmarks.md) the unified kernel still won at 2,048
+# tokens (0.061 vs 0.095 ms at batch 1) and lost from 4,096 on, so more than four partitions.
 SPLIT_KV_PARTITION_SIZE = 512
+SPLIT_KV_MIN_PARTITIONS = 4
 # Forced Triton on CPU tensors has no GPU to ask its SM count: it decides as on an H100.
 STAND_IN_NUM_SMS = 132
 
@@ -97,7 +100,10 @@ def device_num_sms(device: torch.device) -> int:
 
 def use_split_kv(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> bool:
     """Whether a decode-only batch goes to the split-KV kernel."""
-    return max_seq_len > 2 * SPLIT_KV_PARTITION_SIZE and num_seqs * num_kv_heads < num_sms
+    return (
+        max_seq_len > SPLIT_KV_MIN_PARTITIONS * SPLIT_KV_PARTITION_SIZE
+        and num_seqs * num_kv_heads < num_sms
+    )
 
 
 def paged_attention(
