@@ -247,16 +247,17 @@ class CausalLM(nn.Module):
         return not (windowed or config.attn_logit_softcap or config.moe)
 
     def pack_linear_weights(self, rows_hint: int) -> bool:
-        """Run every linear layer through oneDNN over packed weights (float32 on the CPU only;
-        see kernels.linear). Tied embeddings keep their table for lookups and get a packed copy
-        for the LM head. Returns whether it packed; the weights are loaded by then."""
+        """Run every linear layer and every MoE expert through oneDNN over packed weights
+        (float32 on the CPU only; see kernels.linear). Tied embeddings keep their table for
+        lookups and get a packed copy for the LM head. Returns whether it packed; the weights
+        are loaded by then."""
         embed = self.embed_tokens.weight
         if embed.device.type != "cpu" or embed.dtype != torch.float32:
             return False
         if not onednn_linear_available():
             return False
         for module in self.modules():
-            if isinstance(module, Linear):
+            if isinstance(module, (Linear, SparseMoE)):
                 module.pack(rows_hint)
         if self.lm_head is None:
             self.packed_logits_weight = pack_linear_weight(embed, rows_hint)

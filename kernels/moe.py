@@ -30,22 +30,37 @@ def route(
     return weights.to(router_logits.dtype), expert_ids
 
 
+# One expert's gated MLP on the rows routed to it: (expert, [n, H]) -> [n, H].
+ExpertMLP = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+def stacked_expert_mlp(
+    gate_up: torch.Tensor, down: torch.Tensor, act_and_mul: GatedActivation
+) -> ExpertMLP:
+    """The experts' MLP over stacked weights: gate_up [E, 2I, H], down [E, H, I]."""
+
+    def expert_mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(act_and_mul(F.linear(x, gate_up[expert])), down[expert])
+
+    return expert_mlp
+
+
 def moe_experts(
     hidden: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
     weights: torch.Tensor,
     expert_ids: torch.Tensor,
-    act_and_mul: GatedActivation,
+    num_experts: int,
+    expert_mlp: ExpertMLP,
 ) -> torch.Tensor:
-    """The weighted sum of each token's experts: hidden [T, H], gate_up [E, 2I, H],
-    down [E, H, I], weights and expert_ids [T, k] -> [T, H]."""
+    """The weighted sum of each token's experts: hidden [T, H], weights and expert_ids [T, k]
+    -> [T, H]. `expert_mlp` runs one expert on its rows (over stacked float weights, or
+    packed ones: gpu.moe)."""
     top_k = expert_ids.shape[1]
     flat_ids = expert_ids.reshape(-1)
     # Stable, so a token's pairs keep their order within an expert whatever the batch.
     order = torch.argsort(flat_ids, stable=True)
     token_of_pair = order // top_k
-    counts = torch.bincount(flat_ids, minlength=gate_up.shape[0]).tolist()
+    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
     inputs = hidden.index_select(0, token_of_pair)
     outputs = torch.empty_like(inputs)
     start = 0
@@ -53,7 +68,7 @@ def moe_experts(
         if count == 0:
             continue
         rows = slice(start, start + count)
-        outputs[rows] = F.linear(act_and_mul(F.linear(inputs[rows], gate_up[expert])), down[expert])
+        outputs[rows] = expert_mlp(expert, inputs[rows])
         start += count
     outputs *= weights.reshape(-1).index_select(0, order)[:, None]
     combined = torch.zeros_like(hidden)

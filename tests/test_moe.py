@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
-from kernels.moe import moe_experts, moe_experts_ref, route
+from kernels.moe import moe_experts, moe_experts_ref, route, stacked_expert_mlp
 
 
 @pytest.mark.parametrize("renormalize", [True, False])
@@ -36,7 +36,9 @@ def test_batched_experts_equal_every_expert_weighted(act, num_tokens, num_expert
     down = torch.randn(num_experts, hidden_size, size) * 0.1
     weights, expert_ids = route(torch.randn(num_tokens, num_experts), top_k, True)
     expected = moe_experts_ref(hidden, gate_up, down, weights, expert_ids, act)
-    actual = moe_experts(hidden, gate_up, down, weights, expert_ids, act)
+    actual = moe_experts(
+        hidden, weights, expert_ids, num_experts, stacked_expert_mlp(gate_up, down, act)
+    )
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -45,6 +47,7 @@ def test_a_token_gets_the_same_result_alone_and_in_a_batch():
     hidden = torch.randn(50, 16)
     gate_up, down = torch.randn(4, 20, 16), torch.randn(4, 16, 10)
     weights, expert_ids = route(torch.randn(50, 4), 2, True)
-    batched = moe_experts(hidden, gate_up, down, weights, expert_ids, silu_and_mul_ref)
-    alone = moe_experts(hidden[7:8], gate_up, down, weights[7:8], expert_ids[7:8], silu_and_mul_ref)
+    mlp = stacked_expert_mlp(gate_up, down, silu_and_mul_ref)
+    batched = moe_experts(hidden, weights, expert_ids, 4, mlp)
+    alone = moe_experts(hidden[7:8], weights[7:8], expert_ids[7:8], 4, mlp)
     torch.testing.assert_close(batched[7:8], alone, atol=1e-6, rtol=1e-6)
