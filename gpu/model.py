@@ -94,16 +94,25 @@ class Attention(nn.Module):
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        # Triton rotates q and k in place: strided views into the qkv output are fine.
-        q, k = ops.apply_rotary(q, k, positions, self.cos_sin_cache)
-
-        ops.write_kv_cache(k, v, kv_cache, attn_metadata.slot_mapping)
+        qkv = self.qkv_proj(hidden)
+        if self.q_norm is None or self.k_norm is None:
+            q = ops.rotary_and_cache_kv(
+                qkv,
+                positions,
+                self.cos_sin_cache,
+                kv_cache,
+                attn_metadata.slot_mapping,
+                self.num_heads,
+                self.num_kv_heads,
+            )
+        else:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))
+            k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))
+            # Triton rotates q and k in place: strided views into the qkv output are fine.
+            q, k = ops.apply_rotary(q, k, positions, self.cos_sin_cache)
+            v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+            ops.write_kv_cache(k, v, kv_cache, attn_metadata.slot_mapping)
         out = ops.paged_attention(
             q, kv_cache, attn_metadata, self.scale, window=self.window, softcap=self.softcap
         )

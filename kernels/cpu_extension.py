@@ -17,7 +17,9 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 NAME = "baton_cpu_kernels"
-SOURCES = [Path(__file__).parent / "csrc" / "paged_decode_cpu.cpp"]
+SOURCES = [
+    Path(__file__).parent / "csrc" / name for name in ("paged_decode_cpu.cpp", "layer_ops_cpu.cpp")
+]
 # torch's builder waits forever on a lock file a killed build left behind; a build takes well
 # under a minute, so a lock older than this belongs to a process that died mid-build.
 STALE_LOCK_S = 300.0

@@ -1,10 +1,13 @@
-"""Kernel dispatch: Triton on CUDA tensors, the plain-torch references everywhere else.
+"""Kernel dispatch: Triton on CUDA tensors, Baton's C++ kernels on float32 CPU tensors, the
+plain-torch references everywhere else.
 
 The model calls only these (its linear layers excepted: kernels.linear; and the MoE experts
 and logit soft-capping, plain torch on every device: kernels.moe, kernels.softcap). On the CPU,
-attention is `paged_attention_cpu` over the step's plan; Triton is imported only once a CUDA
-tensor arrives. The Triton path reads only tensors and the scalars fixed per graph bucket, never
-the batch's lists, and never syncs, so a CUDA graph can capture it.
+attention is `paged_attention_cpu` over the step's plan, and the norms, gated activations and
+rotary with the cache write are one C++ call each (kernels/csrc/layer_ops_cpu.cpp) where the
+extension built; Triton is imported only once a CUDA tensor arrives. The Triton path reads
+only tensors and the scalars fixed per graph bucket, never the batch's lists, and never syncs,
+so a CUDA graph can capture it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Protocol
 import torch
 
 from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from kernels.cpu_extension import cpu_kernels_available
 from kernels.kv_cache import write_kv_cache_ref
 from kernels.paged_attention import CpuAttentionPlan, paged_attention_cpu, paged_attention_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
@@ -80,6 +84,18 @@ def force_reference() -> Iterator[None]:
     """Within: the plain-torch references for every tensor, CUDA ones included."""
     with _forcing(False):
         yield
+
+
+def uses_cpu_kernels(x: torch.Tensor) -> bool:
+    """Whether Baton's C++ CPU kernels take `x`: float32 rows on the CPU, nothing forced."""
+    return (
+        _forced is None
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and x.dim() == 2
+        and x.stride(-1) == 1
+        and cpu_kernels_available()
+    )
 
 
 def uses_triton(x: torch.Tensor) -> bool:
@@ -172,6 +188,8 @@ def write_kv_cache(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if uses_cpu_kernels(x):
+        return torch.ops.baton_cpu.rms_norm(x, weight, eps)
     if not uses_triton(x):
         return rms_norm_ref(x, weight, eps)
     from kernels.rms_norm_triton import rms_norm_triton
@@ -182,11 +200,41 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if uses_cpu_kernels(x) and uses_cpu_kernels(residual):
+        return torch.ops.baton_cpu.fused_add_rms_norm(x, residual, weight, eps)
     if not uses_triton(x):
         return fused_add_rms_norm_ref(x, residual, weight, eps)
     from kernels.rms_norm_triton import fused_add_rms_norm_triton
 
     return fused_add_rms_norm_triton(x, residual, weight, eps)
+
+
+def rotary_and_cache_kv(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> torch.Tensor:
+    """Rotate the queries and keys of the packed projections `qkv` [T, (Hq + 2 Hkv) D] and store
+    the keys and values at their slots of the layer's cache; returns the queries [T, Hq, D]."""
+    if uses_cpu_kernels(qkv) and kv_cache.is_contiguous():
+        return torch.ops.baton_cpu.rotary_and_cache_kv(
+            qkv, positions, cos_sin_cache, kv_cache, slot_mapping, num_heads, num_kv_heads
+        )
+    num_tokens, head_dim = qkv.shape[0], cos_sin_cache.shape[-1]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q, k = apply_rotary(
+        q.view(num_tokens, num_heads, head_dim),
+        k.view(num_tokens, num_kv_heads, head_dim),
+        positions,
+        cos_sin_cache,
+    )
+    write_kv_cache(k, v.view(num_tokens, num_kv_heads, head_dim), kv_cache, slot_mapping)
+    return q
 
 
 def apply_rotary(
@@ -210,6 +258,8 @@ def gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if uses_cpu_kernels(x):
+        return torch.ops.baton_cpu.gelu_tanh_and_mul(x)
     if not uses_triton(x):
         return gelu_tanh_and_mul_ref(x)
     from kernels.activation_triton import gelu_tanh_and_mul_triton
@@ -218,6 +268,8 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if uses_cpu_kernels(x):
+        return torch.ops.baton_cpu.silu_and_mul(x)
     if not uses_triton(x):
         return silu_and_mul_ref(x)
     from kernels.activation_triton import silu_and_mul_triton
