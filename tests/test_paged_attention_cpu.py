@@ -172,11 +172,12 @@ def test_kernel_refuses_a_length_past_its_block_table_with_a_clear_error() -> No
         torch.ops.baton_cpu.paged_decode(
             out, q, kv_cache, block_tables, torch.tensor([40, 49]), rows, rows, 0.25
         )
-    block_tables[1, 0] = kv_cache.shape[1]
-    with pytest.raises(RuntimeError, match="outside the cache"):
-        torch.ops.baton_cpu.paged_decode(
-            out, q, kv_cache, block_tables, torch.tensor(seq_lens), rows, rows, 0.25
-        )
+    for bad_id in (kv_cache.shape[1], -1):
+        block_tables[1, 0] = bad_id
+        with pytest.raises(RuntimeError, match="outside the cache"):
+            torch.ops.baton_cpu.paged_decode(
+                out, q, kv_cache, block_tables, torch.tensor(seq_lens), rows, rows, 0.25
+            )
 
 
 def test_a_build_lock_left_by_a_dead_build_is_cleared_and_a_live_one_kept(tmp_path, monkeypatch):

@@ -169,6 +169,24 @@ void attend_sequence(const CacheView& cache, const Index* table, int64_t seq_len
   }
 }
 
+// Every block id a decode will read is inside the cache. Only the blocks its length covers: a
+// table's padding beyond them is never read. A loop over raw ids, not tensor reductions: this
+// runs once per layer, and at a decode step the reductions' calls cost more than the attention.
+template <typename Index>
+void check_block_ids(const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens,
+                     const at::Tensor& seqs, int64_t num_blocks, int64_t block_size) {
+  const Index* tables = block_tables.data_ptr<Index>();
+  const int64_t width = block_tables.size(1);
+  const int64_t* seq_ids = seqs.data_ptr<int64_t>();
+  for (int64_t i = 0; i < seqs.numel(); ++i) {
+    const Index* table = tables + seq_ids[i] * width;
+    const int64_t used = (seq_lens[seq_ids[i]] + block_size - 1) / block_size;
+    for (int64_t j = 0; j < used; ++j) {
+      TORCH_CHECK(table[j] >= 0 && table[j] < num_blocks, "a block id is outside the cache");
+    }
+  }
+}
+
 template <typename Index>
 void run(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
          const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens,
@@ -238,11 +256,6 @@ void paged_decode(const at::Tensor& out, const at::Tensor& q, const at::Tensor& 
   for (int64_t len : seq_len_list) {
     TORCH_CHECK(len >= 1 && len <= capacity, "a seq_len exceeds its block table");
   }
-  const auto tables_long = block_tables.to(at::kLong);
-  TORCH_CHECK(tables_long.numel() == 0 ||
-                  (tables_long.min().item<int64_t>() >= 0 &&
-                   tables_long.max().item<int64_t>() < kv_cache.size(1)),
-              "a block id is outside the cache");
   const int64_t* seq_ids = seqs.data_ptr<int64_t>();
   const int64_t* row_ids = rows.data_ptr<int64_t>();
   for (int64_t i = 0; i < rows.numel(); ++i) {
@@ -252,9 +265,11 @@ void paged_decode(const at::Tensor& out, const at::Tensor& q, const at::Tensor& 
     TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < q.size(0), "a decode names no row of q");
   }
   if (block_tables.scalar_type() == at::kInt) {
+    check_block_ids<int32_t>(block_tables, seq_len_list, seqs, kv_cache.size(1), kv_cache.size(2));
     run<int32_t>(out, q, kv_cache, block_tables, seq_len_list, rows, seqs, scale, window, softcap);
   } else {
     TORCH_CHECK(block_tables.scalar_type() == at::kLong, "block_tables are int32 or int64");
+    check_block_ids<int64_t>(block_tables, seq_len_list, seqs, kv_cache.size(1), kv_cache.size(2));
     run<int64_t>(out, q, kv_cache, block_tables, seq_len_list, rows, seqs, scale, window, softcap);
   }
 }
