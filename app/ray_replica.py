@@ -64,7 +64,7 @@ class EngineReplica:
             spec.device,
             spec.dtype,
             load_format=spec.load_format,
-            profile_step_cost=True,
+            profile_step_cost=spec.profile_step_cost,
         )
         self._queue: queue.SimpleQueue[ReplicaStep | _Died] = queue.SimpleQueue()
         # Filled by the engine's listeners on the step thread, emptied by each delivery there.

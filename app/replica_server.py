@@ -63,4 +63,9 @@ def serve_replicas(
 ) -> None:
     """`baton serve --replicas N`: start the replicas, then the one front end; blocks."""
     engine = start_replicas(spec, replicas, settings.max_queued_requests)
-    serve_front_end(engine, Tokenizer.from_pretrained(spec.model), model_name, settings, sock)
+    try:
+        serve_front_end(engine, Tokenizer.from_pretrained(spec.model), model_name, settings, sock)
+    finally:
+        # The CLI ends without the interpreter's teardown, so Ray's exit hook would not run:
+        # a local Ray this process started would outlive it.
+        ray.shutdown()

@@ -20,6 +20,9 @@ class ReplicaModel:
     device: str = "auto"
     dtype: str = "auto"
     load_format: str = "auto"
+    # Seed the step-cost fit with a few synthetic steps first, as a single server does;
+    # tests that need no informed first decisions skip it.
+    profile_step_cost: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,12 @@ def replicas(llama_checkpoint):
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        spec = ReplicaModel(str(llama_checkpoint), EngineConfig(**ENGINE), device="cpu")
+        spec = ReplicaModel(
+            str(llama_checkpoint),
+            EngineConfig(**ENGINE),
+            device="cpu",
+            profile_step_cost=False,
+        )
         engine = start_replicas(
             spec, ReplicaSettings(num_replicas=2, router="round-robin", max_restarts=2), 64
         )
