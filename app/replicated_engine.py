@@ -69,6 +69,10 @@ class ReplicatedEngine:
         self._replica_of: dict[str, int] = {}
         # Requests that have sent no token yet, whole: retried elsewhere if their replica dies.
         self._unanswered: dict[str, EngineRequest] = {}
+        # Each traced request's trace context, which stays here: the span is made here, from
+        # the finished request its replica sends back (its times on the replica's monotonic
+        # clock, the front end's own on one machine).
+        self._trace_contexts: dict[str, object] = {}
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -224,7 +228,8 @@ class ReplicatedEngine:
         assert replica is not None
         self._replica_of[request.request_id] = replica
         self._unanswered[request.request_id] = request
-        # The trace context stays here: the front end, not the replica, ends the span.
+        if request.trace_context is not None:
+            self._trace_contexts[request.request_id] = request.trace_context
         self.actors[replica].submit.remote(dataclasses.replace(request, trace_context=None))
 
     @property
@@ -280,6 +285,7 @@ class ReplicatedEngine:
             if stream is not None:
                 stream.put(output)
         for request, output in step.finished:
+            request.trace_context = self._trace_contexts.pop(request.request_id, None)
             for listener in self.finish_listeners:
                 listener(request, output)
 
@@ -303,6 +309,7 @@ class ReplicatedEngine:
                     continue
                 except NoReplicaError:
                     pass
+            self._trace_contexts.pop(request_id, None)
             stream.put(EngineDeadError(REPLICA_DIED))
 
     async def _rejoin(self, replica: int) -> None:

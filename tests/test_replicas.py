@@ -43,6 +43,8 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def replicas(llama_checkpoint):
     """Two replicas behind a front end on loopback; yields (state, engine)."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
     from app.replica_server import start_replicas
     from app.replica_settings import ReplicaModel, ReplicaSettings
     from tests.server_harness import running_front_end
@@ -60,7 +62,9 @@ def replicas(llama_checkpoint):
         )
         settings = ServerSettings(port=free_port())
         tokenizer = Tokenizer.from_pretrained(llama_checkpoint)
-        with running_front_end(engine, tokenizer, "tiny", None, settings) as state:
+        spans = InMemorySpanExporter()
+        with running_front_end(engine, tokenizer, "tiny", spans, settings) as state:
+            state.spans = spans
             yield state, engine
     finally:
         ray.shutdown()
@@ -92,6 +96,10 @@ def test_greedy_outputs_equal_the_single_process_servers(replicas, llama_checkpo
         (1, True, 2),
     ]
     assert len({r["pid"] for r in stats["replicas"]}) == 2
+    # Each request's trace: a server span made in the front end from its replica's record.
+    roots = [s for s in state.spans.get_finished_spans() if s.name == "text_completion tiny"]
+    assert len(roots) == 4
+    assert all(s.attributes["gen_ai.usage.output_tokens"] == 12 for s in roots)
     assert stats["totals"]["requests"] >= 4  # the replicas' finishes reach the metrics
     metrics = httpx.get(f"{base_url(state)}/metrics").text
     assert 'baton:replica_requests_routed_total{replica="1"} 2.0' in metrics
