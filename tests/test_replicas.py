@@ -107,6 +107,36 @@ def test_greedy_outputs_equal_the_single_process_servers(replicas, llama_checkpo
 
 
 @pytest.mark.slow
+def test_websocket_requests_stream_from_the_replicas(replicas):
+    from websockets.asyncio.client import connect
+
+    state, engine = replicas
+    url = f"ws://127.0.0.1:{state.settings.port}/v1/ws"
+
+    async def generate() -> dict[int, list[dict]]:
+        frames: dict[int, list[dict]] = {0: [], 1: []}
+        async with connect(url) as ws:
+            for index in frames:
+                request = {"type": "generate", "id": index, "prompt": PROMPTS[index]}
+                await ws.send(json.dumps({**request, "max_tokens": 6, "ignore_eos": True}))
+            while not all(f and f[-1]["type"] == "done" for f in frames.values()):
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                frames[frame["id"]].append(frame)
+        return frames
+
+    before = [ledger.num_routed for ledger in engine.ledgers]
+    frames = asyncio.run(generate())
+    # Round-robin (the fixture's router): one request on each replica.
+    assert [ledger.num_routed - b for ledger, b in zip(engine.ledgers, before, strict=True)] == [
+        1,
+        1,
+    ]
+    for request_frames in frames.values():
+        assert request_frames[-1]["usage"]["completion_tokens"] == 6
+        assert {f["type"] for f in request_frames[:-1]} == {"token"}
+
+
+@pytest.mark.slow
 def test_prefix_router_keeps_a_shared_prefix_on_one_replica(replicas):
     state, engine = replicas
     engine.router = Router("prefix", engine.ledgers, 0.0)
