@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import socket
 import threading
 import time
 from collections import deque
@@ -16,7 +18,7 @@ from collections.abc import Callable
 
 from core.config import EngineConfig
 from core.engine import Engine
-from core.engine_stats import EngineStats
+from core.engine_stats import EngineStats, ReplicaStatus
 from core.metric_aggregates import EngineMetrics
 from core.outputs import RequestOutput
 from core.request import EngineRequest, Request
@@ -103,6 +105,8 @@ class AsyncEngine:
         self._started_at = time.monotonic()
         # Event-loop times of recent completions; bounded so a busy server keeps only the last.
         self._finish_times: deque[float] = deque(maxlen=1024)
+        self._num_submitted = 0
+        self._num_finished = 0
         # Set when the event loop has taken the last step's outputs (see the step-thread side).
         self._dispatched = threading.Event()
         self._dispatched.set()
@@ -167,6 +171,21 @@ class AsyncEngine:
         self._step_loop.stop(timeout)
         self._dead = self._dead or "the engine has shut down"
 
+    def replica_status(self) -> list[ReplicaStatus]:
+        """This process's one engine, as `--replicas N` lists each of its replicas."""
+        return [
+            ReplicaStatus(
+                0,
+                socket.gethostname(),
+                os.getpid(),
+                self.healthy,
+                self.stats,
+                len(self._streams),
+                self._num_submitted,
+                self._num_finished,
+            )
+        ]
+
     def check_capacity(self, num_requests: int = 1) -> None:
         """Refuse `num_requests` more past the queue limit, before any work is spent on them."""
         if not self.healthy:
@@ -203,6 +222,7 @@ class AsyncEngine:
             self._streams[request.request_id] = stream
             self.forecast.add(request.request_id, len(request.prompt_token_ids), request.slo, now)
             self._step_loop.submit(request)
+            self._num_submitted += 1
             streams.append(stream)
         return streams
 
@@ -256,6 +276,7 @@ class AsyncEngine:
                     self.forecast.first_token(output.request_id, now)
             if output.finished:
                 self._finish_times.append(now)
+                self._num_finished += 1
         self._dispatched.set()
 
     def _fail_all(self, error: Exception) -> None:

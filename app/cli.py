@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from app.bench import add_bench_parser
+from app.replica_settings import ReplicaModel, add_replica_args, replica_settings_from
 from app.settings import METRICS_STYLES, ServerSettings
 from app.simulate import add_simulate_parser
 from app.tool_parsers import PARSERS
@@ -285,8 +286,18 @@ def serve(args: argparse.Namespace) -> int:
     from app.server import bind_socket, configure_logging, log_startup, serve_engine
 
     settings = server_settings_from(args)
+    replicas = replica_settings_from(args)
     configure_logging()
     sock = bind_socket(settings)
+    if replicas.num_replicas > 1:
+        from app.replica_server import serve_replicas  # Ray loads only with replicas
+
+        spec = ReplicaModel(
+            args.model, engine_config_from(args), args.device, args.dtype, args.load_format
+        )
+        name = settings.served_model_name or served_model_name(args.model)
+        serve_replicas(spec, name, settings, replicas, sock)
+        exit_without_teardown(0)
     start = time.perf_counter()
     engine = build_engine(
         args.model,
@@ -336,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv = commands.add_parser("serve", help="serve the OpenAI API, WebSockets and the chat UI")
     add_engine_args(srv)
     add_server_args(srv)
+    add_replica_args(srv)
     srv.set_defaults(handler=serve)
     add_simulate_parser(commands)
     add_bench_parser(commands)

@@ -25,7 +25,7 @@ from starlette.responses import Response
 
 from app.async_engine import AsyncEngine
 from app.settings import METRICS_STYLES
-from core.engine_stats import EngineStats
+from core.engine_stats import EngineStats, ReplicaStatus
 from core.metric_aggregates import EngineMetrics, Histogram
 from core.request import FinishReason
 
@@ -45,6 +45,7 @@ class Sources(NamedTuple):
     stats: EngineStats
     aggregates: EngineMetrics
     admission_rejections: int
+    replicas: list[ReplicaStatus]
 
 
 # A reading: one value, a histogram, a value per tuple of label values, or None (not exported).
@@ -74,6 +75,17 @@ def _counter(name: str, doc: str, read: Callable[[Sources], Points], *vllm: str)
 
 def _histogram(name: str, doc: str, read: Callable[[Sources], Histogram], *vllm: str) -> Series:
     return Series(name, "histogram", doc, read, vllm)
+
+
+def _per_replica(read: Callable[[ReplicaStatus], float]) -> Callable[[Sources], Points]:
+    """A reading per replica, labelled `replica`; exported only with `--replicas` above 1."""
+
+    def points(sources: Sources) -> Points:
+        if len(sources.replicas) < 2:
+            return None
+        return {(str(r.replica_id),): float(read(r)) for r in sources.replicas}
+
+    return points
 
 
 SERIES: tuple[Series, ...] = (
@@ -152,6 +164,16 @@ SERIES: tuple[Series, ...] = (
     _histogram("step_cost_model_error_ratio",
                "|predicted - measured| / measured step time of the step-cost model.",
                lambda s: s.aggregates.step_cost_error),
+    Series("replica_healthy", "gauge", "1 while the engine replica serves, 0 while it restarts.",
+           _per_replica(lambda r: r.healthy), labels=("replica",)),
+    Series("replica_num_requests_running", "gauge", "Requests running, per engine replica.",
+           _per_replica(lambda r: r.stats.num_running), labels=("replica",)),
+    Series("replica_num_requests_waiting", "gauge", "Requests waiting, per engine replica.",
+           _per_replica(lambda r: r.stats.num_waiting), labels=("replica",)),
+    Series("replica_kv_cache_usage_perc", "gauge", "KV blocks in use (0-1), per engine replica.",
+           _per_replica(lambda r: r.stats.kv_cache_usage), labels=("replica",)),
+    Series("replica_requests_routed", "counter", "Requests the router sent to each replica.",
+           _per_replica(lambda r: r.requests_routed), labels=("replica",)),
 )  # fmt: skip
 
 
@@ -204,8 +226,9 @@ class EngineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         server_metrics = self.server_metrics
         aggregates = server_metrics.aggregates
+        engine = server_metrics.engine
         sources = Sources(
-            server_metrics.engine.stats, aggregates, server_metrics.admission_rejections
+            engine.stats, aggregates, server_metrics.admission_rejections, engine.replica_status()
         )
         families = []
         # Families copy their values, so the lock is held only while they are built.

@@ -38,6 +38,7 @@ from app.stats_endpoint import stats_endpoint
 from app.telemetry import Tracing, exporters_from
 from app.websocket_api import websocket_endpoint
 from core.engine import Engine
+from core.tokenizer import Tokenizer
 
 logger = logging.getLogger("baton.server")
 # The end of --shutdown-timeout: the last quarter, up to CLOSE_GRACE_S, for uvicorn's own
@@ -288,10 +289,28 @@ def serve_engine(
 ) -> None:
     """Run the server until SIGTERM/SIGINT; blocks. `sock` is the address `bind_socket` took
     (uvicorn binds its own when None)."""
+    serve_front_end(
+        AsyncEngine(engine, settings.max_queued_requests),
+        engine.tokenizer,
+        model_name,
+        settings,
+        sock,
+    )
+
+
+def serve_front_end(
+    engine: AsyncEngine,
+    tokenizer: Tokenizer,
+    model_name: str,
+    settings: ServerSettings,
+    sock: socket.socket | None = None,
+) -> None:
+    """Run the front end over `engine` (one in-process engine, or replicas behind the same
+    interface: app/replicated_engine.py) until SIGTERM/SIGINT; blocks."""
     configure_logging()
     state = ServerState(
-        engine=AsyncEngine(engine, settings.max_queued_requests),
-        tokenizer=engine.tokenizer,
+        engine=engine,
+        tokenizer=tokenizer,
         model_name=model_name,
         settings=settings,
         created=int(time.time()),

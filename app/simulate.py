@@ -1,6 +1,7 @@
 """`baton simulate`: run scheduling policies on the same simulated arrivals, drawn from a
 workload or replayed from a trace, and compare their goodput, SLO attainment and latency
-(core/simulator.py does the simulating)."""
+(core/simulator.py does the simulating); with `--replicas N`, N engines behind each router
+(core/replica_simulator.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,22 @@ import urllib.request
 
 from app.progress import each
 from core.config import POLICIES, EngineConfig
+from core.latency import percentile
+from core.replica_simulator import simulate_replicas
 from core.request import EngineRequest
-from core.simulator import DEFAULT_COST, SimulationConfig, queue_trend, simulate, summarize
+from core.router import ROUTERS
+from core.simulator import (
+    DEFAULT_COST,
+    SimulationConfig,
+    SimulationResult,
+    queue_trend,
+    simulate,
+    summarize,
+)
 from core.step_cost import CostCoefficients
 from core.step_cost_profile import profile_executor
 from core.trace import load_trace
-from core.workloads import WORKLOADS, WorkloadRequest, sample_requests
+from core.workloads import PREFIX_WORKLOADS, WORKLOADS, WorkloadRequest, sample_requests
 
 # Requests drawn from a synthetic workload when --num-requests is not given.
 DEFAULT_NUM_REQUESTS = 2000
@@ -36,8 +47,25 @@ def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
         description="Simulate the real scheduler and KV block pool on a step-cost model.",
     )
     defaults = EngineConfig()
-    parser.add_argument("--policy", default="slo,fcfs,static", help="comma-separated policies")
-    parser.add_argument("--workload", choices=list(WORKLOADS), default="mixed")
+    parser.add_argument(
+        "--policy",
+        default=None,
+        help="comma-separated policies (default slo,fcfs,static; slo with --replicas > 1)",
+    )
+    parser.add_argument("--workload", choices=[*WORKLOADS, *PREFIX_WORKLOADS], default="mixed")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="engine replicas behind the router; the rate from --load is of their combined "
+        "saturation (each replica's times N)",
+    )
+    parser.add_argument(
+        "--router",
+        default=None,
+        help=f"with --replicas > 1: comma-separated routers among {', '.join(ROUTERS)} "
+        f"(default all)",
+    )
     parser.add_argument(
         "--workload-file",
         metavar="PATH",
@@ -123,10 +151,18 @@ def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    if args.replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    default_policies = "slo,fcfs,static" if args.replicas == 1 else "slo"
+    policies = _names(args.policy or default_policies)
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
         raise ValueError(f"--policy takes a comma-separated list of {', '.join(POLICIES)}")
+    if args.router is not None and args.replicas == 1:
+        raise ValueError("--router applies to --replicas > 1: one engine needs no routing")
+    routers = _names(args.router or ",".join(ROUTERS))
+    if not routers or any(r not in ROUTERS for r in routers):
+        raise ValueError(f"--router takes a comma-separated list of {', '.join(ROUTERS)}")
     if args.num_requests is not None and args.num_requests < 1:
         raise ValueError("--num-requests must be >= 1")
     if args.workload_file and (args.rate is not None or args.load is not None):
@@ -141,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             block_size=args.block_size,
-            enable_prefix_caching=False,
+            # Only shared-prefix workloads share a block between prompts.
+            enable_prefix_caching=args.workload in PREFIX_WORKLOADS and not args.workload_file,
             max_wait_ms=args.max_wait_ms,
             max_preemptions=args.max_preemptions,
             slo_admission_factor=args.slo_admission_factor,
@@ -168,24 +205,33 @@ def run(args: argparse.Namespace) -> int:
         saturation = None
         rate = args.rate
         if rate is None:
-            saturation = saturation_rps(
+            saturation = args.replicas * saturation_rps(
                 args.workload, num_requests, args.seed, config, args.length_scale
             )
             rate = (0.9 if args.load is None else args.load) * saturation
         workload = sample_requests(
             args.workload, num_requests, rate, args.seed, args.burstiness, args.length_scale
         )
+    runs = [(policy, None) for policy in policies]
+    if args.replicas > 1:
+        runs = [(policy, router) for policy in policies for router in routers]
     report = {}
-    for policy in each(policies, "simulating", "policy", quiet=args.json):
+    for policy, router in each(runs, "simulating", "run", quiet=args.json):
         started = time.perf_counter()
-        result = simulate(policy, workload, config)
+        result: SimulationResult
+        name = policy
+        if router is None:
+            result = simulate(policy, workload, config)
+        else:
+            result = simulate_replicas(router, policy, workload, config, args.replicas)
+            name = router if len(policies) == 1 else f"{policy}/{router}"
         summary = summarize(result.records)
         classes = sorted({r.class_name for r in result.records})
         trend = queue_trend(result.records)
         warning = trend.warning()
         if warning:
-            print(f"baton simulate: warning: {policy}: {warning}", file=sys.stderr)
-        report[policy] = {
+            print(f"baton simulate: warning: {name}: {warning}", file=sys.stderr)
+        report[name] = {
             **summary,
             "rate_rps": rate,
             "saturation_rps": saturation,
@@ -201,11 +247,26 @@ def run(args: argparse.Namespace) -> int:
             },
             "wall_s": time.perf_counter() - started,
         }
+        if router is not None:
+            report[name].update(
+                policy=policy,
+                router=router,
+                replicas=args.replicas,
+                requests_per_replica=result.requests_per_replica,
+                prefix_cache_hit_rate=result.prefix_cache_hits
+                / max(1, result.prefix_cache_queries),
+                route_us_p50=percentile(sorted(result.route_wall_s), 50) * 1e6,
+                route_us_p99=percentile(sorted(result.route_wall_s), 99) * 1e6,
+            )
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print_table(report, args, len(workload), rate, saturation, config.cost)
     return 0
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def mean_rate(workload: list[WorkloadRequest]) -> float:
@@ -326,8 +387,9 @@ def print_table(
         source = f"trace {args.workload_file} (time scale {args.time_scale:g})"
     else:
         source = f"workload {args.workload}, burstiness {args.burstiness}"
+    replicas = f" on {args.replicas} replicas" if args.replicas > 1 else ""
     print(
-        f"{source}, {num_requests} requests at {rate:.2f}/s{load}, seed {args.seed}; "
+        f"{source}, {num_requests} requests at {rate:.2f}/s{load}{replicas}, seed {args.seed}; "
         f"cost {_format_cost(cost)}"
     )
     header = (
@@ -344,6 +406,12 @@ def print_table(
             f"{_ms(row['tpot_p99_ms'])}{_ms(row['max_wait_ms'])}{row['num_preemptions']:>9}"
             f"{row['max_preemptions_per_request']:>8}{row['rejected']:>10}"
         )
+        if "requests_per_replica" in row:
+            print(
+                f"  requests per replica {row['requests_per_replica']}, prefix cache hits "
+                f"{row['prefix_cache_hit_rate']:.1%}, routing p50 {row['route_us_p50']:.0f} us "
+                f"p99 {row['route_us_p99']:.0f} us (wall)"
+            )
         for name, cls in row["classes"].items():
             print(
                 f"  {name:<16}{cls['goodput_rps']:>10.2f}{cls['slo_attainment']:>9.1%}"

@@ -16,7 +16,7 @@ from core.metric_aggregates import FinishedRecord, StepRecord
 
 if TYPE_CHECKING:
     from app.prometheus import ServerMetrics
-    from core.engine_stats import EngineStats
+    from core.engine_stats import EngineStats, ReplicaStatus
 
 
 async def stats_endpoint(request: Request) -> Response:
@@ -59,6 +59,25 @@ def snapshot(state: ServerState, server_metrics: ServerMetrics) -> dict[str, Any
         "steps": _steps(steps, stats.num_steps),
         "step_cost": step_cost(stats),
         "totals": total,
+        "replicas": [_replica(status) for status in engine.replica_status()],
+    }
+
+
+def _replica(status: ReplicaStatus) -> dict[str, Any]:
+    stats = status.stats
+    return {
+        "id": status.replica_id,
+        "node": status.node,
+        "pid": status.pid,
+        "healthy": status.healthy,
+        "running": stats.num_running,
+        "waiting": stats.num_waiting,
+        "kv_cache_usage": stats.kv_cache_usage,
+        "requests_in_flight": status.requests_in_flight,
+        "requests_routed": status.requests_routed,
+        "requests_finished": status.requests_finished,
+        "prefix_cache_hits": stats.prefix_cache_hits,
+        "prefix_cache_queries": stats.prefix_cache_queries,
     }
 
 

@@ -28,3 +28,18 @@ class EngineStats:
     step_cost_observations: int = 0
     # Mean seconds from a request's first token to its finish (core/lifetime.py).
     mean_lifetime_s: float = 0.0
+
+
+@dataclass(slots=True, frozen=True)
+class ReplicaStatus:
+    """One engine replica as `/v1/stats` and `/metrics` show it: where it runs, whether it
+    serves, its last snapshot, and the front end's counts of the requests it sent there."""
+
+    replica_id: int
+    node: str
+    pid: int
+    healthy: bool
+    stats: EngineStats
+    requests_in_flight: int = 0
+    requests_routed: int = 0
+    requests_finished: int = 0

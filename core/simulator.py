@@ -117,41 +117,16 @@ def simulate(
 ) -> SimulationResult:
     """Serve `workload` under `policy` on the simulated machine; every request runs to its
     output length (or `max_tokens`)."""
-    clock = SimulatedClock()
-    engine_config = dataclasses.replace(config.engine, scheduling_policy=policy)
-    executor = SimulatedExecutor(
-        config.num_kv_blocks,
-        engine_config.block_size,
-        VOCAB_SIZE,
-        clock,
-        config.cost,
-        noise=config.noise,
-        seed=config.seed,
-        eos_token_id=EOS_TOKEN_ID,
-    )
-    engine = Engine(
-        engine_config,
-        executor,
-        # The simulated model has no context limit: the KV cache is the only one.
-        max_model_len=sys.maxsize,
-        vocab_size=VOCAB_SIZE,
-        eos_token_ids=[EOS_TOKEN_ID],
-        clock=clock,
-    )
-    warm_up(
-        engine.step_cost_model,
-        config.cost.predict,
-        profile_shapes(
-            engine_config.max_num_batched_tokens, engine_config.max_num_seqs, PROFILE_MODEL_LEN
-        ),
-    )
+    engine, executor = build_engine(policy, config)
+    clock = executor.clock
+    engine_config = engine.config
     admission = None
     if policy == "slo" and engine_config.slo_admission_factor > 0:
         admission = SLOAdmission(engine, engine_config.slo_admission_factor)
     records: list[RequestRecord] = []
     class_names: dict[str, str] = {}
     engine.finish_listeners.append(
-        lambda request, _: records.append(_record(request, class_names[request.request_id]))
+        lambda request, _: records.append(record_of(request, class_names[request.request_id]))
     )
     specs = sorted(enumerate(workload), key=lambda item: item[1].arrival_s)
     next_arrival = 0
@@ -162,17 +137,17 @@ def simulate(
             next_arrival += 1
             request_id = f"sim-{index}"
             class_names[request_id] = spec.request_class.name
-            slo = _slo(spec.request_class, config.slo_scale)
+            slo = class_slo(spec.request_class, config.slo_scale)
             if admission is not None and not admission.admit(
                 request_id, spec.prompt_len, slo, spec.arrival_s
             ):
                 records.append(
-                    _rejected_record(
+                    rejected_record(
                         request_id, spec.request_class.name, spec.arrival_s, spec.arrival_s, slo
                     )
                 )
                 continue
-            _submit(engine, executor, request_id, index, spec, slo)
+            submit(engine, executor, request_id, index, spec, slo)
         if admission is not None:
             admission.settle(now)
         num_steps = engine.num_steps
@@ -194,6 +169,42 @@ def simulate(
         engine.step_cost_model.mean_abs_error_ratio,
         engine.length_predictor.mean_abs_error_ratio,
     )
+
+
+def build_engine(
+    policy: str, config: SimulationConfig, seed_offset: int = 0
+) -> tuple[Engine, SimulatedExecutor]:
+    """The real `Engine` under `policy` on a simulated executor with a clock of its own, its
+    cost model warmed up as a server's is; `seed_offset` gives each replica its own noise."""
+    clock = SimulatedClock()
+    engine_config = dataclasses.replace(config.engine, scheduling_policy=policy)
+    executor = SimulatedExecutor(
+        config.num_kv_blocks,
+        engine_config.block_size,
+        VOCAB_SIZE,
+        clock,
+        config.cost,
+        noise=config.noise,
+        seed=config.seed + seed_offset,
+        eos_token_id=EOS_TOKEN_ID,
+    )
+    engine = Engine(
+        engine_config,
+        executor,
+        # The simulated model has no context limit: the KV cache is the only one.
+        max_model_len=sys.maxsize,
+        vocab_size=VOCAB_SIZE,
+        eos_token_ids=[EOS_TOKEN_ID],
+        clock=clock,
+    )
+    warm_up(
+        engine.step_cost_model,
+        config.cost.predict,
+        profile_shapes(
+            engine_config.max_num_batched_tokens, engine_config.max_num_seqs, PROFILE_MODEL_LEN
+        ),
+    )
+    return engine, executor
 
 
 class SLOAdmission:
@@ -247,7 +258,7 @@ class SLOAdmission:
         self._pending.clear()
 
 
-def _submit(
+def submit(
     engine: Engine,
     executor: SimulatedExecutor,
     request_id: str,
@@ -255,9 +266,7 @@ def _submit(
     spec: WorkloadRequest,
     slo: SLO,
 ) -> None:
-    # Distinct token ids per request, so no two prompts share a cached block by accident.
-    start = index * 7919
-    prompt = [(start + i) % PROMPT_VOCAB for i in range(spec.prompt_len)]
+    prompt = prompt_tokens(index, spec)
     # An answer as long as max_tokens is cut there (length), a shorter one ends on its own.
     executor.script_answer(
         request_id, spec.output_len if spec.output_len < spec.max_tokens else None
@@ -277,7 +286,19 @@ def _submit(
         raise ValueError(f"workload request {index} cannot be simulated: {error}") from None
 
 
-def _slo(request_class: RequestClass | TraceClass, slo_scale: float) -> SLO:
+def prompt_tokens(index: int, spec: WorkloadRequest) -> list[int]:
+    """Request `index`'s prompt: its shared prefix's tokens, if any, then its own. Distinct
+    ids per request (rising) and per prefix (falling), so no two prompts share a cached block
+    by accident: blocks are hashed chained from the first, and no own run equals a prefix."""
+    start = index * 7919
+    own = [(start + i) % PROMPT_VOCAB for i in range(spec.prompt_len - spec.prefix_len)]
+    if spec.prefix_group is None:
+        return own
+    top = PROMPT_VOCAB - 1 - spec.prefix_group * 104_729
+    return [(top - i) % PROMPT_VOCAB for i in range(spec.prefix_len)] + own
+
+
+def class_slo(request_class: RequestClass | TraceClass, slo_scale: float) -> SLO:
     return SLO(_scaled(request_class.ttft_ms, slo_scale), _scaled(request_class.tpot_ms, slo_scale))
 
 
@@ -285,9 +306,9 @@ def _scaled(target_ms: float | None, scale: float) -> float | None:
     return None if target_ms is None else target_ms * scale
 
 
-def _record(request: Request, class_name: str) -> RequestRecord:
+def record_of(request: Request, class_name: str) -> RequestRecord:
     if request.finish_reason is FinishReason.REFUSED:
-        return _rejected_record(
+        return rejected_record(
             request.request_id, class_name, request.arrival_time, request.finish_time, request.slo
         )
     return RequestRecord(
@@ -305,7 +326,7 @@ def _record(request: Request, class_name: str) -> RequestRecord:
     )
 
 
-def _rejected_record(
+def rejected_record(
     request_id: str, class_name: str, arrival: float, refused: float, slo: SLO
 ) -> RequestRecord:
     """A request SLO admission control refused at `refused`: at arrival, or after waiting."""

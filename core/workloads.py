@@ -1,10 +1,12 @@
 """Request workloads shared by the simulator (`baton simulate`) and the benchmark client
 (`baton bench`): request classes with log-normal prompt and output lengths and their own SLO
-targets and priority, mixed by weight, and Poisson or bursty (gamma) arrivals. Recorded traces
-(core/trace.py) become the same `WorkloadRequest`s."""
+targets and priority, mixed by weight, and Poisson or bursty (gamma) arrivals; for the
+simulator, variants where a share of requests open with a shared prompt prefix. Recorded
+traces (core/trace.py) become the same `WorkloadRequest`s."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -73,6 +75,24 @@ WORKLOADS: dict[str, list[tuple[RequestClass, float]]] = {
     "mixed": [(CHAT, 0.7), (RAG, 0.3)],
     "long-generation": [(LONG_GENERATION, 1.0)],
 }
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPrefixes:
+    """A `share` of requests open with one of `count` shared prefixes of `length` tokens (a
+    system prompt, few-shot examples, a document asked about again), picked uniformly."""
+
+    share: float
+    count: int
+    length: int
+
+
+# Simulator-only variants: a base workload's requests, a share of them given a shared prefix
+# in front of their own prompt (production chat shares system prompts). Drawn from their own
+# generator, so the base requests are the base workload's, length for length.
+PREFIX_WORKLOADS: dict[str, tuple[str, SharedPrefixes]] = {
+    "mixed-prefix": ("mixed", SharedPrefixes(share=0.3, count=16, length=512)),
+}
 # The classes a trace row may name to take their targets and priority.
 REQUEST_CLASSES = {c.name: c for c in (CHAT, RAG, LONG_GENERATION)}
 
@@ -99,6 +119,10 @@ class WorkloadRequest:
     output_len: int
     max_tokens: int
     request_class: RequestClass | TraceClass
+    # The shared prefix the prompt opens with (its first `prefix_len` of `prompt_len` tokens),
+    # or None for a prompt all its own.
+    prefix_group: int | None = None
+    prefix_len: int = 0
 
 
 def arrival_times(
@@ -135,8 +159,13 @@ def sample_requests(
 ) -> list[WorkloadRequest]:
     """The same seed gives the same requests at the same times, whatever the policy.
     `length_scale` shrinks (or grows) every prompt and output, for small models and CPUs."""
+    if workload in PREFIX_WORKLOADS:
+        base, prefixes = PREFIX_WORKLOADS[workload]
+        requests = sample_requests(base, num_requests, rate, seed, burstiness, length_scale)
+        return with_shared_prefixes(requests, prefixes, seed, length_scale)
     if workload not in WORKLOADS:
-        raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
+        names = [*WORKLOADS, *PREFIX_WORKLOADS]
+        raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(names)}")
     if length_scale <= 0:
         raise ValueError(f"the length scale must be > 0, got {length_scale}")
     rng = random.Random(seed)
@@ -156,6 +185,25 @@ def sample_requests(
             )
         )
     return requests
+
+
+def with_shared_prefixes(
+    requests: list[WorkloadRequest], prefixes: SharedPrefixes, seed: int, length_scale: float
+) -> list[WorkloadRequest]:
+    """`requests` with a share of them opening with a shared prefix, longer by its length."""
+    rng = random.Random(f"prefixes-{seed}")
+    length = scale_length(prefixes.length, length_scale)
+    shared = []
+    for request in requests:
+        if rng.random() < prefixes.share:
+            request = dataclasses.replace(
+                request,
+                prompt_len=request.prompt_len + length,
+                prefix_group=rng.randrange(prefixes.count),
+                prefix_len=length,
+            )
+        shared.append(request)
+    return shared
 
 
 def scale_length(length: int, scale: float) -> int:

@@ -9,6 +9,8 @@ from typing import Any
 from core.batch import Batch
 from core.config import EngineConfig
 from core.engine import Engine
+from core.engine_stats import EngineStats
+from core.replica_ledger import ReplicaLedger
 from core.request import SLO, EngineRequest, Request
 from core.sampling_params import SamplingParams
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
@@ -82,4 +84,27 @@ def make_core_request(
     policies, predictors); `sampling` are SamplingParams fields."""
     return Request(
         request_id, prompt_token_ids, SamplingParams(**sampling), arrival_time, priority, slo
+    )
+
+
+def make_replica_ledger(
+    replica_id: int,
+    *,
+    cost: CostCoefficients | None = None,
+    max_num_batched_tokens: int = 512,
+    max_num_seqs: int = 8,
+    max_wait_s: float = 20.0,
+    block_size: int = 16,
+    num_kv_blocks: int = 256,
+) -> ReplicaLedger:
+    """The router's view of an idle replica whose published cost fit is `cost`."""
+    stats = EngineStats(step_cost=cost or CostCoefficients(base_s=0.01, per_prefill_token_s=1e-4))
+    return ReplicaLedger(
+        replica_id,
+        stats,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        max_wait_s=max_wait_s,
+        block_size=block_size,
+        num_kv_blocks=num_kv_blocks,
     )

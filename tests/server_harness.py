@@ -84,14 +84,24 @@ def running_server(
     A `span_exporter` receives every request's spans as they end."""
     # A free port unless the test names one (to start a server again where one was).
     server_settings = ServerSettings(**{"port": free_port(), **settings})
+    async_engine = AsyncEngine(engine, server_settings.max_queued_requests)
+    with running_front_end(
+        async_engine, engine.tokenizer, model_name, span_exporter, server_settings
+    ) as state:
+        yield state
+
+
+@contextlib.contextmanager
+def running_front_end(
+    engine, tokenizer: Tokenizer, model_name: str, span_exporter, settings: ServerSettings
+) -> Iterator[ServerState]:
+    """Serve the front end over `engine` (an `AsyncEngine`, or replicas behind its interface)
+    with `settings`; yields the state."""
     state = ServerState(
-        engine=AsyncEngine(engine, server_settings.max_queued_requests),
-        tokenizer=engine.tokenizer,
-        model_name=model_name,
-        settings=server_settings,
+        engine=engine, tokenizer=tokenizer, model_name=model_name, settings=settings
     )
     app = create_app(state, span_exporter=span_exporter)
-    server = BatonServer(uvicorn_config(app, server_settings), state)
+    server = BatonServer(uvicorn_config(app, settings), state)
     thread = threading.Thread(target=uvloop.run, args=(server.serve(),), daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

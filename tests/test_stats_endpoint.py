@@ -23,6 +23,9 @@ def test_stats_of_an_idle_server_have_nulls_where_the_window_is_empty(llama_chec
     assert stats["steps"]["total"] == 0 and stats["steps"]["step_ms_p50"] is None
     assert stats["totals"] == {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
     assert 0 < stats["window_s"] <= 60 and stats["uptime_s"] > 0
+    # One engine in this process: one replica, as `--replicas N` lists N.
+    [replica] = stats["replicas"]
+    assert replica["id"] == 0 and replica["healthy"] is True and replica["running"] == 0
 
 
 def test_stats_after_a_known_workload(llama_checkpoint):
