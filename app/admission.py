@@ -12,8 +12,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from app.async_engine import EngineDeadError, EngineStream, QueueFullError
+from app.chat_protocol import ChatCompletionRequest
+from app.completion_protocol import CompletionRequest
 from app.errors import APIError
-from app.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from app.protocol import GenerationRequest
 from app.state import ServerState
 from core.request import SLO, EngineRequest
 from core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, SamplingParams

@@ -21,7 +21,9 @@ from starlette.types import Receive, Scope, Send
 
 from app.admission import AdmittedRequest, admit, check_capacity, submit
 from app.async_engine import EngineDeadError, EngineStream
+from app.chat_protocol import ChatCompletionRequest
 from app.choices import ChoiceText, Echo, best_choices
+from app.completion_protocol import CompletionRequest
 from app.errors import APIError, output_error
 from app.openai_format import (
     DONE_EVENT,
@@ -33,13 +35,7 @@ from app.openai_format import (
     timing,
     usage,
 )
-from app.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerationRequest,
-    parse_json_object,
-    validate_request,
-)
+from app.protocol import GenerationRequest, parse_json_object, validate_request
 from app.state import ServerState, server_state
 from app.tool_calls import ToolCallStream, tool_call_streams
 from core.batch import TokenLogprobs

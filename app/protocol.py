@@ -1,15 +1,14 @@
 """Request bodies of the OpenAI-compatible API (and of WebSocket `generate` frames): parsing,
-validation with messages that name the field to fix, and conversion to engine parameters."""
+validation with messages that name the field to fix, and conversion to engine parameters.
+The fields completions and chat share are here; each endpoint's own are in
+app/completion_protocol.py and app/chat_protocol.py."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Annotated, Any, ClassVar
 
 import orjson
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     StrictBool,
     StrictFloat,
@@ -17,7 +16,6 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
-    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -25,21 +23,13 @@ from app.body_fields import Int64, Name, StrictModel
 from app.errors import APIError
 from app.guided import (
     MAX_CHOICES,
-    MAX_TOOLS,
     ResponseFormat,
-    Tool,
-    ToolChoice,
     ToolMode,
     structured_output,
-    tool_mode,
 )
 from core.request import MAX_SLO_MS, SLO
 from core.sampling_params import InvalidRequestError, SamplingParams
 from core.structured_output import StructuredOutput
-
-EMPTY_PROMPT = "must not be empty; send some text or token ids"
-# A prompt as the engine takes it: text to tokenize, or token ids as sent.
-Prompt = str | list[int]
 
 # What a JSON value is called in error messages, by its Python type after parsing.
 JSON_TYPE_NAMES = {
@@ -79,35 +69,6 @@ class StreamOptions(StrictModel):
 class SLOTargets(StrictModel):
     ttft_ms: StrictFloat | None = Field(default=None, gt=0, le=MAX_SLO_MS)
     tpot_ms: StrictFloat | None = Field(default=None, gt=0, le=MAX_SLO_MS)
-
-
-class ChatMessage(BaseModel):
-    """One chat turn. Extra keys (`name`, `tool_calls`, ...) reach the chat template as sent."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: StrictStr = Field(min_length=1)
-    content: Any = None
-
-    @field_validator("content")
-    @classmethod
-    def _text_content(cls, content: Any) -> str | None:
-        # Text parts are joined as vLLM joins them, so templates always see a plain string.
-        if content is None or isinstance(content, str):
-            return content
-        if isinstance(content, list) and all(_is_text_part(part) for part in content):
-            return "\n".join(part["text"] for part in content)
-        raise PydanticCustomError(
-            "baton_content_type",
-            "must be a string or a list of {'type': 'text', 'text': ...} parts; "
-            "other content types are not supported",
-        )
-
-
-def _is_text_part(part: object) -> bool:
-    return (
-        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
-    )
 
 
 # OpenAI fields Baton does not implement yet, declared so that the values asking for nothing
@@ -308,192 +269,6 @@ class GenerationRequest(StrictModel):
 
     def field_name(self, param: str | None) -> str | None:
         return param
-
-
-class CompletionRequest(GenerationRequest):
-    default_max_tokens: ClassVar[int | None] = 16  # OpenAI's default for completions
-
-    prompt: Any
-    logprobs: Int64 | None = None
-    echo: StrictBool = False
-    best_of: Int64 | None = None
-    suffix: StrictStr | None = None
-
-    @field_validator("prompt")
-    @classmethod
-    def _known_prompt_shape(cls, prompt: Any) -> list[Prompt]:
-        return _prompt_list(prompt)
-
-    # vLLM's extension: the prompt tokens' log-probabilities with their top-N, echo or not.
-    prompt_logprobs: Int64 | None = None
-
-    @field_validator("best_of")
-    @classmethod
-    def _bounded_candidates(cls, best_of: int | None) -> int | None:
-        if best_of is not None and not 1 <= best_of <= MAX_COMPLETIONS:
-            raise PydanticCustomError(
-                "baton_best_of", f"must be in [1, {MAX_COMPLETIONS}], got {best_of}"
-            )
-        return best_of
-
-    @model_validator(mode="after")
-    def _best_of_fits_n(self) -> CompletionRequest:
-        if self.best_of is None:
-            return self
-        if self.best_of < self.num_choices:
-            raise APIError(
-                400,
-                f"best_of ({self.best_of}) must be at least n ({self.num_choices}): it is the "
-                "number of candidates the n choices are picked from",
-                param="best_of",
-            )
-        if self.stream and self.best_of > self.num_choices:
-            raise APIError(
-                400,
-                "best_of greater than n cannot be streamed: the best choices are known only "
-                "once every candidate has finished; drop stream or best_of",
-                param="best_of",
-            )
-        return self
-
-    @property
-    def prompts(self) -> list[Prompt]:
-        return self.prompt
-
-    @property
-    def num_candidates(self) -> int:
-        return self.best_of or self.num_choices
-
-    @property
-    def scores_prompt(self) -> bool:
-        return self.echo
-
-    @property
-    def shows_logprobs(self) -> bool:
-        # best_of asks the engine for them to rank by; the client sees them only if it asked.
-        return self.logprobs is not None
-
-    def requested_logprobs(self) -> int | None:
-        if self.logprobs is None and self.num_candidates > self.num_choices:
-            return 0  # ranking by cumulative logprob needs the sampled tokens' own
-        return self.logprobs
-
-    def requested_prompt_logprobs(self) -> int | None:
-        """`echo` with `logprobs` scores the prompt with the same top-N, as OpenAI's legacy
-        API did; vLLM's `prompt_logprobs` asks for it directly."""
-        asked = [
-            value
-            for value in (self.logprobs if self.echo else None, self.prompt_logprobs)
-            if value is not None
-        ]
-        return max(asked) if asked else None
-
-
-class ChatCompletionRequest(GenerationRequest):
-    messages: list[ChatMessage]
-    max_completion_tokens: Int64 | None = None
-    logprobs: StrictBool = False
-    top_logprobs: Int64 | None = None
-    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
-    tool_choice: ToolChoice | None = None
-    parallel_tool_calls: StrictBool | None = None
-    modalities: list[StrictStr] | None = None
-    store: StrictBool | None = None
-    service_tier: StrictStr | None = None
-    # Identifiers that ask nothing of the server: prefix caching is automatic here.
-    prompt_cache_key: Name | None = None
-    safety_identifier: Name | None = None
-
-    @field_validator("messages")
-    @classmethod
-    def _some_messages(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
-        if not messages:
-            raise PydanticCustomError("baton_empty", "must not be empty; send at least one message")
-        return messages
-
-    def requested_max_tokens(self) -> int | None:
-        # The newer name wins, as in OpenAI's API, where max_tokens is deprecated for chat.
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return self.max_tokens
-
-    def requested_logprobs(self) -> int | None:
-        if self.top_logprobs is not None and not self.logprobs:
-            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        if not self.logprobs:
-            return None
-        return self.top_logprobs or 0
-
-    def field_name(self, param: str | None) -> str | None:
-        if param == "max_tokens" and self.max_completion_tokens is not None:
-            return "max_completion_tokens"
-        # The engine checks the tokenized template as `prompt` and top-N as `logprobs`.
-        return {"prompt": "messages", "logprobs": "top_logprobs"}.get(param, param)
-
-    def structured_output(self) -> StructuredOutput | None:
-        fields = {**self._guided_fields(), "parallel_tool_calls": self.parallel_tool_calls}
-        return structured_output(fields, self.tools, self.tool_choice)
-
-    def tool_mode(self) -> ToolMode:
-        return tool_mode(self.tools, self.tool_choice)
-
-    def tool_dicts(self) -> list[dict[str, Any]] | None:
-        """The tools as the chat template sees them; None when the model may not call any."""
-        if self.tool_mode() is ToolMode.NONE or not self.tools:
-            return None
-        return [tool.model_dump(exclude_none=True) for tool in self.tools]
-
-    def message_dicts(self) -> list[dict[str, Any]]:
-        return [_template_message(message.model_dump()) for message in self.messages]
-
-
-def _template_message(message: dict[str, Any]) -> dict[str, Any]:
-    """An assistant turn's tool calls with their arguments as objects: OpenAI sends them as
-    JSON text, and chat templates (Qwen's, Llama's) write them out with `tojson`."""
-    calls = message.get("tool_calls")
-    if not isinstance(calls, list):
-        return message
-    converted = []
-    for call in calls:
-        function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments") if isinstance(function, dict) else None
-        if isinstance(arguments, str):
-            # Text that is not JSON is left as sent: the template shows it as text.
-            with contextlib.suppress(orjson.JSONDecodeError):
-                call = {**call, "function": {**function, "arguments": orjson.loads(arguments)}}
-        converted.append(call)
-    return {**message, "tool_calls": converted}
-
-
-def _prompt_list(prompt: Any) -> list[Prompt]:
-    """A string, strings, token ids, or lists of token ids → one engine prompt per entry."""
-    if isinstance(prompt, str):
-        prompts: list[Any] = [prompt]
-    elif isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
-        prompts = [prompt]
-    elif isinstance(prompt, list) and prompt:
-        prompts = prompt
-    elif isinstance(prompt, list):
-        raise PydanticCustomError("baton_empty", EMPTY_PROMPT)
-    else:
-        prompts = [None]
-    for entry in prompts:
-        if isinstance(entry, str) and entry:
-            continue
-        if isinstance(entry, list) and entry and all(_is_token_id(t) for t in entry):
-            continue
-        if entry == "" or entry == []:
-            raise PydanticCustomError("baton_empty", EMPTY_PROMPT)
-        raise PydanticCustomError(
-            "baton_prompt_type",
-            "must be a string, a list of strings, a list of token ids (integers) or a list of "
-            "token-id lists",
-        )
-    return prompts
-
-
-def _is_token_id(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def validate_request(model: type[GenerationRequest], body: dict[str, Any]) -> GenerationRequest:

@@ -9,9 +9,10 @@ from typing import Any
 
 import orjson
 
+from app.chat_protocol import ChatCompletionRequest
 from app.errors import APIError
 from app.guided import ToolMode
-from app.protocol import ChatCompletionRequest, GenerationRequest
+from app.protocol import GenerationRequest
 from app.tool_parsers import PARSERS, ToolCall, ToolCallParser, parser_for
 from core.tokenizer import Tokenizer
 

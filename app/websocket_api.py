@@ -17,16 +17,11 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDiscon
 from app.admission import AdmittedRequest, admit, check_capacity, submit
 from app.async_engine import EngineDeadError
 from app.body_fields import MAX_NAME_CHARS
+from app.chat_protocol import ChatCompletionRequest
+from app.completion_protocol import CompletionRequest
 from app.errors import APIError, output_error
 from app.openai_format import timing, usage
-from app.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerationRequest,
-    json_type,
-    parse_json_object,
-    validate_request,
-)
+from app.protocol import GenerationRequest, json_type, parse_json_object, validate_request
 from app.state import ServerState, server_metrics, server_state
 from app.tool_calls import ToolCallStream, tool_call_streams
 from core.outputs import RequestOutput
