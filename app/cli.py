@@ -69,8 +69,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--max-wait-ms",
         type=float,
         default=defaults.max_wait_ms,
-        help="starvation bound, under every policy: no request waits longer for its first "
-        "token (one about to pass it preempts the running request that loses least)",
+        help="starvation bound, under every policy but static: no request waits longer for its "
+        "first token (one about to pass it preempts the running request that loses least)",
     )
     parser.add_argument(
         "--max-preemptions",

@@ -31,7 +31,14 @@ from core.simulator import (
 from core.step_cost import CostCoefficients
 from core.step_cost_profile import profile_executor
 from core.trace import load_trace
-from core.workloads import PREFIX_WORKLOADS, WORKLOADS, WorkloadRequest, sample_requests
+from core.workloads import (
+    PREFIX_WORKLOADS,
+    WORKLOADS,
+    LengthStats,
+    WorkloadRequest,
+    cap_max_tokens,
+    sample_requests,
+)
 
 # Requests drawn from a synthetic workload when --num-requests is not given.
 DEFAULT_NUM_REQUESTS = 2000
@@ -100,6 +107,13 @@ def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--length-scale", type=float, default=1.0, help="multiply every prompt and output length"
+    )
+    parser.add_argument(
+        "--max-tokens",
+        default="class",
+        help="each request's max_tokens: class (its class's cap), exact (its own output "
+        "length, the tightest) or a number for every request (longer answers are cut); static "
+        "batching reserves KV for it",
     )
     parser.add_argument(
         "--slo-scale", type=float, default=1.0, help="multiply every class's SLO targets"
@@ -206,7 +220,12 @@ def run(args: argparse.Namespace) -> int:
         rate = args.rate
         if rate is None:
             saturation = args.replicas * saturation_rps(
-                args.workload, num_requests, args.seed, config, args.length_scale
+                args.workload,
+                num_requests,
+                args.seed,
+                config,
+                args.length_scale,
+                args.max_tokens,
             )
             rate = (0.9 if args.load is None else args.load) * saturation
         workload = sample_requests(
@@ -215,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
     runs = [(policy, None) for policy in policies]
     if args.replicas > 1:
         runs = [(policy, router) for policy in policies for router in routers]
+    workload = cap_max_tokens(workload, args.max_tokens)
     report = {}
     for policy, router in each(runs, "simulating", "run", quiet=args.json):
         started = time.perf_counter()
@@ -261,7 +281,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print_table(report, args, len(workload), rate, saturation, config.cost)
+        lengths = LengthStats.of(workload)
+        print_table(report, args, len(workload), rate, saturation, config.cost, lengths)
     return 0
 
 
@@ -281,11 +302,13 @@ def saturation_rps(
     seed: int,
     config: SimulationConfig,
     length_scale: float = 1.0,
+    max_tokens: str = "class",
 ) -> float:
     """The throughput FCFS reaches with every request queued at once: the most this machine
     can serve, whatever the order. Without the starvation bound: in a backlog every request
     would pass it, and the preemptions that keep it would measure the bound, not the machine."""
     backlog = sample_requests(workload, num_requests, math.inf, seed, 1.0, length_scale)
+    backlog = cap_max_tokens(backlog, max_tokens)
     unbounded = dataclasses.replace(config.engine, max_wait_ms=math.inf)
     result = simulate("fcfs", backlog, dataclasses.replace(config, engine=unbounded))
     return summarize(result.records)["throughput_rps"]
@@ -381,6 +404,7 @@ def print_table(
     rate: float,
     saturation: float | None,
     cost,
+    lengths: LengthStats,
 ) -> None:
     load = f" ({rate / saturation:.0%} of saturation {saturation:.2f}/s)" if saturation else ""
     if args.workload_file:
@@ -392,19 +416,25 @@ def print_table(
         f"{source}, {num_requests} requests at {rate:.2f}/s{load}{replicas}, seed {args.seed}; "
         f"cost {_format_cost(cost)}"
     )
+    print(
+        f"prompt length mean {lengths.prompt_mean:.0f} (CV {lengths.prompt_cv:.2f}), output "
+        f"length mean {lengths.output_mean:.0f} (CV {lengths.output_cv:.2f}), max_tokens "
+        f"{args.max_tokens}"
+    )
     header = (
-        f"{'policy':<18}{'goodput/s':>10}{'SLO met':>9}{'TTFT p50':>10}{'TTFT p99':>10}"
-        f"{'TTFT max':>10}{'TPOT p99':>10}{'max wait':>10}{'preempt':>9}{'max/req':>8}"
-        f"{'rejected':>10}"
+        f"{'policy':<18}{'served/s':>9}{'goodput/s':>10}{'SLO met':>9}{'TTFT p50':>10}"
+        f"{'TTFT p99':>10}{'TTFT max':>10}{'TPOT p99':>10}{'max wait':>10}{'preempt':>9}"
+        f"{'max/req':>8}{'rejected':>10}"
     )
     print(header)
     print("-" * len(header))
     for policy, row in report.items():
         print(
-            f"{policy:<18}{row['goodput_rps']:>10.2f}{row['slo_attainment']:>9.1%}"
-            f"{_ms(row['ttft_p50_ms'])}{_ms(row['ttft_p99_ms'])}{_ms(row['ttft_max_ms'])}"
-            f"{_ms(row['tpot_p99_ms'])}{_ms(row['max_wait_ms'])}{row['num_preemptions']:>9}"
-            f"{row['max_preemptions_per_request']:>8}{row['rejected']:>10}"
+            f"{policy:<18}{row['throughput_rps']:>9.2f}{row['goodput_rps']:>10.2f}"
+            f"{row['slo_attainment']:>9.1%}{_ms(row['ttft_p50_ms'])}{_ms(row['ttft_p99_ms'])}"
+            f"{_ms(row['ttft_max_ms'])}{_ms(row['tpot_p99_ms'])}{_ms(row['max_wait_ms'])}"
+            f"{row['num_preemptions']:>9}{row['max_preemptions_per_request']:>8}"
+            f"{row['rejected']:>10}"
         )
         if "requests_per_replica" in row:
             print(
@@ -414,10 +444,10 @@ def print_table(
             )
         for name, cls in row["classes"].items():
             print(
-                f"  {name:<16}{cls['goodput_rps']:>10.2f}{cls['slo_attainment']:>9.1%}"
-                f"{_ms(cls['ttft_p50_ms'])}{_ms(cls['ttft_p99_ms'])}{_ms(cls['ttft_max_ms'])}"
-                f"{_ms(cls['tpot_p99_ms'])}{_ms(cls['max_wait_ms'])}{'':>9}"
-                f"{cls['max_preemptions_per_request']:>8}{cls['rejected']:>10}"
+                f"  {name:<16}{cls['throughput_rps']:>9.2f}{cls['goodput_rps']:>10.2f}"
+                f"{cls['slo_attainment']:>9.1%}{_ms(cls['ttft_p50_ms'])}{_ms(cls['ttft_p99_ms'])}"
+                f"{_ms(cls['ttft_max_ms'])}{_ms(cls['tpot_p99_ms'])}{_ms(cls['max_wait_ms'])}"
+                f"{'':>9}{cls['max_preemptions_per_request']:>8}{cls['rejected']:>10}"
             )
 
 

@@ -41,6 +41,20 @@ class ScheduledSequence:
         return len(self.all_token_ids) - self.num_prompt_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class Padding:
+    """What a dense executor computes beyond the sequences when it runs a static batch as one
+    padded tensor: positions padding each prompt to the longest, rows of members that have
+    finished, and the keys and values of both that the attention reads."""
+
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_context_tokens: int = 0
+
+
+NO_PADDING = Padding()
+
+
 @dataclass(slots=True)
 class Batch:
     """Everything one step computes: decodes first, then prefill chunks.
@@ -48,6 +62,8 @@ class Batch:
     `num_prompt_logprobs` counts the sequences' `prompt_logprob_positions`, so a step without
     any costs one test. `finished_request_ids` are requests that ended since the previous
     batch, so an executor that keeps state per request (grammar matchers) can drop theirs.
+    `padding` is a cost only (static batching, core/static_batch.py): an executor packs the
+    sequences and never computes it, so it cannot change a token; a simulated one charges it.
     """
 
     sequences: list[ScheduledSequence] = field(default_factory=list)
@@ -55,6 +71,7 @@ class Batch:
     num_decode_tokens: int = 0
     num_prompt_logprobs: int = 0
     finished_request_ids: list[str] = field(default_factory=list)
+    padding: Padding = NO_PADDING
 
     @property
     def num_tokens(self) -> int:

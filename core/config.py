@@ -26,7 +26,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     scheduling_policy: str = "slo"
     # Hard bounds under every policy: no request waits longer for its first token, and none is
-    # preempted more often (after that it is protected).
+    # preempted more often (after that it is protected). Static batching keeps only the second
+    # (its batch is closed; core/scheduler.py).
     max_wait_ms: float = 20_000.0
     max_preemptions: int = 3
     # With the slo policy, no request with a TTFT target starts later than this times its

@@ -157,11 +157,12 @@ class Engine:
                 "max_tokens",
                 CONTEXT_LENGTH_EXCEEDED,
             )
-        # The static policy prefills a whole prompt at once, past the token budget.
-        max_chunk = self.config.max_num_batched_tokens
-        if self.config.scheduling_policy == "static":
-            max_chunk = max(max_chunk, num_prompt)
-        blocks = self.kv_cache.max_blocks_held(num_prompt + params.max_tokens, max_chunk)
+        max_len = num_prompt + params.max_tokens
+        if self.scheduler.policy.static_batching:
+            # A static slot holds its whole maximum length from the start.
+            blocks = self.kv_cache.blocks_needed(max_len)
+        else:
+            blocks = self.kv_cache.max_blocks_held(max_len, self.config.max_num_batched_tokens)
         if blocks > self.kv_cache.num_blocks:
             raise InvalidRequestError(
                 f"the request needs {blocks} KV blocks ({num_prompt} prompt + {params.max_tokens}"

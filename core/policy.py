@@ -66,6 +66,10 @@ class StepPlan:
 
 class SchedulingPolicy(ABC):
     name: str
+    # Static (request-level) batching instead of continuous: the scheduler then reserves each
+    # admitted request's maximum length of KV, lets no request past the starvation bound into
+    # a running batch and charges its padding (core/static_batch.py).
+    static_batching: bool = False
 
     def __init__(self, context: PolicyContext | None = None) -> None:
         self.context = context or PolicyContext()
@@ -104,12 +108,17 @@ class FCFSPolicy(SchedulingPolicy):
 
 
 class StaticPolicy(FCFSPolicy):
-    """Classic static batching, the baseline: a batch forms only when the previous one has
-    drained, its prompts are prefilled whole, and nothing joins it while it runs."""
+    """Static batching, the baseline continuous batching is measured against: a batch forms from
+    the head of the queue only once the previous one has ended, up to `max_num_seqs` requests or
+    as many as the KV pool holds at their maximum length, its prompts prefill whole, and nothing
+    joins it until its longest member ends. The policy says who forms a batch and when; the
+    scheduler reserves the KV and charges the padding (`static_batching`)."""
 
     name = "static"
+    static_batching = True
 
     def prefill_budget(self, view: SchedulerView) -> int:
+        # Finished members leave `running`, so it empties exactly when the longest one ends.
         return 0 if view.running else UNLIMITED
 
 

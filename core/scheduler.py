@@ -4,7 +4,9 @@ out. Which request goes first, how much prefill a step carries and whom to preem
 policy's decisions, within two hard bounds every policy keeps: no request waits longer than
 `max_wait_s` for its first token (one about to pass it is served first and, when the batch is
 full, takes the place of the running request whose preemption costs least against its own SLO),
-and no request is preempted more than `max_preemptions` times."""
+and no request is preempted more than `max_preemptions` times. Static batching is the exception
+to the first (its batch is closed) and never preempts: each slot reserves its maximum length of
+KV when the batch forms (core/static_batch.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
 from core.kv_cache_manager import KVCacheManager
 from core.policy import UNLIMITED, SchedulerView, SchedulingPolicy
 from core.request import FinishReason, Request, RequestStatus
+from core.static_batch import StaticBatch, reserved_tokens
 
 NO_POSITIONS = range(0)
 
@@ -35,7 +38,8 @@ class Scheduler:
         self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_wait_s = max_wait_s
+        # A static batch is closed, also to a request past the starvation bound.
+        self.max_wait_s = math.inf if policy.static_batching else max_wait_s
         self.max_preemptions = max_preemptions
         # In arrival order, so the requests nearest the starvation bound are at the front.
         self.waiting: list[Request] = []
@@ -47,6 +51,8 @@ class Scheduler:
         self._blocks_in_flight: set[bytes] = set()
         # Ended since the last batch; the next batch tells the executor (Batch docstring).
         self._finished_ids: list[str] = []
+        # Under static batching, the batch running: each step's padding is measured by it.
+        self._static_batch: StaticBatch | None = None
         self.num_preemptions = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -158,7 +164,17 @@ class Scheduler:
             self._preempt(self.policy.choose_victim(self.running, now), now)
         if batch.sequences:  # an empty batch never reaches the executor; the ids wait
             batch.finished_request_ids, self._finished_ids = self._finished_ids, []
+            if self.policy.static_batching:
+                self._pad(batch)
         return batch
+
+    def _pad(self, batch: Batch) -> None:
+        """Charge a static batch's step its padding; the step that forms the batch (the only one
+        that prefills: its prompts go whole) records the batch's shape."""
+        if batch.num_prefill_tokens:
+            self._static_batch = StaticBatch.of(self.running)
+        assert self._static_batch is not None, "a static batch decodes only once it has formed"
+        batch.padding = self._static_batch.padding(batch)
 
     def _overdue(self, now: float) -> list[Request]:
         """Waiting requests that must start now to keep the starvation bound."""
@@ -271,7 +287,9 @@ class Scheduler:
         num_new = min(request.num_tokens - num_hit, prefill_budget - overhead)
         if num_new <= 0:
             return 0
-        if not self.kv_cache.allocate_slots(request, num_new, prefix):
+        # A static slot holds KV for its longest possible answer from the start (so fewer fit).
+        num_held = reserved_tokens(request) - num_hit if self.policy.static_batching else num_new
+        if not self.kv_cache.allocate_slots(request, num_held, prefix):
             return None
         if first_new is not None:
             self._blocks_in_flight.add(first_new)

@@ -57,11 +57,13 @@ class StepShape:
 
     @classmethod
     def of_batch(cls, batch: Batch) -> StepShape:
-        """The shape of a batch about to run: its context is every sequence's length."""
+        """The shape of a batch about to run: its context is every sequence's length. Padding
+        counts as work: a machine that pads computes it (a simulated one charges it)."""
+        padding = batch.padding
         return cls(
-            batch.num_prefill_tokens,
-            batch.num_decode_tokens,
-            sum(seq.seq_len for seq in batch.sequences),
+            batch.num_prefill_tokens + padding.num_prefill_tokens,
+            batch.num_decode_tokens + padding.num_decode_tokens,
+            sum(seq.seq_len for seq in batch.sequences) + padding.num_context_tokens,
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import statistics
 from dataclasses import dataclass
 
 
@@ -69,11 +70,35 @@ LONG_GENERATION = RequestClass(
     priority=1,
 )
 
+# Chat's lengths and targets with the output's spread set apart (static batching loses to
+# continuous batching by the spread of the lengths within a batch, docs/benchmarks.md): every
+# answer as long as the median, and a long tail about as long on average.
+FIXED = RequestClass(
+    "fixed",
+    LengthDistribution(64, 0.0, 64),
+    LengthDistribution(128, 0.0, 128),
+    512,
+    ttft_ms=500,
+    tpot_ms=50,
+    priority=0,
+)
+LONG_TAIL = RequestClass(
+    "long-tail",
+    LengthDistribution(64, 0.6, 512),
+    LengthDistribution(64, 1.2, 2048),
+    2048,
+    ttft_ms=500,
+    tpot_ms=50,
+    priority=0,
+)
+
 WORKLOADS: dict[str, list[tuple[RequestClass, float]]] = {
     "chat": [(CHAT, 1.0)],
     "rag": [(RAG, 1.0)],
     "mixed": [(CHAT, 0.7), (RAG, 0.3)],
     "long-generation": [(LONG_GENERATION, 1.0)],
+    "fixed": [(FIXED, 1.0)],
+    "long-tail": [(LONG_TAIL, 1.0)],
 }
 
 
@@ -204,6 +229,46 @@ def with_shared_prefixes(
             )
         shared.append(request)
     return shared
+
+
+def cap_max_tokens(requests: list[WorkloadRequest], cap: str) -> list[WorkloadRequest]:
+    """`requests` with `max_tokens` as a client sets it: `class` leaves each class's cap,
+    `exact` sets each request's own output length (the tightest cap, as if the client knew
+    it), and a number sets that cap on every request (an answer longer is cut there)."""
+    if cap == "class":
+        return requests
+    if cap == "exact":
+        return [dataclasses.replace(r, max_tokens=r.output_len) for r in requests]
+    if not cap.isdigit() or int(cap) < 1:
+        raise ValueError(f"--max-tokens takes class, exact or a number of tokens >= 1, got {cap!r}")
+    limit = int(cap)
+    return [
+        dataclasses.replace(r, output_len=min(r.output_len, limit), max_tokens=limit)
+        for r in requests
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class LengthStats:
+    """The mean and coefficient of variation (standard deviation / mean) of a workload's prompt
+    and output lengths: static batching pays for the spread of both."""
+
+    prompt_mean: float
+    prompt_cv: float
+    output_mean: float
+    output_cv: float
+
+    @classmethod
+    def of(cls, requests: list[WorkloadRequest]) -> LengthStats:
+        prompts = [r.prompt_len for r in requests]
+        outputs = [r.output_len for r in requests]
+        prompt_mean, output_mean = statistics.fmean(prompts), statistics.fmean(outputs)
+        return cls(
+            prompt_mean,
+            statistics.pstdev(prompts) / prompt_mean,
+            output_mean,
+            statistics.pstdev(outputs) / output_mean,
+        )
 
 
 def scale_length(length: int, scale: float) -> int:

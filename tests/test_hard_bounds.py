@@ -41,7 +41,9 @@ def test_a_small_kv_pool_preempts_no_request_more_than_the_limit():
         assert max(r.num_preemptions for r in result.records) <= 3
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+# Static batching reserves each request's whole length up front and never preempts
+# (tests/test_static_batch.py).
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "static"])
 def test_a_request_preempted_max_preemptions_times_is_protected(policy):
     engine = make_engine(
         num_kv_blocks=16, block_size=4, scheduling_policy=policy, max_preemptions=1

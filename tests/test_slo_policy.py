@@ -282,10 +282,11 @@ def test_every_policy_serves_a_mixed_load_to_completion_with_the_same_outputs(po
         for i in range(60)
     ]
     reference = run(warmed_engine("fcfs"), arrivals)
-    # A small cache forces preemptions, so the victim choice is exercised too.
+    # A small cache forces preemptions, so the victim choice is exercised too; static batching
+    # reserves each request's whole length up front and never preempts.
     engine = warmed_engine(policy, num_kv_blocks=64)
     done = run(engine, arrivals)
-    assert engine.scheduler.num_preemptions > 0
+    assert (engine.scheduler.num_preemptions > 0) == (policy != "static")
     served = {k: r for k, r in done.items() if r.finish_reason is not FinishReason.REFUSED}
     assert {k: r.token_ids for k, r in served.items()} == {
         k: reference[k].token_ids for k in served
