@@ -4,6 +4,7 @@ request, and the server's memory then (resident set, and its peak so far), over 
     python benchmarks/cold_start.py                          # the demo model on the CPU, 5 runs
     python benchmarks/cold_start.py --runs 9 -- --kv-cache-memory 64MiB
     python benchmarks/cold_start.py --llama-server PATH --gguf FILE   # llama.cpp too, interleaved
+    python benchmarks/cold_start.py --baton-root ../main               # another checkout's Baton
 
 Arguments after `--` go to `baton serve`; `--llama-arg` (repeatable) to llama-server. The client
 polls every 10 ms with a raw HTTP request (refused until the server listens, 503 while a
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import signal
 import socket
 import statistics
@@ -59,12 +61,20 @@ def memory_bytes(pid: int) -> tuple[int, int]:
     return fields["VmRSS"], fields["VmHWM"]
 
 
-def one_run(command: list[str], body: bytes, port: int, timeout_s: float) -> dict[str, float]:
-    """Launch `command` (serving on `port`), time it to its first answer, then stop it."""
+def one_run(
+    command: list[str], body: bytes, port: int, timeout_s: float, root: Path
+) -> dict[str, float]:
+    """Launch `command` in `root` (serving on `port`), time it to its first answer, stop it."""
     # The log goes to a file, not a pipe: a pipe nobody reads would stall a chatty server.
     with tempfile.TemporaryFile("w+") as log:
         start = time.perf_counter()
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command,
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             while not answered(port, body):
                 if process.poll() is not None:
@@ -115,6 +125,9 @@ def main() -> None:
     parser.add_argument("--prompt", default="Hello, how are you?")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per start")
+    parser.add_argument(
+        "--baton-root", type=Path, default=ROOT, help="the source tree Baton runs from"
+    )
     parser.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary")
     parser.add_argument("--gguf", default=None, help="the GGUF file llama-server loads")
     parser.add_argument("--llama-arg", action="append", default=[])
@@ -132,11 +145,11 @@ def main() -> None:
     for _ in range(args.runs):
         port = free_port()
         command = baton_command(port, args.model, args.baton_args)
-        results["baton"].append(one_run(command, body, port, args.timeout))
+        results["baton"].append(one_run(command, body, port, args.timeout, args.baton_root))
         if args.llama_server:
             port = free_port()
             command = llama_command(args.llama_server, args.gguf, port, args.llama_arg)
-            results["llama.cpp"].append(one_run(command, body, port, args.timeout))
+            results["llama.cpp"].append(one_run(command, body, port, args.timeout, ROOT))
     print(json.dumps({name: summary(runs) for name, runs in results.items()}, indent=2))
 
 

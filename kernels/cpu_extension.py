@@ -94,20 +94,29 @@ def build_key() -> str:
 
 
 def cached_build(directory: Path) -> Path | None:
-    """The library built for `build_key()` in `directory`, if `record_build` noted one."""
+    """The library built for `build_key()` in `directory`, if `record_build` noted one and no
+    build has replaced the file since (another checkout sharing the directory may)."""
     try:
         stamp = json.loads((directory / STAMP).read_text())
-    except (OSError, ValueError):
+        library = Path(stamp["library"])
+        unchanged = stamp["file"] == file_identity(library)
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    library = Path(stamp.get("library", ""))
-    return library if stamp.get("key") == build_key() and library.is_file() else None
+    return library if unchanged and stamp["key"] == build_key() else None
 
 
 def record_build(directory: Path, library: Path) -> None:
+    stamp = {"key": build_key(), "library": str(library), "file": file_identity(library)}
     # Written whole, then renamed: a server starting meanwhile reads the old stamp or the new.
     partial = directory / f"{STAMP}.{os.getpid()}"
-    partial.write_text(json.dumps({"key": build_key(), "library": str(library)}))
+    partial.write_text(json.dumps(stamp))
     partial.replace(directory / STAMP)
+
+
+def file_identity(path: Path) -> list[int]:
+    """What changes when a build rewrites the file: its size and modification time."""
+    status = path.stat()
+    return [status.st_size, status.st_mtime_ns]
 
 
 def build_directory(default_root: str) -> Path:

@@ -11,7 +11,9 @@ from pathlib import Path
 from kernels.cpu_extension import STAMP, cached_build, cpu_kernels_available, record_build
 
 
-def test_a_recorded_build_is_found_only_for_the_same_sources_flags_and_torch(tmp_path) -> None:
+def test_a_recorded_build_is_found_only_for_the_same_sources_flags_torch_and_file(
+    tmp_path,
+) -> None:
     library = tmp_path / "baton_cpu_kernels_v2.so"
     library.write_bytes(b"")
     assert cached_build(tmp_path) is None
@@ -23,6 +25,10 @@ def test_a_recorded_build_is_found_only_for_the_same_sources_flags_and_torch(tmp
     (tmp_path / STAMP).write_text(json.dumps({**stamp, "key": "an older source"}))
     assert cached_build(tmp_path) is None
     (tmp_path / STAMP).write_text(json.dumps(stamp))
+    assert cached_build(tmp_path) == library
+    # Rebuilt by another checkout (or torch's builder) since: not the build recorded.
+    library.write_bytes(b"another build")
+    assert cached_build(tmp_path) is None
     library.unlink()
     assert cached_build(tmp_path) is None
 
