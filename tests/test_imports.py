@@ -210,8 +210,9 @@ def test_a_server_import_loads_no_offline_tool() -> None:
 
 
 # Loaded by a CPU server only once a request needs them: structured output (xgrammar, and the
-# transformers tokenizer it reads the vocabulary with), tracing (opentelemetry), CUDA (triton).
-LAZY = ("xgrammar", "transformers", "opentelemetry", "triton")
+# transformers tokenizer it reads the vocabulary with), tracing (opentelemetry), CUDA (triton);
+# never: torch's compiler and what it pulls in (sympy), torch's extension builder (setuptools).
+LAZY = ("xgrammar", "transformers", "opentelemetry", "triton", "sympy", "setuptools")
 SERVE_THEN_CONSTRAIN = """
 import json, sys
 from app.async_engine import AsyncEngine
@@ -250,3 +251,4 @@ def test_a_cpu_server_loads_xgrammar_tracing_and_triton_only_when_asked() -> Non
     assert "torch" in served and set(served).isdisjoint(LAZY)
     assert re.fullmatch("[0-9]{3}", constrained_text)
     assert "xgrammar" in after_constraint and "triton" not in after_constraint
+    assert "sympy" not in after_constraint
