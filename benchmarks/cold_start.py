@@ -6,7 +6,8 @@ request, and the server's memory then (resident set, and its peak so far), over 
     python benchmarks/cold_start.py --llama-server PATH --gguf FILE   # llama.cpp too, interleaved
     python benchmarks/cold_start.py --baton-root ../main               # another checkout's Baton
 
-Arguments after `--` go to `baton serve`; `--llama-arg` (repeatable) to llama-server. The client
+Arguments after `--` go to `baton serve`; `--llama-arg` (repeatable; `--llama-arg=-c
+--llama-arg=2048` for values that start with a dash) to llama-server. The client
 polls every 10 ms with a raw HTTP request (refused until the server listens, 503 while a
 llama-server loads) and stops the server with SIGINT once it has answered. Prints one JSON
 object: per server, min/median/max of each figure and every run's own.

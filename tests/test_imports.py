@@ -18,6 +18,8 @@ import sys
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 PACKAGES = ("app", "core", "gpu", "kernels")
 WEB_STACK = ("starlette", "uvicorn", "websockets")
 # What a package must never import, not even lazily.
@@ -237,6 +239,7 @@ print(json.dumps([served, len(plain.token_ids), constrained.text, roots()]))
 """
 
 
+@pytest.mark.slow
 def test_a_cpu_server_loads_xgrammar_tracing_and_triton_only_when_asked() -> None:
     root = Path(__file__).parent.parent
     result = subprocess.run(
