@@ -16,6 +16,7 @@ from app.settings import METRICS_STYLES, ServerSettings
 from app.simulate import add_simulate_parser
 from app.tool_parsers import PARSERS
 from core.config import MODEL_IMPLS, POLICIES, EngineConfig
+from core.host_memory import parse_memory_size
 from core.sampling_params import InvalidRequestError, SamplingParams
 
 # The checkpoint gpu/train_demo.py trained, shipped inside the package (docs/demo_model.md), so
@@ -56,6 +57,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--block-size", type=int, default=defaults.block_size)
     parser.add_argument("--num-kv-blocks", type=int, default=None)
+    parser.add_argument(
+        "--kv-cache-memory",
+        default=None,
+        metavar="SIZE",
+        help="size the KV cache from this budget: bytes, or with a unit (512MiB, 2GiB); default "
+        "on the CPU: --max-num-seqs sequences of --max-model-len, at most 2 GiB and a quarter "
+        "of available memory; on CUDA: --gpu-memory-utilization; --num-kv-blocks wins",
+    )
     parser.add_argument(
         "--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization
     )
@@ -101,6 +110,11 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory_bytes=(
+            parse_memory_size(args.kv_cache_memory, "--kv-cache-memory")
+            if args.kv_cache_memory is not None
+            else None
+        ),
         enable_prefix_caching=args.enable_prefix_caching,
         scheduling_policy=args.scheduling_policy,
         max_wait_ms=args.max_wait_ms,

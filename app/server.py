@@ -16,9 +16,9 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
-from opentelemetry.sdk.trace.export import SpanExporter
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -35,10 +35,13 @@ from app.security import security_middleware
 from app.settings import ServerSettings
 from app.state import ServerState, json_response, server_metrics, server_state
 from app.stats_endpoint import stats_endpoint
-from app.telemetry import Tracing, exporters_from
 from app.websocket_api import websocket_endpoint
 from core.engine import Engine
+from core.host_memory import resident_set
 from core.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # OpenTelemetry loads only where tracing is configured: it costs start-up time
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 logger = logging.getLogger("baton.server")
 # The end of --shutdown-timeout: the last quarter, up to CLOSE_GRACE_S, for uvicorn's own
@@ -108,6 +111,7 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
             await asyncio.to_thread(state.engine.stop, 10.0)
             if state.tracing is not None:
                 await asyncio.to_thread(state.tracing.shutdown)
+            logger.info("stopped: %s", resident_set().describe())
 
     routes = [
         Route("/health", health),
@@ -138,9 +142,10 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
         model_name=state.model_name,
         style=state.settings.metrics_style,
     )
-    exporters = exporters_from(state.settings)
-    if span_exporter is not None or exporters:
-        state.tracing = Tracing(state.engine, state.model_name, exporters)
+    if span_exporter is not None or state.settings.exports_spans:
+        from app.telemetry import Tracing, exporters_from
+
+        state.tracing = Tracing(state.engine, state.model_name, exporters_from(state.settings))
         if span_exporter is not None:
             state.tracing.add_exporter(span_exporter, batch=False)
     return app
@@ -261,13 +266,14 @@ class AddressUnavailable(ValueError):
 
 
 def log_startup(engine: Engine, model: str, load_s: float) -> None:
-    """One line saying what was loaded where, and how much KV cache it got."""
+    """One line saying what was loaded where, how much KV cache it got and the memory the
+    process holds (its resident set, which is what the operating system counts against it)."""
     executor = engine.executor
     blocks = executor.num_kv_blocks
     model_config = getattr(executor, "model_config", None)
     logger.info(
         "loaded %s (%s on the %s path) in %.1f s: device %s, dtype %s, KV cache %d blocks x "
-        "%d tokens = %d tokens, max model len %d",
+        "%d tokens = %d tokens, max model len %d, %s",
         model,
         model_config.architecture if model_config else "simulated",
         model_config.model_impl if model_config else "simulated",
@@ -278,6 +284,7 @@ def log_startup(engine: Engine, model: str, load_s: float) -> None:
         executor.block_size,
         blocks * executor.block_size,
         engine.max_model_len,
+        resident_set().describe(),
     )
 
 

@@ -46,6 +46,11 @@ class ServerSettings:
     # Names on /metrics: Baton's (`baton:`), vLLM's (`vllm:`, for its dashboards), or both.
     metrics_style: str = "baton"
 
+    @property
+    def exports_spans(self) -> bool:
+        """Whether a flag asks for request traces (app.telemetry exports them)."""
+        return bool(self.otlp_traces_endpoint) or self.trace_console
+
     def __post_init__(self) -> None:
         try:
             SLO(self.ttft_slo_ms, self.tpot_slo_ms)  # the server's defaults obey a request's bounds

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import orjson
 from starlette.requests import HTTPConnection
@@ -13,8 +14,10 @@ from starlette.responses import Response
 from app.async_engine import AsyncEngine
 from app.prometheus import ServerMetrics
 from app.settings import ServerSettings
-from app.telemetry import Tracing
 from core.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # OpenTelemetry loads only where tracing is configured (app.server)
+    from app.telemetry import Tracing
 
 
 @dataclass

@@ -15,7 +15,7 @@ class EngineConfig:
     """What `baton serve` and `baton generate` flags set for the engine.
 
     `max_model_len=None` takes the checkpoint's context length; `num_kv_blocks=None` lets the
-    executor size the cache from memory.
+    executor size the cache from memory: from `kv_cache_memory_bytes` where given.
     """
 
     max_model_len: int | None = None
@@ -23,6 +23,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     block_size: int = 16
     num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
     scheduling_policy: str = "slo"
     # Hard bounds under every policy: no request waits longer for its first token, and none is
@@ -53,6 +54,10 @@ class EngineConfig:
             raise ValueError(f"--block-size must be a power of two, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"--num-kv-blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ValueError(
+                f"--kv-cache-memory must be more than zero bytes, got {self.kv_cache_memory_bytes}"
+            )
         if self.scheduling_policy not in POLICIES:
             raise ValueError(
                 f"--scheduling-policy must be one of {', '.join(POLICIES)}, "

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +18,7 @@ from gpu.cuda_graph import DecodeGraphs, graph_batch_sizes
 from gpu.input_batch import InputBuffers, prepare_inputs
 from gpu.kv_cache import (
     allocate_kv_caches,
+    budget_num_kv_blocks,
     cpu_num_kv_blocks,
     cuda_num_kv_blocks,
     kv_cache_bytes_per_block,
@@ -24,9 +26,11 @@ from gpu.kv_cache import (
 from gpu.loader import load_model
 from gpu.prompt_logprobs import prompt_logprobs
 from gpu.sampler import Sampler
-from gpu.structured_output import GrammarMask, GrammarMatchers, XGrammarCompiler
 from gpu.transformers_model import load_transformers_model
 from kernels.cpu_extension import cpu_kernels_available
+
+if TYPE_CHECKING:  # xgrammar (and transformers) load with the first structured-output request
+    from gpu.structured_output import GrammarMask, GrammarMatchers, XGrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +104,7 @@ class TorchExecutor:
         )
         if self.model.pack_linear_weights(rows_hint=engine_config.max_num_seqs):
             logger.info("linear layers run through oneDNN over packed weights")
-        # Built (or loaded from torch's cache) here, not inside the first step.
+        # Built (or loaded from the build cache) here, not inside the first step.
         if self.device.type == "cpu" and cpu_kernels_available():
             logger.info("decode attention runs in Baton's C++ CPU kernel")
         # A padded graph batch may hold more tokens than the budget when max_num_seqs exceeds it.
@@ -128,7 +132,7 @@ class TorchExecutor:
                     model_config.architecture,
                 )
         self.sampler = Sampler(model_config.vocab_size, model_config.eos_token_ids)
-        self.grammar_matchers = GrammarMatchers(model_config.vocab_size)
+        self._grammar_matchers: GrammarMatchers | None = None
         self._grammar_compiler: XGrammarCompiler | None = None
         self._grammar_compiler_lock = threading.Lock()
         # Fills grammar bitmasks while the forward runs (they depend only on earlier tokens).
@@ -144,7 +148,8 @@ class TorchExecutor:
     @torch.inference_mode()
     def execute(self, batch: Batch) -> ExecutorOutput:
         """Compute the batch's KV, then sample one token for each sequence with `sample=True`."""
-        self.grammar_matchers.release(batch.finished_request_ids)
+        if self._grammar_matchers is not None:
+            self._grammar_matchers.release(batch.finished_request_ids)
         if not batch.sequences:
             return ExecutorOutput(sampled_token_ids=[])
         start = time.perf_counter()
@@ -178,6 +183,8 @@ class TorchExecutor:
         first use: reading the vocabulary costs start-up time a server without it never pays."""
         with self._grammar_compiler_lock:
             if self._grammar_compiler is None:
+                from gpu.structured_output import XGrammarCompiler
+
                 self._grammar_compiler = XGrammarCompiler(
                     self.model_config.path,
                     self.model_config.vocab_size,
@@ -189,7 +196,11 @@ class TorchExecutor:
         to_sample = [seq for seq in batch.sequences if seq.sample]
         if not any(seq.sampling_params.structured_output is not None for seq in to_sample):
             return None
-        return self._mask_worker.submit(self.grammar_matchers.fill_mask, to_sample)
+        if self._grammar_matchers is None:
+            from gpu.structured_output import GrammarMatchers
+
+            self._grammar_matchers = GrammarMatchers(self.model_config.vocab_size)
+        return self._mask_worker.submit(self._grammar_matchers.fill_mask, to_sample)
 
     def _sample(
         self,
@@ -204,8 +215,8 @@ class TorchExecutor:
         logits = self.model.compute_logits(hidden[logits_indices]).float()
         grammar_mask = mask.result() if mask is not None else None
         output = self.sampler(logits, to_sample, grammar_mask)
-        if grammar_mask is not None:
-            self.grammar_matchers.accept(to_sample, output.sampled_token_ids)
+        if grammar_mask is not None and self._grammar_matchers is not None:
+            self._grammar_matchers.accept(to_sample, output.sampled_token_ids)
         return output
 
     def _log_kv_capacity(self) -> None:
@@ -238,6 +249,11 @@ class TorchExecutor:
         return graphs
 
     def _fitting_num_kv_blocks(self) -> int:
+        budget = self.engine_config.kv_cache_memory_bytes
+        if budget is not None:
+            return budget_num_kv_blocks(
+                self.model_config, budget, self.max_model_len, self.block_size, self.dtype
+            )
         if self.device.type == "cpu":
             return cpu_num_kv_blocks(
                 self.model_config,

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from core.host_memory import available_memory_bytes, format_size
 from core.model_config import ModelConfig
 from gpu.model import LayerKVCache
 
-# The CPU serves development and CI: its cache holds max_num_seqs full-length sequences, but never
-# more than this, so a large checkpoint on a laptop does not claim all of its RAM.
+# Without --kv-cache-memory the CPU's cache holds max_num_seqs full-length sequences, but takes
+# no more than this nor this fraction of the memory available at start-up, so a large checkpoint
+# on a laptop leaves room for its weights, its activations and whatever else runs there.
 CPU_KV_CACHE_BYTES = 2 * 1024**3
+CPU_KV_CACHE_FRACTION = 0.25
 
 
 def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -36,12 +39,41 @@ def allocate_kv_caches(
 
 
 def cpu_num_kv_blocks(
-    config: ModelConfig, max_model_len: int, max_num_seqs: int, block_size: int, dtype: torch.dtype
+    config: ModelConfig,
+    max_model_len: int,
+    max_num_seqs: int,
+    block_size: int,
+    dtype: torch.dtype,
+    available_bytes: int | None = None,
 ) -> int:
-    """Blocks for `max_num_seqs` sequences of `max_model_len` tokens, up to `CPU_KV_CACHE_BYTES`."""
+    """The default CPU cache: blocks for `max_num_seqs` sequences of `max_model_len` tokens, up
+    to `CPU_KV_CACHE_BYTES` and `CPU_KV_CACHE_FRACTION` of `available_bytes` (the host's
+    available memory when None), and never less than one full-length sequence."""
+    per_block = kv_cache_bytes_per_block(config, block_size, dtype)
     blocks_per_seq = -(-max_model_len // block_size)
-    affordable = CPU_KV_CACHE_BYTES // kv_cache_bytes_per_block(config, block_size, dtype)
-    return max(1, min(max_num_seqs * blocks_per_seq, affordable))
+    if available_bytes is None:
+        available_bytes = available_memory_bytes() or CPU_KV_CACHE_BYTES
+    budget = min(CPU_KV_CACHE_BYTES, int(available_bytes * CPU_KV_CACHE_FRACTION))
+    return max(blocks_per_seq, min(max_num_seqs * blocks_per_seq, budget // per_block))
+
+
+def budget_num_kv_blocks(
+    config: ModelConfig, budget_bytes: int, max_model_len: int, block_size: int, dtype: torch.dtype
+) -> int:
+    """The blocks `budget_bytes` (--kv-cache-memory) holds; refused if not one sequence of
+    `max_model_len` tokens, which could then never be served."""
+    per_block = kv_cache_bytes_per_block(config, block_size, dtype)
+    num_blocks = budget_bytes // per_block
+    blocks_per_seq = -(-max_model_len // block_size)
+    if num_blocks < blocks_per_seq:
+        dtype_name = str(dtype).removeprefix("torch.")
+        raise ValueError(
+            f"--kv-cache-memory {format_size(budget_bytes)} holds {num_blocks * block_size} "
+            f"tokens of KV cache, less than one sequence of --max-model-len {max_model_len} "
+            f"needs ({format_size(blocks_per_seq * per_block)} in {dtype_name}); raise "
+            "--kv-cache-memory or lower --max-model-len"
+        )
+    return num_blocks
 
 
 def cuda_num_kv_blocks(

@@ -96,10 +96,15 @@ def load_model(
     tied = config.tie_word_embeddings or (
         not dummy and "lm_head.weight" not in checkpoint_tensor_names(config.path)
     )
-    # Built on the meta device so no memory is spent on random initial weights.
+    # Built on the meta device so no memory is spent on random initial weights, then given
+    # memory with torch.empty: `to_empty` calls empty_like, whose meta-tensor path is torch's
+    # Python reference, which imports sympy (seconds of a cold start).
     with torch.device("meta"):
         model = CausalLM(config, max_positions, device, tie_word_embeddings=tied)
-    model = model.to(dtype).to_empty(device=device).requires_grad_(False)
+    model = model.to(dtype)._apply(
+        lambda t: torch.empty(t.shape, dtype=t.dtype, device=device) if t.is_meta else t
+    )
+    model.requires_grad_(False)
     if dummy:
         init_dummy_weights(model)
     else:

@@ -48,6 +48,15 @@ class Linear(nn.Linear):
         self.weight = nn.Parameter(self.weight.to("meta"), requires_grad=False)
 
 
+class Embedding(nn.Embedding):
+    """`nn.Embedding` without random initial weights: the table always comes from the checkpoint
+    (or gpu.loader's dummy weights), and drawing it on the meta device would import torch's
+    compiler, and Triton with it, only to throw the draw away."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -197,7 +206,7 @@ class CausalLM(nn.Module):
             local_cache = build_cos_sin_cache(
                 config.local_rope, config.head_dim, num_positions, device
             )
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         # Gemma scales embeddings by sqrt(hidden), rounded to the model's dtype as it does.
         self.embed_scale = config.hidden_size**0.5 if config.gemma else None
         self.layers = nn.ModuleList(

@@ -11,12 +11,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from itertools import chain
+from typing import TYPE_CHECKING
 
 import torch
 
 from core.batch import ExecutorOutput, ScheduledSequence, TokenLogprobs
 from core.sampling_params import SamplingParams
-from gpu.structured_output import GrammarMask
+
+if TYPE_CHECKING:  # xgrammar loads with the first structured-output request, not here
+    from gpu.structured_output import GrammarMask
 
 _NEG_INF = float("-inf")
 

@@ -1,12 +1,15 @@
 """Baton's C++ kernels for the CPU (kernels/csrc), built by torch's extension builder on first use.
 
-The build needs g++ and ninja (scripts/setup installs them) and is cached by torch until the
-source or flags change, for the CPU that built it (`-march=native`: one `TORCH_EXTENSIONS_DIR`
-per kind of machine). Where it fails the CPU keeps the plain-torch path, and says why once.
+The build needs g++ and ninja (scripts/setup installs them) and is cached until the source,
+flags or torch change, for the CPU that built it (`-march=native`: one `TORCH_EXTENSIONS_DIR`
+per kind of machine); a cached build loads without asking torch's builder. Where the build
+fails the CPU keeps the plain-torch path, and says why once.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import sys
@@ -14,12 +17,17 @@ import time
 from functools import cache
 from pathlib import Path
 
+import torch
+import torch._appdirs
+
 logger = logging.getLogger(__name__)
 
 NAME = "baton_cpu_kernels"
 SOURCES = [
     Path(__file__).parent / "csrc" / name for name in ("paged_decode_cpu.cpp", "layer_ops_cpu.cpp")
 ]
+# Beside the build: which library the last build of which sources and flags made.
+STAMP = "baton_build.json"
 # torch's builder waits forever on a lock file a killed build left behind; a build takes well
 # under a minute, so a lock older than this belongs to a process that died mid-build.
 STALE_LOCK_S = 300.0
@@ -40,13 +48,18 @@ FLAGS = [
 
 @cache
 def cpu_kernels_available() -> bool:
-    """Build (or load the cached build of) the kernels; their ops live in `torch.ops.baton_cpu`."""
+    """Load the kernels, building them first where this source, these flags and this torch have
+    no build yet; their ops live in `torch.ops.baton_cpu`."""
     try:
+        directory = build_directory(default_build_root())
+        library = cached_build(directory)
+        if library is not None:
+            torch.ops.load_library(str(library))
+            return True
         from torch.utils import cpp_extension
 
-        directory = build_directory(cpp_extension.get_default_build_root())
         clear_stale_build_lock(directory)
-        cpp_extension.load(
+        library = cpp_extension.load(
             name=NAME,
             build_directory=str(directory),
             sources=[str(source) for source in SOURCES],
@@ -54,6 +67,7 @@ def cpu_kernels_available() -> bool:
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
         )
+        record_build(directory, Path(library))
     except Exception as error:  # any failure to build means the plain-torch path, said once
         logger.warning(
             "Baton's C++ CPU kernels did not build, so the CPU runs the slower plain-torch "
@@ -62,6 +76,49 @@ def cpu_kernels_available() -> bool:
         )
         return False
     return True
+
+
+def default_build_root() -> str:
+    """torch's default extensions root (`cpp_extension.get_default_build_root`), found without
+    importing cpp_extension, which imports setuptools."""
+    return os.path.realpath(torch._appdirs.user_cache_dir(appname="torch_extensions"))
+
+
+def build_key() -> str:
+    """What a build depends on: the sources, the flags, torch and Python. torch's own check
+    (a ninja run, after importing setuptools) costs a cold start more than loading the kernels."""
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    digest.update(" ".join(FLAGS).encode())
+    digest.update(f"{torch.__version__} {sys.version}".encode())
+    return digest.hexdigest()
+
+
+def cached_build(directory: Path) -> Path | None:
+    """The library built for `build_key()` in `directory`, if `record_build` noted one and no
+    build has replaced the file since (another checkout sharing the directory may)."""
+    try:
+        stamp = json.loads((directory / STAMP).read_text())
+        library = Path(stamp["library"])
+        unchanged = stamp["file"] == file_identity(library)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return library if unchanged and stamp["key"] == build_key() else None
+
+
+def record_build(directory: Path, library: Path) -> None:
+    stamp = {"key": build_key(), "library": str(library), "file": file_identity(library)}
+    # Written whole, then renamed: a server starting meanwhile reads the old stamp or the new.
+    partial = directory / f"{STAMP}.{os.getpid()}"
+    partial.write_text(json.dumps(stamp))
+    partial.replace(directory / STAMP)
+
+
+def file_identity(path: Path) -> list[int]:
+    """What changes when a build rewrites the file: its size and modification time."""
+    status = path.stat()
+    return [status.st_size, status.st_mtime_ns]
 
 
 def build_directory(default_root: str) -> Path:

@@ -13,7 +13,9 @@ import time
 import httpx
 import pytest
 
-from tests.server_harness import free_port
+from app.cli import DEMO_MODEL
+from app.server import log_startup
+from tests.server_harness import free_port, simulated_engine
 
 
 def baton(*args: str) -> subprocess.CompletedProcess:
@@ -76,6 +78,31 @@ def test_generate_errors_say_what_to_change(tmp_path, llama_checkpoint):
     assert bad.returncode == 2 and "top_p must be in (0, 1]" in bad.stderr
 
 
+def test_kv_cache_memory_errors_say_what_to_change(llama_checkpoint):
+    common = ["generate", "--model", str(llama_checkpoint), "--prompt", "x", "--device", "cpu"]
+    unreadable = baton(*common, "--kv-cache-memory", "lots")
+    assert unreadable.returncode == 2
+    assert "--kv-cache-memory must be a byte count or a size with a unit such as 512MiB" in (
+        unreadable.stderr
+    )
+    too_small = baton(*common, "--max-model-len", "128", "--kv-cache-memory", "40KiB")
+    assert too_small.returncode == 2
+    assert "less than one sequence of --max-model-len 128 needs (64 KiB in float32)" in (
+        too_small.stderr
+    )
+
+
+def test_startup_line_reports_the_resident_set_and_its_peak(caplog):
+    engine = simulated_engine(DEMO_MODEL, num_kv_blocks=32)
+
+    with caplog.at_level("INFO", logger="baton.server"):
+        log_startup(engine, "demo", 0.5)
+
+    line = re.search(r"RSS (\d+) MiB \(peak (\d+) MiB\)$", caplog.text.strip())
+    assert line, caplog.text
+    assert 0 < int(line[1]) <= int(line[2])
+
+
 def test_version_names_the_installed_distribution():
     result = baton("--version")
     assert result.returncode == 0
@@ -128,11 +155,15 @@ def test_serve_logs_what_it_loaded_and_exits_cleanly_on_sigint(llama_checkpoint,
     loaded = re.search(
         r"loaded \S+ \(LlamaForCausalLM on the native path\) in [\d.]+ s: device cpu, "
         r"dtype float32, "
-        r"KV cache (\d+) blocks x 16 tokens = (\d+) tokens, max model len \d+",
+        r"KV cache (\d+) blocks x 16 tokens = (\d+) tokens, max model len \d+, "
+        r"RSS (\d+) MiB \(peak (\d+) MiB\)",
         text,
     )
     assert loaded, text
     assert int(loaded[1]) * 16 == int(loaded[2])
+    # torch alone holds well over 50 MiB; the peak is never below the resident set.
+    assert 50 <= int(loaded[3]) <= int(loaded[4])
+    assert re.search(r"stopped: RSS \d+ MiB \(peak \d+ MiB\)", text), text
     # No third-party report at exit (nanobind's "leaked instances", multiprocessing's
     # resource_tracker "leaked semaphore"), no traceback.
     for marker in ("leaked", "resource_tracker", "Traceback"):

@@ -91,10 +91,60 @@ def test_cpu_cache_of_a_large_model_is_capped_by_the_byte_budget(make_checkpoint
     large = dataclasses.replace(tiny, num_hidden_layers=32, num_key_value_heads=8, head_dim=128)
     per_block = kv_cache_bytes_per_block(large, 16, torch.float32)
 
-    num_blocks = cpu_num_kv_blocks(large, 8192, 64, 16, torch.float32)
+    num_blocks = cpu_num_kv_blocks(large, 8192, 64, 16, torch.float32, available_bytes=2**40)
 
     assert per_block == 2 * 32 * 8 * 128 * 16 * 4
     assert num_blocks == CPU_KV_CACHE_BYTES // per_block
+
+
+def test_cpu_cache_takes_at_most_a_quarter_of_available_memory_but_one_sequence(
+    make_checkpoint,
+) -> None:
+    config = ModelConfig.from_pretrained(make_checkpoint("llama"))
+    per_block = kv_cache_bytes_per_block(config, 16, torch.float32)
+
+    # 64 sequences of 256 tokens need 64 x 16 blocks; a quarter of 400 blocks' worth is 100.
+    roomy = cpu_num_kv_blocks(config, 256, 64, 16, torch.float32, 400 * per_block)
+    # A quarter of 8 blocks' worth would not hold one sequence: it gets one all the same.
+    cramped = cpu_num_kv_blocks(config, 256, 64, 16, torch.float32, 8 * per_block)
+
+    assert (roomy, cramped) == (100, 16)
+
+
+def test_kv_cache_memory_sizes_the_pool_from_its_budget(make_checkpoint) -> None:
+    config = ModelConfig.from_pretrained(make_checkpoint("llama"))
+    # 2 layers x (K, V) x 2 KV heads x 16 dims x 4 bytes x 16 tokens: 8 KiB a block.
+    assert kv_cache_bytes_per_block(config, 16, torch.float32) == 8 * 1024
+    budget = EngineConfig(max_model_len=128, kv_cache_memory_bytes=1024**2)
+
+    executor = TorchExecutor(config, budget, device="cpu")
+
+    assert executor.num_kv_blocks == 128
+    assert executor.kv_caches[0].shape[1] == 128
+
+
+def test_num_kv_blocks_wins_over_kv_cache_memory(make_checkpoint) -> None:
+    config = ModelConfig.from_pretrained(make_checkpoint("llama"))
+    both = EngineConfig(max_model_len=128, num_kv_blocks=7, kv_cache_memory_bytes=1024**2)
+
+    assert TorchExecutor(config, both, device="cpu").num_kv_blocks == 7
+
+
+def test_kv_cache_memory_below_one_sequence_is_refused_with_what_it_needs(
+    make_checkpoint,
+) -> None:
+    config = ModelConfig.from_pretrained(make_checkpoint("llama"))
+    # 5 blocks (80 tokens) where one sequence of 128 tokens needs 8 (64 KiB).
+    small = EngineConfig(max_model_len=128, kv_cache_memory_bytes=40 * 1024)
+
+    with pytest.raises(ValueError) as refused:
+        TorchExecutor(config, small, device="cpu")
+
+    assert str(refused.value) == (
+        "--kv-cache-memory 40 KiB holds 80 tokens of KV cache, less than one sequence of "
+        "--max-model-len 128 needs (64 KiB in float32); raise --kv-cache-memory or lower "
+        "--max-model-len"
+    )
 
 
 def test_layers_share_one_zeroed_kv_allocation(make_checkpoint) -> None:

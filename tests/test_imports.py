@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import pkgutil
+import re
 import subprocess
 import sys
 from functools import cache
 from pathlib import Path
+
+import pytest
 
 PACKAGES = ("app", "core", "gpu", "kernels")
 WEB_STACK = ("starlette", "uvicorn", "websockets")
@@ -205,3 +209,49 @@ def test_a_server_import_loads_no_offline_tool() -> None:
 
     assert "gpu.executor" in loaded
     assert loaded.isdisjoint(OFFLINE_TOOLS)
+
+
+# Loaded by a CPU server only once a request needs them: structured output (xgrammar, and the
+# transformers tokenizer it reads the vocabulary with), tracing (opentelemetry), CUDA (triton);
+# never: torch's compiler and what it pulls in (sympy), torch's extension builder (setuptools).
+LAZY = ("xgrammar", "transformers", "opentelemetry", "triton", "sympy", "setuptools")
+SERVE_THEN_CONSTRAIN = """
+import json, sys
+from app.async_engine import AsyncEngine
+from app.cli import DEMO_MODEL
+from app.llm import LLM
+from app.server import create_app
+from app.settings import ServerSettings
+from app.state import ServerState
+from core.sampling_params import SamplingParams
+from core.structured_output import GuideKind, StructuredOutput
+
+def roots():
+    return sorted({name.partition(".")[0] for name in sys.modules})
+
+llm = LLM(DEMO_MODEL, device="cpu", max_num_seqs=4, num_kv_blocks=64)
+create_app(ServerState(AsyncEngine(llm.engine, 8), llm.tokenizer, "demo", ServerSettings()))
+plain = llm.generate("Hello", SamplingParams(max_tokens=4, temperature=0))[0]
+served = roots()
+digits = StructuredOutput(GuideKind.REGEX, "[0-9]{3}")
+constrained = llm.generate("Hello", SamplingParams(max_tokens=8, structured_output=digits))[0]
+print(json.dumps([served, len(plain.token_ids), constrained.text, roots()]))
+"""
+
+
+@pytest.mark.slow
+def test_a_cpu_server_loads_xgrammar_tracing_and_triton_only_when_asked() -> None:
+    root = Path(__file__).parent.parent
+    result = subprocess.run(
+        [sys.executable, "-c", SERVE_THEN_CONSTRAIN], capture_output=True, text=True, cwd=root
+    )
+    assert result.returncode == 0, result.stderr
+    served, num_plain_tokens, constrained_text, after_constraint = json.loads(
+        result.stdout.splitlines()[-1]
+    )
+
+    assert num_plain_tokens == 4
+    assert "torch" in served and set(served).isdisjoint(LAZY)
+    assert re.fullmatch("[0-9]{3}", constrained_text)
+    assert "xgrammar" in after_constraint and "triton" not in after_constraint
+    assert "sympy" not in after_constraint
