@@ -5,6 +5,9 @@ way the CPU path does: the (token, expert) pairs sorted by expert, each expert's
 contiguous slice and two matmuls, so a step costs one pass per expert that has tokens, never a
 loop over tokens. `moe_experts_ref` is the plain definition it is tested against: every expert
 on every token, weighted by the routing (zero for experts not picked).
+
+With `--quantization int8` the stacked expert weights are int8 codes and each comes with its
+scales ([E, rows], one per output row), and each expert's matmuls run through `int8_linear`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from kernels.int8_linear import int8_linear
 
 GatedActivation = Callable[[torch.Tensor], torch.Tensor]
 
@@ -37,9 +42,12 @@ def moe_experts(
     weights: torch.Tensor,
     expert_ids: torch.Tensor,
     act_and_mul: GatedActivation,
+    gate_up_scales: torch.Tensor | None = None,
+    down_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The weighted sum of each token's experts: hidden [T, H], gate_up [E, 2I, H],
-    down [E, H, I], weights and expert_ids [T, k] -> [T, H]."""
+    down [E, H, I], weights and expert_ids [T, k] -> [T, H]. With scales ([E, 2I] and [E, H])
+    the expert weights are int8 codes."""
     top_k = expert_ids.shape[1]
     flat_ids = expert_ids.reshape(-1)
     # Stable, so a token's pairs keep their order within an expert whatever the batch.
@@ -53,11 +61,20 @@ def moe_experts(
         if count == 0:
             continue
         rows = slice(start, start + count)
-        outputs[rows] = F.linear(act_and_mul(F.linear(inputs[rows], gate_up[expert])), down[expert])
+        up = _expert_linear(inputs[rows], gate_up, gate_up_scales, expert)
+        outputs[rows] = _expert_linear(act_and_mul(up), down, down_scales, expert)
         start += count
     outputs *= weights.reshape(-1).index_select(0, order)[:, None]
     combined = torch.zeros_like(hidden)
     return combined.index_add_(0, token_of_pair, outputs)
+
+
+def _expert_linear(
+    x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor | None, expert: int
+) -> torch.Tensor:
+    if scales is None:
+        return F.linear(x, weights[expert])
+    return int8_linear(x, weights[expert], scales[expert], None)
 
 
 def moe_experts_ref(

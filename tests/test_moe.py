@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from kernels.int8_linear import dequantize, quantize_per_channel
 from kernels.moe import moe_experts, moe_experts_ref, route
 
 
@@ -48,3 +49,27 @@ def test_a_token_gets_the_same_result_alone_and_in_a_batch():
     batched = moe_experts(hidden, gate_up, down, weights, expert_ids, silu_and_mul_ref)
     alone = moe_experts(hidden[7:8], gate_up, down, weights[7:8], expert_ids[7:8], silu_and_mul_ref)
     torch.testing.assert_close(batched[7:8], alone, atol=1e-6, rtol=1e-6)
+
+
+def test_int8_experts_equal_the_reference_over_their_dequantized_weights():
+    torch.manual_seed(2)
+    hidden = torch.randn(37, 32)
+    gate_up_codes, gate_up_scales = quantize_per_channel(torch.randn(8 * 48, 32) * 0.1)
+    down_codes, down_scales = quantize_per_channel(torch.randn(8 * 32, 24) * 0.1)
+    weights, expert_ids = route(torch.randn(37, 8), 2, True)
+    gate_up = dequantize(gate_up_codes, gate_up_scales).view(8, 48, 32)
+    down = dequantize(down_codes, down_scales).view(8, 32, 24)
+    expected = moe_experts_ref(hidden, gate_up, down, weights, expert_ids, silu_and_mul_ref)
+
+    actual = moe_experts(
+        hidden,
+        gate_up_codes.view(8, 48, 32),
+        down_codes.view(8, 32, 24),
+        weights,
+        expert_ids,
+        silu_and_mul_ref,
+        gate_up_scales.view(8, 48),
+        down_scales.view(8, 32),
+    )
+
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
