@@ -1,7 +1,8 @@
 """Weight-only int8 linear layers (kernels/int8_linear.py) against the float32 oneDNN path they
 replace (kernels/linear.py), and bfloat16 `F.linear` as this CPU runs it, on the CPU models'
-shapes: the ~30M bench Llama (hidden 512) and a Qwen2.5-0.5B shape (hidden 896), at 1, 8, 32
-and 64 rows.
+shapes: the ~30M bench Llama (hidden 512) and a Qwen2.5-0.5B shape (hidden 896), at 1 to 64
+rows. `int8` is what Baton runs (torch's int8 matmul up to INT8_MATMUL_MAX_ROWS rows, a float
+copy of the weight beyond); `int8pack_mm` is torch's int8 matmul alone at every row count.
 
     python benchmarks/int8_linear.py
 
@@ -36,7 +37,7 @@ LAYERS = [
     ("hidden 896", "gate_up", 896, 9728),
     ("hidden 896", "down", 4864, 896),
 ]
-ROWS = (1, 8, 32, 64)
+ROWS = (1, 4, 8, 32, 64)
 
 
 def microseconds_per_call(fn: Callable[[], torch.Tensor], iters: int) -> float:
@@ -65,6 +66,9 @@ def main() -> None:
             contenders = {
                 "f32_onednn": lambda x=x, p=packed: onednn_linear(x, p, None),
                 "int8": lambda x=x, c=codes, s=scales: int8_linear(x, c, s, None),
+                "int8pack_mm": lambda x=x, c=codes, s=scales: torch.ops.aten._weight_int8pack_mm(
+                    x, c, s
+                ),
                 "bf16_f_linear": lambda x=x_bf16, w=weight_bf16: F.linear(x, w),
             }
             if cpu_has_native_bf16():
@@ -83,7 +87,8 @@ def main() -> None:
     for key, _, x, codes, scales in cases:
         model, layer, k, n, rows = key
         medians = {name: statistics.median(v) for name, v in samples[key].items()}
-        alone = torch.cat([int8_linear(x[i : i + 1], codes, scales, None) for i in range(rows)])
+        pack_mm = torch.ops.aten._weight_int8pack_mm
+        alone = torch.cat([pack_mm(x[i : i + 1], codes, scales) for i in range(rows)])
         results.append(
             dict(
                 model=model,
@@ -91,8 +96,9 @@ def main() -> None:
                 rows=rows,
                 **{f"{name}_us": round(us, 1) for name, us in medians.items()},
                 int8_speedup=round(medians["f32_onednn"] / medians["int8"], 2),
+                int8pack_mm_speedup=round(medians["f32_onednn"] / medians["int8pack_mm"], 2),
                 bf16_speedup=round(medians["f32_onednn"] / medians["bf16_f_linear"], 2),
-                int8_rows_batch_invariant=torch.equal(int8_linear(x, codes, scales, None), alone),
+                int8pack_mm_rows_batch_invariant=torch.equal(pack_mm(x, codes, scales), alone),
             )
         )
     report = dict(
