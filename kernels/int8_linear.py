@@ -17,7 +17,7 @@ import torch.nn.functional as F
 INT8_MAX = 127
 # Up to this many rows the int8 matmul's pass per row costs less than a float copy of the
 # weight (docs/benchmarks.md, "int8 and bf16 weights on the CPU").
-INT8_MATMUL_MAX_ROWS = 4
+INT8_MATMUL_MAX_ROWS = 16
 
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
