@@ -15,7 +15,7 @@ from app.replica_settings import ReplicaModel, add_replica_args, replica_setting
 from app.settings import METRICS_STYLES, ServerSettings
 from app.simulate import add_simulate_parser
 from app.tool_parsers import PARSERS
-from core.config import MODEL_IMPLS, POLICIES, EngineConfig
+from core.config import MODEL_IMPLS, POLICIES, QUANTIZATIONS, EngineConfig
 from core.host_memory import parse_memory_size
 from core.sampling_params import InvalidRequestError, SamplingParams
 
@@ -45,6 +45,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=defaults.model_impl,
         help="auto: Baton's native model where it has one, else transformers' modeling code over "
         "Baton's paged cache; native or transformers forces one",
+    )
+    parser.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default=defaults.quantization,
+        help="int8: weight-only int8 with per-channel scales, quantized at load from the float "
+        "checkpoint (native model on the CPU only)",
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument(
@@ -124,6 +131,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         enforce_eager=args.enforce_eager,
         seed=args.seed,
         model_impl=args.model_impl,
+        quantization=args.quantization,
     )
 
 

@@ -272,14 +272,15 @@ def log_startup(engine: Engine, model: str, load_s: float) -> None:
     blocks = executor.num_kv_blocks
     model_config = getattr(executor, "model_config", None)
     logger.info(
-        "loaded %s (%s on the %s path) in %.1f s: device %s, dtype %s, KV cache %d blocks x "
-        "%d tokens = %d tokens, max model len %d, %s",
+        "loaded %s (%s on the %s path) in %.1f s: device %s, dtype %s, quantization %s, "
+        "KV cache %d blocks x %d tokens = %d tokens, max model len %d, %s",
         model,
         model_config.architecture if model_config else "simulated",
         model_config.model_impl if model_config else "simulated",
         load_s,
         getattr(executor, "device", "simulated"),
         str(getattr(executor, "dtype", "none")).removeprefix("torch."),
+        getattr(executor, "quantization", "none"),
         blocks,
         executor.block_size,
         blocks * executor.block_size,

@@ -7,6 +7,7 @@ continuous batching (`generate_batch`'s manager).
     python benchmarks/offline_throughput.py --preset llama-3.1-8b
     python benchmarks/offline_throughput.py --model DIR --device cuda --dtype bfloat16
     python benchmarks/offline_throughput.py --family mixtral     # a random bench-size Mixtral
+    python benchmarks/offline_throughput.py --contenders baton --quantization int8  # CPU int8
 
 Workload: N requests, prompt and output lengths uniform in the given ranges, greedy, ignore_eos.
 Every side is credited only with the tokens each request asked for; a static batch runs until
@@ -30,6 +31,7 @@ import torch
 import transformers
 
 from app.llm import LLM
+from core.config import QUANTIZATIONS
 from core.sampling_params import SamplingParams
 from gpu.random_checkpoint import FAMILIES, write_checkpoint
 
@@ -101,7 +103,8 @@ def release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def run_baton(model: Path, prompts, outputs, args) -> tuple[float, int]:
+def run_baton(model: Path, prompts, outputs, args) -> tuple[float, tuple[int, int]]:
+    """Seconds for the workload, and the model's (parameter count, parameter bytes)."""
     llm = LLM(
         model,
         device=args.device,
@@ -110,6 +113,7 @@ def run_baton(model: Path, prompts, outputs, args) -> tuple[float, int]:
         max_num_seqs=args.batch_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        quantization=args.quantization,
     )
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in outputs]
     llm.generate(WARM_UP_PROMPTS, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
@@ -117,10 +121,11 @@ def run_baton(model: Path, prompts, outputs, args) -> tuple[float, int]:
     results = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
     assert [len(r.token_ids) for r in results] == outputs, "each request gets its max_tokens"
-    num_params = sum(p.numel() for p in llm.engine.executor.model.parameters())
+    model_params = list(llm.engine.executor.model.parameters())
+    sizes = (sum(p.numel() for p in model_params), sum(p.nbytes for p in model_params))
     del llm, results
     release_memory()
-    return elapsed, num_params
+    return elapsed, sizes
 
 
 def load_transformers(model: Path, args) -> transformers.PreTrainedModel:
@@ -218,6 +223,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-model-len", type=int, help="default: the checkpoint's")
     parser.add_argument("--device")
     parser.add_argument("--dtype")
+    parser.add_argument(
+        "--quantization", choices=QUANTIZATIONS, default="none", help="Baton's weights"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--contenders", default=",".join(CONTENDERS), help=f"comma-separated, of {CONTENDERS}"
@@ -264,8 +272,10 @@ def main() -> None:
         )
         seconds = {}
         if "baton" in args.contenders:
-            seconds["baton"], num_params = run_baton(model, prompts, outputs, args)
+            seconds["baton"], (num_params, num_bytes) = run_baton(model, prompts, outputs, args)
             report["model_params_m"] = round(num_params / 1e6, 1)
+            report["model_weights_mib"] = round(num_bytes / 2**20, 1)
+            report["quantization"] = args.quantization
         if {"generate", "generate_batch"} & set(args.contenders):
             hf = load_transformers(model, args)
             if "generate" in args.contenders:

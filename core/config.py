@@ -8,6 +8,8 @@ from core.policy_registry import POLICIES
 
 # How a checkpoint's model runs (core.model_impl): auto, Baton's native model, or transformers'.
 MODEL_IMPLS = ("auto", "native", "transformers")
+# How the native CPU model stores its linear weights (gpu.quantization): as loaded, or int8.
+QUANTIZATIONS = ("none", "int8")
 
 
 @dataclass(slots=True)
@@ -42,6 +44,9 @@ class EngineConfig:
     # auto: Baton's native model where it has one, else transformers' modeling code (the generic
     # path); native or transformers forces one (core.model_impl).
     model_impl: str = "auto"
+    # int8: the native model's linear layers over int8 weights with per-channel scales,
+    # quantized at load (CPU only).
+    quantization: str = "none"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -70,6 +75,11 @@ class EngineConfig:
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(
                 f"--model-impl must be one of {', '.join(MODEL_IMPLS)}, got {self.model_impl!r}"
+            )
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"--quantization must be one of {', '.join(QUANTIZATIONS)}, "
+                f"got {self.quantization!r}"
             )
         if not self.slo_admission_factor >= 0:
             raise ValueError(

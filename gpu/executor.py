@@ -25,9 +25,11 @@ from gpu.kv_cache import (
 )
 from gpu.loader import load_model
 from gpu.prompt_logprobs import prompt_logprobs
+from gpu.quantization import check_quantization, quantize_decoder_layers
 from gpu.sampler import Sampler
 from gpu.transformers_model import load_transformers_model
 from kernels.cpu_extension import cpu_kernels_available
+from kernels.linear import cpu_has_native_bf16
 
 if TYPE_CHECKING:  # xgrammar (and transformers) load with the first structured-output request
     from gpu.structured_output import GrammarMask, GrammarMatchers, XGrammarCompiler
@@ -79,6 +81,14 @@ class TorchExecutor:
         self.engine_config = engine_config
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        self.quantization = engine_config.quantization
+        check_quantization(self.quantization, model_config.model_impl, self.device)
+        if self.device.type == "cpu" and self.dtype == torch.bfloat16 and not cpu_has_native_bf16():
+            logger.warning(
+                "--dtype bfloat16 on a CPU without AVX512_BF16 or AMX: every bfloat16 matmul is "
+                "emulated through float32, slower than --dtype float32 at batched steps; for "
+                "the fastest CPU path use --dtype float32 (--quantization int8 for smaller weights)"
+            )
         self.max_model_len = engine_config.max_model_len or model_config.max_model_len
         if self.max_model_len > model_config.max_model_len:
             raise ValueError(
@@ -102,8 +112,16 @@ class TorchExecutor:
             model_config.architecture,
             "native" if model_config.model_impl == "native" else "generic (transformers' code)",
         )
+        if self.quantization == "int8":
+            num_int8 = quantize_decoder_layers(self.model)
+            logger.info(
+                "quantization int8: %d weight tensors of the decoder layers in int8 with "
+                "per-channel scales; embeddings, norms, MoE routers and the LM head stay %s",
+                num_int8,
+                str(self.dtype).removeprefix("torch."),
+            )
         if self.model.pack_linear_weights(rows_hint=engine_config.max_num_seqs):
-            logger.info("linear layers run through oneDNN over packed weights")
+            logger.info("float linear layers run through oneDNN over packed weights")
         # Built (or loaded from the build cache) here, not inside the first step.
         if self.device.type == "cpu" and cpu_kernels_available():
             logger.info("decode attention runs in Baton's C++ CPU kernel")

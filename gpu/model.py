@@ -21,7 +21,12 @@ from core.model_config import ModelConfig
 from gpu.input_batch import AttentionMetadata
 from gpu.moe import SparseMoE
 from kernels import ops
-from kernels.linear import onednn_linear, onednn_linear_available, pack_linear_weight
+from kernels.linear import (
+    cpu_has_native_bf16,
+    onednn_linear,
+    onednn_linear_available,
+    pack_linear_weight,
+)
 from kernels.rotary import build_cos_sin_cache
 from kernels.softcap import softcap_ref
 
@@ -265,14 +270,15 @@ class CausalLM(nn.Module):
         return not (windowed or config.attn_logit_softcap or config.moe)
 
     def pack_linear_weights(self, rows_hint: int) -> bool:
-        """Run every linear layer and every MoE expert through oneDNN over packed weights
-        (float32 on the CPU only; see kernels.linear). Tied embeddings keep their table for
-        lookups and get a packed copy for the LM head. Returns whether it packed; the weights
-        are loaded by then."""
+        """Run every linear layer and every float MoE expert through oneDNN over packed weights
+        (on the CPU, in float32, or in bfloat16 where the CPU multiplies it natively; see
+        kernels.linear). Tied embeddings keep their table for lookups and get a packed copy for
+        the LM head. Returns whether it packed; the weights are loaded by then."""
         embed = self.embed_tokens.weight
-        if embed.device.type != "cpu" or embed.dtype != torch.float32:
+        if embed.device.type != "cpu" or not onednn_linear_available():
             return False
-        if not onednn_linear_available():
+        native_bf16 = embed.dtype == torch.bfloat16 and cpu_has_native_bf16()
+        if embed.dtype != torch.float32 and not native_bf16:
             return False
         for module in self.modules():
             if isinstance(module, (Linear, SparseMoE)):

@@ -24,6 +24,13 @@ def onednn_linear_available() -> bool:
     )
 
 
+@cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512_BF16 or AMX); elsewhere torch and
+    oneDNN emulate it by widening every operand to float32."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def pack_linear_weight(weight: torch.Tensor, rows_hint: int) -> torch.Tensor:
     """`weight` [out, in] (float32, CPU) reordered into oneDNN's layout: an opaque tensor for
     `onednn_linear` only. `rows_hint` is the typical number of input rows; any count works."""

@@ -5,6 +5,9 @@ way the CPU path does: the (token, expert) pairs sorted by expert, each expert's
 contiguous slice and two matmuls, so a step costs one pass per expert that has tokens, never a
 loop over tokens. `moe_experts_ref` is the plain definition it is tested against: every expert
 on every token, weighted by the routing (zero for experts not picked).
+
+With `--quantization int8` the stacked expert weights are int8 codes with a scale per output
+row, and gpu.moe hands `moe_experts` an expert MLP over `int8_linear`.
 """
 
 from __future__ import annotations

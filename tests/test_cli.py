@@ -154,7 +154,7 @@ def test_serve_logs_what_it_loaded_and_exits_cleanly_on_sigint(llama_checkpoint,
     text = log.read_text()
     loaded = re.search(
         r"loaded \S+ \(LlamaForCausalLM on the native path\) in [\d.]+ s: device cpu, "
-        r"dtype float32, "
+        r"dtype float32, quantization none, "
         r"KV cache (\d+) blocks x 16 tokens = (\d+) tokens, max model len \d+, "
         r"RSS (\d+) MiB \(peak (\d+) MiB\)",
         text,

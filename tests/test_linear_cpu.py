@@ -9,7 +9,12 @@ import torch
 from core.model_config import ModelConfig
 from gpu.loader import load_model
 from gpu.model import Linear
-from kernels.linear import onednn_linear, onednn_linear_available, pack_linear_weight
+from kernels.linear import (
+    cpu_has_native_bf16,
+    onednn_linear,
+    onednn_linear_available,
+    pack_linear_weight,
+)
 
 
 def test_the_pinned_cpu_torch_has_the_onednn_operators() -> None:
@@ -68,9 +73,24 @@ def test_model_packs_every_linear_and_a_tied_lm_head(make_checkpoint) -> None:
     torch.testing.assert_close(model.compute_logits(hidden), expected)
 
 
-def test_only_float32_cpu_models_are_packed(make_checkpoint) -> None:
+def test_bfloat16_models_are_not_packed_where_the_cpu_emulates_it(
+    make_checkpoint, monkeypatch
+) -> None:
+    monkeypatch.setattr("gpu.model.cpu_has_native_bf16", lambda: False)
     config = ModelConfig.from_pretrained(make_checkpoint("llama"))
     model = load_model(config, "cpu", torch.bfloat16)
 
     assert not model.pack_linear_weights(rows_hint=4)
     assert all(m.packed_weight is None for m in model.modules() if isinstance(m, Linear))
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no AVX512_BF16 or AMX")
+def test_bfloat16_models_are_packed_where_the_cpu_has_it(make_checkpoint) -> None:
+    config = ModelConfig.from_pretrained(make_checkpoint("llama"))
+    model = load_model(config, "cpu", torch.bfloat16)
+    hidden = torch.randn(3, config.hidden_size, dtype=torch.bfloat16)
+    expected = model.layers[0].mlp(hidden)
+
+    assert model.pack_linear_weights(rows_hint=4)
+
+    torch.testing.assert_close(model.layers[0].mlp(hidden), expected, rtol=2e-2, atol=2e-2)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gpu.moe import int8_expert_mlp
 from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from kernels.int8_linear import dequantize, quantize_per_channel
 from kernels.moe import moe_experts, moe_experts_ref, route, stacked_expert_mlp
 
 
@@ -51,3 +53,30 @@ def test_a_token_gets_the_same_result_alone_and_in_a_batch():
     batched = moe_experts(hidden, weights, expert_ids, 4, mlp)
     alone = moe_experts(hidden[7:8], weights[7:8], expert_ids[7:8], 4, mlp)
     torch.testing.assert_close(batched[7:8], alone, atol=1e-6, rtol=1e-6)
+
+
+def test_int8_experts_equal_the_reference_over_their_dequantized_weights():
+    torch.manual_seed(2)
+    hidden = torch.randn(37, 32)
+    gate_up_codes, gate_up_scales = quantize_per_channel(torch.randn(8 * 48, 32) * 0.1)
+    down_codes, down_scales = quantize_per_channel(torch.randn(8 * 32, 24) * 0.1)
+    weights, expert_ids = route(torch.randn(37, 8), 2, True)
+    gate_up = dequantize(gate_up_codes, gate_up_scales).view(8, 48, 32)
+    down = dequantize(down_codes, down_scales).view(8, 32, 24)
+    expected = moe_experts_ref(hidden, gate_up, down, weights, expert_ids, silu_and_mul_ref)
+
+    actual = moe_experts(
+        hidden,
+        weights,
+        expert_ids,
+        8,
+        int8_expert_mlp(
+            gate_up_codes.view(8, 48, 32),
+            gate_up_scales.view(8, 48),
+            down_codes.view(8, 32, 24),
+            down_scales.view(8, 32),
+            silu_and_mul_ref,
+        ),
+    )
+
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,82 @@
+"""`--quantization int8`: weight-only int8 for the native model on the CPU, quantized at load
+from a float checkpoint: each `Linear` of the decoder layers swapped for an `Int8Linear`, and
+each MoE layer's stacked expert weights replaced by int8 codes and scales (kernels.int8_linear).
+
+What stays float, and why (docs/benchmarks.md, "int8 and bf16 weights on the CPU"): the
+embedding table (a lookup, not a matmul), the norms and the MoE router (tiny), and the LM head,
+whose rounding errors land on the logits directly; oneDNN runs it over its packed float weight.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gpu.model import CausalLM, Linear
+from gpu.moe import SparseMoE
+from kernels.int8_linear import int8_linear, quantize_per_channel
+
+
+class Int8Linear(nn.Module):
+    """A linear layer over int8 weights [out, in] and one float scale per output row.
+
+    The codes and scales are parameters (frozen), so the model's parameter bytes are its
+    weight memory."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight = nn.Parameter(codes, requires_grad=False)
+        self.scales = nn.Parameter(scales, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear) -> Int8Linear:
+        codes, scales = quantize_per_channel(linear.weight)
+        return cls(codes, scales, None if linear.bias is None else linear.bias.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return int8_linear(x, self.weight, self.scales, self.bias)
+
+
+def check_quantization(quantization: str, model_impl: str, device: torch.device) -> None:
+    """Refuse, before any weight loads, a quantization this model and device cannot run."""
+    if quantization == "none":
+        return
+    if device.type != "cpu":
+        raise ValueError(
+            f"--quantization {quantization} runs on the CPU only (torch's int8 weight matmul); "
+            "on CUDA drop it and use --dtype bfloat16, or pass --device cpu"
+        )
+    if model_impl != "native":
+        raise ValueError(
+            f"--quantization {quantization} needs Baton's native model; this checkpoint runs on "
+            "the generic path (transformers' code), which supports --quantization none only"
+        )
+
+
+def quantize_decoder_layers(model: CausalLM) -> int:
+    """Quantize the weights of every linear layer and every MoE expert of the decoder layers,
+    freeing each float weight as it goes; returns how many int8 weight tensors there are now."""
+    quantized = 0
+    for layer in model.layers:
+        for name, module in list(layer.named_modules()):
+            if isinstance(module, Linear):
+                parent_name, _, child = name.rpartition(".")
+                layer.get_submodule(parent_name).register_module(
+                    child, Int8Linear.from_float(module)
+                )
+                quantized += 1
+            elif isinstance(module, SparseMoE):
+                module.gate_up_proj, module.gate_up_scales = _int8_stack(module.gate_up_proj)
+                module.down_proj, module.down_scales = _int8_stack(module.down_proj)
+                quantized += 2
+    return quantized
+
+
+def _int8_stack(stacked: torch.Tensor) -> tuple[nn.Parameter, nn.Parameter]:
+    """(codes [E, out, in], scales [E, out]) of stacked expert weights [E, out, in]."""
+    codes, scales = quantize_per_channel(stacked.flatten(0, 1))
+    return (
+        nn.Parameter(codes.view(stacked.shape), requires_grad=False),
+        nn.Parameter(scales.view(stacked.shape[:2]), requires_grad=False),
+    )

@@ -1,0 +1,57 @@
+"""Weight-only int8 linear layers on the CPU: symmetric int8 weights with one scale per output
+channel, activations left in float.
+
+A decode step's few rows run through torch's own int8 weight matmul
+(`aten._weight_int8pack_mm`), which reads the int8 weights directly; it makes one pass over
+the weights per row, so more rows (prefill chunks, many streams) multiply the weight into a
+float copy for that call and run `F.linear` over it instead. `quantize_per_channel` makes the
+weights once at load; `int8_linear_ref` is the definition `int8_linear` is tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Symmetric: -127..127, so negating a weight negates its code (-128 would have no mirror).
+INT8_MAX = 127
+# Up to this many rows the int8 matmul's pass per row costs less than a float copy of the
+# weight (docs/benchmarks.md, "int8 and bf16 weights on the CPU").
+INT8_MATMUL_MAX_ROWS = 16
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes int8 [out, in], scales [out] in `weight`'s dtype) of `weight` [out, in]: each
+    output row scaled so its largest magnitude maps to 127, rounded to the nearest code."""
+    rows = weight.detach().float()
+    scales = (rows.abs().amax(dim=1) / INT8_MAX).to(weight.dtype)
+    # Rounded with the scale as stored, so codes and scales agree; an all-zero row (or one
+    # whose scale underflows the dtype) divides by one and gets zero codes.
+    divisor = torch.where(scales == 0, 1.0, scales.float())
+    codes = torch.round(rows / divisor[:, None]).clamp(-INT8_MAX, INT8_MAX)
+    return codes.to(torch.int8), scales
+
+
+def dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The float weight [out, in] that int8 `codes` and per-row `scales` stand for."""
+    return codes * scales[:, None]
+
+
+def int8_linear(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`F.linear(x, dequantize(codes, scales), bias)` for 2-d `x` in the scales' dtype."""
+    if x.shape[0] > INT8_MATMUL_MAX_ROWS:
+        return F.linear(x, dequantize(codes, scales), bias)
+    out = torch.ops.aten._weight_int8pack_mm(x.contiguous(), codes, scales)
+    if bias is not None:
+        out += bias
+    return out
+
+
+def int8_linear_ref(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`int8_linear` by its definition, in float32."""
+    weight = dequantize(codes, scales.float())
+    return F.linear(x.float(), weight, None if bias is None else bias.float()).to(x.dtype)
