@@ -12,7 +12,9 @@ from pathlib import Path
 
 from gpu.tokenizer_trainer import train_tokenizer
 
-# Shapes by name: "tiny" for fast tests, "bench" for the ~30M-parameter offline benchmark.
+# Shapes by name: "tiny" for fast tests, "bench" for the ~30M-parameter offline benchmark,
+# "bench-0.4b" for a ~0.37B model (Qwen2.5-0.5B's layers with a small vocabulary) where the
+# weights, not the step's fixed cost, dominate a CPU decode step.
 PRESETS = {
     "tiny": dict(
         hidden_size=64,
@@ -28,6 +30,14 @@ PRESETS = {
         num_hidden_layers=8,
         num_attention_heads=8,
         num_key_value_heads=4,
+        vocab_size=8192,
+    ),
+    "bench-0.4b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
         vocab_size=8192,
     ),
 }

@@ -1,0 +1,155 @@
+"""The figures of `benchmarks/vs_llama_cpp.py`: one measurement per server, shape and round,
+their medians over rounds, the ratios of two sides, and the markdown table."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+# What is compared, and which way is better: throughput higher, latencies lower.
+METRICS = ("output_tok_s", "ttft_p50_ms", "tpot_p50_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One `baton bench` run against one freshly started server."""
+
+    side: str
+    prompt_len: int
+    streams: int
+    round: int
+    output_tok_s: float
+    ttft_p50_ms: float
+    tpot_p50_ms: float
+    completed: int
+    failed: int
+    prompt_tokens_per_request: float
+    output_tokens_per_request: float
+    cold_start_s: float
+    peak_rss_mib: float
+    load_1min: float
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A side's medians over the rounds of one shape (prompt length, streams)."""
+
+    side: str
+    prompt_len: int
+    streams: int
+    rounds: int
+    output_tok_s: float
+    ttft_p50_ms: float
+    tpot_p50_ms: float
+    output_tok_s_each: tuple[float, ...]
+    prompt_tokens_per_request: float
+    output_tokens_per_request: float
+    failed: int
+    cold_start_s: float
+    peak_rss_mib: float
+
+
+def summarize(measurements: list[Measurement]) -> list[Summary]:
+    """Medians over rounds, one per side and shape, in the order the shapes were first run."""
+    groups: dict[tuple[str, int, int], list[Measurement]] = {}
+    for m in measurements:
+        groups.setdefault((m.side, m.prompt_len, m.streams), []).append(m)
+    return [
+        Summary(
+            side=side,
+            prompt_len=prompt_len,
+            streams=streams,
+            rounds=len(runs),
+            output_tok_s=statistics.median(m.output_tok_s for m in runs),
+            ttft_p50_ms=statistics.median(m.ttft_p50_ms for m in runs),
+            tpot_p50_ms=statistics.median(m.tpot_p50_ms for m in runs),
+            output_tok_s_each=tuple(m.output_tok_s for m in runs),
+            prompt_tokens_per_request=statistics.median(m.prompt_tokens_per_request for m in runs),
+            output_tokens_per_request=statistics.median(m.output_tokens_per_request for m in runs),
+            failed=sum(m.failed for m in runs),
+            cold_start_s=statistics.median(m.cold_start_s for m in runs),
+            peak_rss_mib=max(m.peak_rss_mib for m in runs),
+        )
+        for (side, prompt_len, streams), runs in groups.items()
+    ]
+
+
+def ratios(summaries: list[Summary], numerator: str, denominator: str) -> list[dict]:
+    """`numerator` over `denominator` for every shape both ran: above 1 is better for the
+    numerator in throughput, worse in TTFT and TPOT."""
+    by_shape = {(s.side, s.prompt_len, s.streams): s for s in summaries}
+    rows = []
+    for s in summaries:
+        if s.side != numerator or (denominator, s.prompt_len, s.streams) not in by_shape:
+            continue
+        other = by_shape[(denominator, s.prompt_len, s.streams)]
+        row: dict = {"of": numerator, "to": denominator}
+        row |= {"prompt_len": s.prompt_len, "streams": s.streams}
+        for metric in METRICS:
+            mine, theirs = getattr(s, metric), getattr(other, metric)
+            row[metric] = mine / theirs if theirs else None
+        rows.append(row)
+    return rows
+
+
+def token_notes(summaries: list[Summary], output_len: int) -> list[str]:
+    """Where the sides did not see the same work: failed requests, answers shorter than
+    `output_len`, or prompts that tokenized to different lengths on different sides."""
+    notes = []
+    prompts: dict[tuple[int, int], dict[str, float]] = {}
+    for s in summaries:
+        shape = f"prompt {s.prompt_len}, {s.streams} streams"
+        if s.failed:
+            notes.append(f"{s.side}, {shape}: {s.failed} requests failed")
+        if s.output_tokens_per_request != output_len:
+            notes.append(
+                f"{s.side}, {shape}: {s.output_tokens_per_request:g} output tokens a request, "
+                f"not {output_len}"
+            )
+        prompts.setdefault((s.prompt_len, s.streams), {})[s.side] = s.prompt_tokens_per_request
+    for (prompt_len, streams), by_side in prompts.items():
+        if len(set(by_side.values())) > 1:
+            seen = ", ".join(f"{side} {tokens:g}" for side, tokens in by_side.items())
+            notes.append(f"prompt {prompt_len}, {streams} streams: prompt tokens differ ({seen})")
+    return notes
+
+
+def markdown(summaries: list[Summary], ratio_rows: list[dict]) -> str:
+    """One row per shape: each side's tok/s (TTFT p50 / TPOT p50 in ms), then the ratios."""
+    sides = list(dict.fromkeys(s.side for s in summaries))
+    shapes = list(dict.fromkeys((s.prompt_len, s.streams) for s in summaries))
+    pairs = list(dict.fromkeys((r["of"], r["to"]) for r in ratio_rows))
+    cells = {(s.side, s.prompt_len, s.streams): s for s in summaries}
+    header = ["prompt", "streams", *sides, *(f"{a} / {b}" for a, b in pairs)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for prompt_len, streams in shapes:
+        row = [str(prompt_len), str(streams)]
+        for side in sides:
+            s = cells.get((side, prompt_len, streams))
+            row.append(
+                "–"
+                if s is None
+                else f"{s.output_tok_s:.1f} ({s.ttft_p50_ms:.0f} / {s.tpot_p50_ms:.1f})"
+            )
+        for a, b in pairs:
+            match = [
+                r
+                for r in ratio_rows
+                if (r["of"], r["to"], r["prompt_len"], r["streams"]) == (a, b, prompt_len, streams)
+            ]
+            row.append(_ratio_cell(match[0]) if match else "–")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _ratio_cell(row: dict) -> str:
+    """Throughput ratio in bold, then the TTFT and TPOT ratios."""
+    parts = [f"{row[m]:.2f}×" if row[m] is not None else "–" for m in METRICS]
+    return f"**{parts[0]}** (TTFT {parts[1]}, TPOT {parts[2]})"
+
+
+def as_json(measurements: list[Measurement], summaries: list[Summary]) -> dict:
+    return {
+        "measurements": [asdict(m) for m in measurements],
+        "summaries": [asdict(s) for s in summaries],
+    }
