@@ -120,6 +120,12 @@ class TorchExecutor:
                 num_int8,
                 str(self.dtype).removeprefix("torch."),
             )
+            # Measured on an AVX2 CPU (docs/benchmarks.md): half the speed of float32 at one
+            # stream, a seventh at eight. Worth it only where memory, not time, is short.
+            logger.warning(
+                "--quantization int8 saves weight memory but runs slower than float32: torch's "
+                "int8 matmul reads the weights once per row; use float32 where speed matters"
+            )
         if self.model.pack_linear_weights(rows_hint=engine_config.max_num_seqs):
             logger.info("float linear layers run through oneDNN over packed weights")
         # Built (or loaded from the build cache) here, not inside the first step.
