@@ -2,6 +2,7 @@
 
     python benchmarks/cpu_decode_floor.py            # the ~30M bench Llama's shapes
     python benchmarks/cpu_decode_floor.py --ops      # also torch ops per step, layer ops off/on
+    python benchmarks/cpu_decode_floor.py --step     # also ms per token, layer ops off/on
 
 A decode step reads every linear weight once. This times the bench Llama's 33 weights
 (8 layers of qkv, o, gate_up, down, and the LM head) as one cache-cold chain at M rows through
@@ -9,12 +10,15 @@ MKL (`F.linear`), oneDNN over packed weights (Baton's float32 path), bf16 weight
 dynamic int8, beside the memory bandwidth `torch.sum` reaches: the floor a float32 step cannot
 beat. `--ops` counts the torch operators a step calls (profiler events, top level and nested)
 with Baton's C++ layer ops and with the plain-torch references; counts do not depend on load.
+`--step` times one stream's decode (`LLM.generate`, 64 tokens) both ways, interleaved in one
+process, so the two sides share the machine's state.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import statistics
 import tempfile
 import time
 import warnings
@@ -88,17 +92,45 @@ def linear_chains(rows: int) -> dict[str, float]:
     }
 
 
+def bench_llm():
+    from app.llm import LLM
+    from gpu.random_checkpoint import write_checkpoint
+
+    model = write_checkpoint(Path(tempfile.mkdtemp()) / "bench", "llama", "bench")
+    return LLM(model, max_num_seqs=64, max_num_batched_tokens=2048)
+
+
+PROMPT = [7 + i % 50 for i in range(40)]
+
+
+def step_ms(rounds: int = 4) -> dict[str, float]:
+    """Median ms per token of one stream, the C++ layer ops off and on, interleaved."""
+    from core.sampling_params import SamplingParams
+    from kernels import ops
+
+    llm = bench_llm()
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    kernels_on = ops.uses_cpu_kernels
+    llm.generate([PROMPT], params)
+    times: dict[str, list[float]] = {"references": [], "cpu_kernels": []}
+    for _ in range(rounds):
+        for name, times_of in times.items():
+            ops.uses_cpu_kernels = kernels_on if name == "cpu_kernels" else (lambda x: False)
+            start = time.perf_counter()
+            llm.generate([PROMPT], params)
+            times_of.append((time.perf_counter() - start) / 64 * 1e3)
+    ops.uses_cpu_kernels = kernels_on
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def ops_per_step() -> dict[str, tuple[float, float]]:
     from torch.profiler import ProfilerActivity, profile
 
-    from app.llm import LLM
     from core.sampling_params import SamplingParams
-    from gpu.random_checkpoint import write_checkpoint
     from kernels import ops
 
-    model = write_checkpoint(Path(tempfile.mkdtemp()) / "bench", "llama", "bench")
-    llm = LLM(model, max_num_seqs=64, max_num_batched_tokens=2048)
-    prompt = [7 + i % 50 for i in range(40)]
+    llm = bench_llm()
+    prompt = PROMPT
     prefixes = ("aten::", "baton_cpu::", "mkldnn::")
     kernels_on = ops.uses_cpu_kernels
     counts = {}
@@ -124,6 +156,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--ops", action="store_true", help="also count torch ops per step")
+    parser.add_argument("--step", action="store_true", help="also time a one-stream step")
     args = parser.parse_args()
     megabytes = sum(w.numel() for w in weights()) * 4 / 1e6
     print(f"bench Llama: {megabytes:.0f} MB of float32 linear weights read per decode step")
@@ -133,6 +166,9 @@ def main() -> None:
         for rows in args.rows:
             times = linear_chains(rows)
             print(f"  M={rows:<3} " + "  ".join(f"{k} {v:.2f} ms" for k, v in times.items()))
+    if args.step:
+        for name, ms in step_ms().items():
+            print(f"one stream, {name}: {ms:.2f} ms per token (median of interleaved rounds)")
     if args.ops:
         for name, (top, nested) in ops_per_step().items():
             print(f"torch ops per step, {name}: {top:.1f} top level, {nested:.1f} with nested")
