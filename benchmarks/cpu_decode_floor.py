@@ -27,16 +27,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gpu.random_checkpoint import PRESETS
 from kernels.linear import onednn_linear, pack_linear_weight
-
-HIDDEN, INTERMEDIATE, VOCAB, LAYERS, KV = 512, 1408, 8192, 8, 256
 
 
 def weights() -> list[torch.Tensor]:
-    per_layer = [(HIDDEN + 2 * KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN)]
-    per_layer.append((HIDDEN, INTERMEDIATE))
-    shapes = [shape for _ in range(LAYERS) for shape in per_layer] + [(VOCAB, HIDDEN)]
-    return [torch.randn(shape) for shape in shapes]
+    """The bench Llama's linear weights (gpu.random_checkpoint's `bench` shape), random."""
+    bench = PRESETS["bench"]
+    hidden, intermediate = bench["hidden_size"], bench["intermediate_size"]
+    kv = hidden // bench["num_attention_heads"] * bench["num_key_value_heads"]
+    per_layer = [(hidden + 2 * kv, hidden), (hidden, hidden), (2 * intermediate, hidden)]
+    per_layer.append((hidden, intermediate))
+    sizes = [size for _ in range(bench["num_hidden_layers"]) for size in per_layer]
+    return [torch.randn(size) for size in [*sizes, (bench["vocab_size"], hidden)]]
 
 
 def chain_ms(calls, rounds: int = 10) -> float:

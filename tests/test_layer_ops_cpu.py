@@ -40,11 +40,12 @@ def test_rms_norm_equals_the_reference(rows):
 def test_fused_add_rms_norm_equals_the_reference_and_returns_the_sum(rows):
     torch.manual_seed(rows)
     x, residual, weight = torch.randn(rows, 256), torch.randn(rows, 256), torch.randn(256)
+    x_before, residual_before = x.clone(), residual.clone()
     normed, new_residual = torch.ops.baton_cpu.fused_add_rms_norm(x, residual, weight, 1e-5)
     expected_normed, expected_residual = fused_add_rms_norm_ref(x, residual, weight, 1e-5)
     close(normed, expected_normed)
     assert torch.equal(new_residual, expected_residual)
-    assert torch.equal(residual, residual.clone())  # inputs untouched
+    assert torch.equal(x, x_before) and torch.equal(residual, residual_before)  # inputs untouched
 
 
 def test_norms_read_rows_with_a_stride():
