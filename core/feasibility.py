@@ -28,8 +28,8 @@ class Pace:
     prefill on top of decodes taking `decode_s`, each prefill token adding `per_token_s`;
     `free_places` places in the batch are open now, and once none is, one frees every
     `place_gap_s` (a full batch frees one every mean request lifetime / batch size);
-    `queued_tokens` of prefill are owed in all, and while some are left every step is filled
-    with them."""
+    `queued_tokens` of prefill can share the steps (`riding_tokens`), and while some are left
+    every step is filled with them."""
 
     tokens_per_step: int
     decode_s: float
@@ -76,7 +76,8 @@ def pace_of(
     """The pace of a queue behind `num_decodes` running decodes reading `decode_context` KV
     entries, with `tokens_per_step` of prefill a step and `free_places` open places; once
     none is open, one frees every mean request lifetime (first token to finish) / batch size;
-    `queued_tokens` of prefill owed in all. The planner and the forecast build their pace here.
+    `queued_tokens` of prefill able to share the steps (`riding_tokens`). The planner and the
+    forecast build their pace here.
     """
     return Pace(
         max(1, tokens_per_step),
@@ -118,6 +119,23 @@ class Job:
             request.status is not RequestStatus.RUNNING,
             resuming,
         )
+
+
+def riding_tokens(jobs: Iterable[Job], free_places: int) -> int:
+    """The prefill that can fill the coming steps: that of the jobs holding a place, and of as
+    many of the others, earliest deadline first, as there are places open. A step carries
+    prefill only of requests in the batch, so while places are short the queue behind them
+    does not make a step longer (counting it would set a short prompt aside as out of reach
+    when it is one step from its first token)."""
+    holding = 0
+    seeking = []
+    for job in jobs:
+        if job.needs_place:
+            seeking.append(job)
+        else:
+            holding += job.prefill_tokens
+    admitted = sorted(seeking, key=_by_deadline)[: max(0, free_places)]
+    return holding + sum(job.prefill_tokens for job in admitted)
 
 
 def plan_order(jobs: Sequence[Job], pace: Pace, now: float) -> list[Job]:

@@ -57,15 +57,16 @@ class SLOPolicy(SchedulingPolicy):
         mislead, since one past its predicted length looks about to finish while it is as
         likely as not to go on)."""
         decoding = [r for r in view.running if r.num_uncomputed_tokens == 1]
+        free_places = self.context.max_num_seqs - len(view.running)
         return feasibility.pace_of(
             self.context.cost_model,
             min(budget, self.context.max_num_batched_tokens),
             len(decoding),
             sum(r.num_tokens for r in decoding),
-            self.context.max_num_seqs - len(view.running),
+            free_places,
             self.context.lifetime.mean_s,
             self.context.max_num_seqs,
-            sum(job.prefill_tokens for job in jobs),
+            feasibility.riding_tokens(jobs, free_places),
         )
 
     def prefill_budget_and_weight(self, view: SchedulerView) -> tuple[int, float]:

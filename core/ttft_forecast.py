@@ -113,12 +113,12 @@ class TTFTForecast:
                 Job(key, entry.arrival_s, entry.deadline_s, entry.num_prompt_tokens, True, False)
             )
         deadline = math.inf if ttft_ms is None else now + ttft_ms / 1000
-        without = self.pace(decodes, context, owed)
+        without = self.pace(decodes, context, jobs)
         before = feasibility.first_token_times(
             feasibility.plan_order(jobs, without, now), without, now
         )
-        pace = dataclasses.replace(without, queued_tokens=owed + num_prompt_tokens)
         jobs.append(Job(_NEW, now, deadline, num_prompt_tokens, True, False))
+        pace = self.pace(decodes, context, jobs)
         ordered = feasibility.plan_order(jobs, pace, now)
         times = feasibility.first_token_times(ordered, pace, now)
         ttft_s = times[_NEW] - now
@@ -132,17 +132,18 @@ class TTFTForecast:
             displaced=displaced,
         )
 
-    def pace(self, num_decodes: int, num_context: int, queued_tokens: int) -> Pace:
+    def pace(self, num_decodes: int, num_context: int, owed: list[Job]) -> Pace:
         """The planner's pace with the in-flight decodes riding in every step: the rest of the
         token budget for prefill, and a place freeing every mean lifetime / batch size once
         the batch is full."""
+        free_places = self.max_num_seqs - num_decodes
         return feasibility.pace_of(
             self.cost_model,
             self.max_num_batched_tokens - num_decodes,
             num_decodes,
             num_context,
-            self.max_num_seqs - num_decodes,
+            free_places,
             self.lifetime_s,
             self.max_num_seqs,
-            queued_tokens,
+            feasibility.riding_tokens(owed, free_places),
         )

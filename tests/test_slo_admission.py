@@ -95,20 +95,20 @@ def test_a_full_batch_makes_a_request_wait_for_its_place():
     for i in range(3):
         forecast.add(f"waiting{i}", 100, SLO(500, None), now=0.0)
 
-    # A step beside the 64 decodes carrying `n` prefill tokens; the queue's are 300 + its own.
+    # A step beside the 64 decodes carrying `n` prefill tokens. With no place open the queue
+    # cannot share a step: each request's prompt goes alone once its place frees.
     def step_s(n: int) -> float:
         return 0.01 + 64 * 2e-4 + n * 1e-4
 
     urgent = forecast.predict(100, 500, now=0.0)
-    assert urgent.ttft_s == pytest.approx(0.4 + step_s(400))  # 4 places at 0.1 s each
+    assert urgent.ttft_s == pytest.approx(0.4 + step_s(100))  # 4 places at 0.1 s each
     assert not urgent.refuses(500, factor=3.0)
     patient = forecast.predict(2000, 5000, now=0.0)
-    # Its 2,000 tokens take two steps of 1,984 (the budget less the decodes), the queue's 2,300
-    # tokens in all.
-    assert patient.ttft_s == pytest.approx(0.4 + 2 * step_s(0) + 2300 * 1e-4)
+    # Its 2,000 tokens take two steps of 1,984 (the budget less the decodes).
+    assert patient.ttft_s == pytest.approx(0.4 + 2 * step_s(0) + 2000 * 1e-4)
     # Due before the others, it takes the first place to free.
     hasty = forecast.predict(100, 300, now=0.0)
-    assert hasty.ttft_s == pytest.approx(0.1 + step_s(400))
+    assert hasty.ttft_s == pytest.approx(0.1 + step_s(100))
 
 
 def completion(ttft_ms: float | None, prompt_len: int = 1500) -> dict:

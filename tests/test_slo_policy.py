@@ -14,10 +14,10 @@ from core.config import POLICIES
 from core.engine import Engine
 from core.policy import PolicyContext, SchedulerView
 from core.policy_registry import make_policy
-from core.request import SLO, EngineRequest, FinishReason, Request
+from core.request import SLO, EngineRequest, FinishReason, Request, RequestStatus
 from core.sampling_params import SamplingParams
 from core.slo_policy import SLOPolicy
-from core.step_cost import CostCoefficients, StepShape
+from core.step_cost import CostCoefficients, StepCostModel, StepShape
 from core.step_cost_profile import profile_shapes, warm_up
 from tests.factory import make_engine
 
@@ -248,6 +248,22 @@ def test_one_class_with_one_target_is_served_in_arrival_order():
     policy = make_policy("slo", PolicyContext(max_num_batched_tokens=2048))
     queue = [waiting(f"r{i}", 50 + (i * 397) % 900, 500, arrival=i * 0.01) for i in range(8)]
     assert order_of(policy, list(reversed(queue)), now=0.1) == [f"r{i}" for i in range(8)]
+
+
+def test_with_one_place_open_a_short_prompt_is_in_reach_of_its_deadline():
+    # One place open in a batch of two: only one waiting prompt can join the next step, so the
+    # short one, due in 50 ms, is one ~15 ms step from its first token (two 1,500-token RAG
+    # prompts behind it cannot fill that step: they have no place).
+    context = PolicyContext(StepCostModel(TRUE), max_num_batched_tokens=2048, max_num_seqs=2)
+    policy = make_policy("slo", context)
+    decoding = Request("decoding", [1] * 10, SamplingParams(max_tokens=8), 0.0, 0, SLO())
+    decoding.append_token(1)
+    decoding.num_computed_tokens = 10
+    decoding.status = RequestStatus.RUNNING
+    decoding.first_token_time = 0.1
+    queue = (waiting("rag0", 1500, 5000), waiting("rag1", 1500, 5000), waiting("short", 95, 500))
+    plan = policy.plan(SchedulerView(0.45, queue, (decoding,), 2047))
+    assert [r.request_id for r in plan.order] == ["short", "rag0", "rag1"]
 
 
 def test_in_overload_the_hopeless_go_after_every_request_in_reach():
