@@ -28,6 +28,8 @@ from core.workloads import WORKLOADS, arrival_rng, arrival_times, sample_request
 
 # Prompts sent from a random or synthetic dataset when --num-prompts is not given.
 DEFAULT_NUM_PROMPTS = 100
+# Ids every byte-level vocabulary has (its 256 bytes), clear of special tokens put first.
+TOKEN_ID_LOW, TOKEN_ID_HIGH = 16, 256
 
 # Common English words, about one token each in most vocabularies: prompts of N words are
 # prompts of about N tokens; the server's usage.prompt_tokens gives the exact count.
@@ -41,7 +43,7 @@ WORDS = tuple(_WORD_TEXT.split(" "))
 
 @dataclass(slots=True)
 class BenchRequest:
-    prompt: str
+    prompt: str | list[int]
     max_tokens: int
     ttft_ms: float | None = None  # per-class targets (--slo-classes)
     tpot_ms: float | None = None
@@ -138,6 +140,12 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> None:
         "default, but a trace's own arrival times for --dataset trace)",
     )
     parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1: Poisson)")
+    parser.add_argument(
+        "--token-prompts",
+        action="store_true",
+        help="completions: send each prompt as that many random token ids rather than words, so "
+        "the server sees exactly the lengths a trace or workload gives (as the simulator does)",
+    )
     parser.add_argument("--max-concurrency", type=int, default=None)
     parser.add_argument("--ignore-eos", action="store_true")
     parser.add_argument(
@@ -162,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
     goodput = parse_goodput(args.goodput)
     if args.num_prompts is not None and args.num_prompts < 1:
         raise ValueError("--num-prompts must be >= 1")
+    if args.token_prompts and args.endpoint == "chat":
+        raise ValueError("--token-prompts sends token ids, which only --endpoint completions takes")
     if (args.dataset == "trace") != (args.trace_file is not None):
         raise ValueError("--dataset trace and --trace-file PATH go together")
     requests = make_requests(args)
@@ -230,7 +240,7 @@ def make_requests(args: argparse.Namespace) -> list[BenchRequest]:
         out_low = max(1, round(args.output_len * (1 - args.range_ratio)))
         out_high = max(out_low, round(args.output_len * (1 + args.range_ratio)))
         return [
-            BenchRequest(words(rng, rng.randint(low, high)), rng.randint(out_low, out_high))
+            BenchRequest(prompt(args, rng, rng.randint(low, high)), rng.randint(out_low, out_high))
             for _ in range(args.num_prompts or DEFAULT_NUM_PROMPTS)
         ]
     if args.dataset == "trace":
@@ -251,7 +261,7 @@ def make_requests(args: argparse.Namespace) -> list[BenchRequest]:
     scale = args.slo_scale if args.slo_classes else None
     return [
         BenchRequest(
-            words(rng, spec.prompt_len),
+            prompt(args, rng, spec.prompt_len),
             spec.output_len,
             _target(spec.request_class.ttft_ms, scale),
             _target(spec.request_class.tpot_ms, scale),
@@ -264,6 +274,12 @@ def make_requests(args: argparse.Namespace) -> list[BenchRequest]:
 
 def _target(target_ms: float | None, scale: float | None) -> float | None:
     return None if target_ms is None or scale is None else target_ms * scale
+
+
+def prompt(args: argparse.Namespace, rng: random.Random, length: int) -> str | list[int]:
+    if args.token_prompts:
+        return [rng.randrange(TOKEN_ID_LOW, TOKEN_ID_HIGH) for _ in range(length)]
+    return words(rng, length)
 
 
 def words(rng: random.Random, count: int) -> str:

@@ -205,6 +205,18 @@ def test_bench_counts_refused_requests_as_failures(server, tmp_path, capsys):
     assert "HTTP 404" in report["errors"][0]
 
 
+def test_bench_token_prompts_give_the_server_the_traces_exact_lengths(server, tmp_path):
+    result_json = tmp_path / "tokens.json"
+    flags = ["--dataset", "trace", "--trace-file", str(JSONL_TRACE), "--num-prompts", "6"]
+    flags += ["--time-scale", "0.01", "--length-scale", "0.05", "--ignore-eos", "--token-prompts"]
+    assert main(["bench", "--base-url", server, *flags, "--result-json", str(result_json)]) == 0
+    report = json.loads(result_json.read_text())
+    replayed = load_trace(JSONL_TRACE, length_scale=0.05, limit=6)
+    assert report["completed"] == 6
+    assert report["total_input_tokens"] == sum(r.prompt_len for r in replayed)
+    assert main(["bench", "--token-prompts", "--endpoint", "chat"]) == 2
+
+
 def test_bench_rejects_bad_flags(capsys):
     assert main(["bench", "--request-rate", "fast"]) == 2
     assert main(["bench", "--goodput", "latency:5"]) == 2
