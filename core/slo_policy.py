@@ -16,8 +16,6 @@ from core.request import Request
 # When even a decode-only step misses the tightest TPOT target, prefill keeps this much per
 # step: the target cannot be met either way, and the queue must not freeze.
 MIN_PREFILL_TOKENS = 16
-# Share of a decode's predicted remaining tokens whose TPOT savings it may borrow against.
-FUTURE_CREDIT_SHARE = 0.5
 # The TPOT cap shrinks by the step-cost model's mean relative error, up to this much.
 MAX_ERROR_HEADROOM = 0.25
 
@@ -91,8 +89,7 @@ class SLOPolicy(SchedulingPolicy):
         allowances = [
             allowance
             for request in targeted
-            if (allowance := self.tpot_allowance_s(request, view.now, decode_s * (1 + error)))
-            >= decode_s * (1 + error)
+            if (allowance := self.tpot_allowance_s(request, view.now)) >= decode_s * (1 + error)
         ]
         if not allowances:
             return view.token_budget, 0.0
@@ -127,24 +124,21 @@ class SLOPolicy(SchedulingPolicy):
         at_risk = 0
         for request in decoding:
             if request.slo.tpot_ms is not None:
-                allowance = self.tpot_allowance_s(request, view.now, decode_s)
+                allowance = self.tpot_allowance_s(request, view.now)
                 at_risk += decode_s <= allowance < step_s
         return at_risk
 
-    def tpot_allowance_s(self, request: Request, now: float, decode_step_s: float) -> float:
+    def tpot_allowance_s(self, request: Request, now: float) -> float:
         """The longest step starting at `now` that the decoding request can absorb and still end
-        within its TPOT target: its banked slack (first token time + target × tokens so far −
-        now; the next token is `num_output_tokens` intervals after the first) plus the credit
-        of a share of its predicted remaining tokens, each repaying target − `decode_step_s`.
-        One with a single prompt token left to prefill gets one target."""
+        within its TPOT target, whenever it ends: its banked slack (first token time + target ×
+        tokens so far − now; the next token is `num_output_tokens` intervals after the first).
+        Nothing is lent against the tokens it is predicted to make yet: one that ends before
+        its predicted length would never repay it. One with a single prompt token left to
+        prefill gets one target."""
         target_s = request.slo.tpot_ms / 1000
         if request.first_token_time is None:
             return target_s
-        banked = request.first_token_time + target_s * request.num_output_tokens - now
-        predicted = self.context.length_predictor.predict(request)
-        remaining = max(0.0, predicted - request.num_output_tokens - 1)
-        credit = FUTURE_CREDIT_SHARE * remaining * max(0.0, target_s - decode_step_s)
-        return banked + credit
+        return request.first_token_time + target_s * request.num_output_tokens - now
 
     def refuse(self, waiting: Sequence[Request], now: float) -> list[Request]:
         """SLO admission control's second half: a request that has waited longer than the
