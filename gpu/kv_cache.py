@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 
 from core.host_memory import available_memory_bytes, format_size
@@ -33,9 +36,22 @@ def allocate_kv_caches(
     All layers share one allocation. It is zeroed because padded kernels read slots never written:
     a masked score times a garbage NaN value would still be NaN.
     """
-    shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-    kv = torch.zeros((config.num_hidden_layers, 2, *shape), dtype=dtype, device=device)
+    shape = (config.num_hidden_layers, 2, num_blocks, block_size)
+    shape += (config.num_key_value_heads, config.head_dim)
+    if torch.device(device).type == "cpu":
+        kv = zeroed_host_tensor(shape, dtype)
+    else:
+        kv = torch.zeros(shape, dtype=dtype, device=device)
     return list(kv.unbind(0))
+
+
+def zeroed_host_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor in an anonymous memory mapping: the kernel maps each page to zeros on its
+    first touch, so a pool of any size costs no start-up time to clear and counts in the
+    process's RSS only as its blocks are first written (`torch.zeros` writes every byte)."""
+    mapping = mmap.mmap(-1, math.prod(shape) * dtype.itemsize)
+    # The tensor's storage keeps `mapping` alive; the mapping is page-aligned.
+    return torch.frombuffer(mapping, dtype=dtype).view(shape)
 
 
 def cpu_num_kv_blocks(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from gpu.kv_cache import (
     allocate_kv_caches,
     cpu_num_kv_blocks,
     kv_cache_bytes_per_block,
+    zeroed_host_tensor,
 )
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None)
@@ -155,6 +157,21 @@ def test_layers_share_one_zeroed_kv_allocation(make_checkpoint) -> None:
     storages = {t.untyped_storage().data_ptr() for layer in caches for t in layer}
     assert len(storages) == 1
     assert all(not t.any() for layer in caches for t in layer)
+
+
+def test_a_large_cpu_kv_pool_is_zero_and_takes_memory_only_as_written() -> None:
+    def rss_mib() -> float:
+        status = Path("/proc/self/status").read_text().splitlines()
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
+    before = rss_mib()
+    pool = zeroed_host_tensor((2, 2, 4096, 16, 4, 64), torch.float32)  # 256 MiB
+    assert rss_mib() - before < 32
+    block = pool[1, 0, 4095]
+    assert not block.any()
+    block.fill_(1.0)
+    assert rss_mib() - before < 32
+    assert int(pool.sum()) == block.numel()
 
 
 def test_max_model_len_beyond_the_checkpoint_is_refused(make_checkpoint) -> None:
