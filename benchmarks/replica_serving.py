@@ -8,14 +8,14 @@ configurations interleaved round by round so a shared machine's drift hits each 
 torch threads (`baton serve`, the single-process server) and as 2 replicas with 1 CPU each
 (`baton serve --replicas 2 --replica-cpus 1`'s code: Ray gives each actor OMP_NUM_THREADS=1),
 at an open-loop request rate below saturation (TTFT) and with every request at once
-(throughput). `overhead`: the tiny model, where the
-forward costs least, as the single-process server and as one Ray replica of 2 CPUs behind the
-front end, every request at once: the per-token cost of the replica path (one Ray message per
-step, the follower task, the ledger) against the single-process server. In the replica runs
-the front end's own work per request is timed inside the server: the admission forecast over
-every replica (`forecast_ttft`) and routing plus the submit (`_send`: hashing the prompt's
-blocks, the router, the ledger, the actor call). One JSON line per run, then a summary per
-configuration.
+(throughput). `overhead`: the tiny model, where the forward costs least, as the single-process
+server and as one Ray replica of both CPUs behind the front end, every request at once: the
+replica path (one Ray message per step, the follower task, the ledger, and the engine in a
+process of its own) against the single-process server. In the replica runs the front end's own
+work per request is timed inside the server: the admission forecast over every replica
+(`forecast_ttft`) and routing plus the submit (`_send`: hashing the prompt's blocks, the
+router, the ledger, the actor call). For a 2-CPU machine (the split of CPUs is fixed). One
+JSON line per run, then a summary per configuration.
 """
 
 from __future__ import annotations
