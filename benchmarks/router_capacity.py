@@ -48,8 +48,8 @@ def saturation(point: tuple[str, int, int, int]) -> tuple[int, int, float]:
 
 def run(point: tuple[str, int, int, str, float, float, int]) -> dict:
     """One router on one draw at `load` times `saturation_rps`."""
-    workload_name, replicas, seed, router, load, saturation_rps_, num_requests = point
-    workload = sample_requests(workload_name, num_requests, load * saturation_rps_, seed)
+    workload_name, replicas, seed, router, load, combined_rps, num_requests = point
+    workload = sample_requests(workload_name, num_requests, load * combined_rps, seed)
     result = simulate_replicas(
         router, "slo", cap_max_tokens(workload, "class"), config_for(seed), replicas
     )
@@ -75,12 +75,12 @@ def run(point: tuple[str, int, int, str, float, float, int]) -> dict:
 
 def capacity(point: tuple[str, int, int, str, float, int]) -> dict:
     """Bisect the load for the highest with `TARGET_ATTAINMENT`."""
-    workload_name, replicas, seed, router, saturation_rps_, num_requests = point
+    workload_name, replicas, seed, router, combined_rps, num_requests = point
     low, high = LOW_LOAD, HIGH_LOAD
     probes = []
     for _ in range(BISECTION_STEPS):
         load = (low + high) / 2
-        row = run((workload_name, replicas, seed, router, load, saturation_rps_, num_requests))
+        row = run((workload_name, replicas, seed, router, load, combined_rps, num_requests))
         probes.append((load, row["slo_attainment"]))
         if row["slo_attainment"] >= TARGET_ATTAINMENT:
             low = load
@@ -91,7 +91,7 @@ def capacity(point: tuple[str, int, int, str, float, int]) -> dict:
         "seed": seed,
         "router": router,
         "capacity_load": low,
-        "capacity_rps": low * saturation_rps_,
+        "capacity_rps": low * combined_rps,
         "probes": probes,
     }
 
