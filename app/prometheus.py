@@ -78,11 +78,10 @@ def _histogram(name: str, doc: str, read: Callable[[Sources], Histogram], *vllm:
 
 
 def _per_replica(read: Callable[[ReplicaStatus], float]) -> Callable[[Sources], Points]:
-    """A reading per replica, labelled `replica`; exported only with `--replicas` above 1."""
+    """A reading per replica, labelled `replica`: a single-process server is replica "0", so
+    a dashboard's per-replica panels read one server and N replicas alike."""
 
     def points(sources: Sources) -> Points:
-        if len(sources.replicas) < 2:
-            return None
         return {(str(r.replica_id),): float(read(r)) for r in sources.replicas}
 
     return points
@@ -174,6 +173,16 @@ SERIES: tuple[Series, ...] = (
            _per_replica(lambda r: r.stats.kv_cache_usage), labels=("replica",)),
     Series("replica_requests_routed", "counter", "Requests the router sent to each replica.",
            _per_replica(lambda r: r.requests_routed), labels=("replica",)),
+    Series("replica_requests_finished", "counter", "Requests each replica finished.",
+           _per_replica(lambda r: r.requests_finished), labels=("replica",)),
+    Series("replica_num_preemptions", "counter", "Preemptions, per engine replica.",
+           _per_replica(lambda r: r.stats.num_preemptions), labels=("replica",)),
+    Series("replica_prefix_cache_queries", "counter",
+           "Prompt tokens looked up in each replica's prefix cache.",
+           _per_replica(lambda r: r.stats.prefix_cache_queries), labels=("replica",)),
+    Series("replica_prefix_cache_hits", "counter",
+           "Prompt tokens served from each replica's prefix cache.",
+           _per_replica(lambda r: r.stats.prefix_cache_hits), labels=("replica",)),
 )  # fmt: skip
 
 

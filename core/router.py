@@ -93,7 +93,11 @@ def prefix_affinity(candidates: Sequence[Candidate], turn: int) -> Candidate:
 def lowest_ttft(candidates: Sequence[Candidate], turn: int) -> Candidate:
     """The lowest predicted TTFT. Predictions within one step's fixed cost of the best are a
     tie (finer than the forecast can tell apart): of those, the most prefix blocks cached,
-    then the lowest prediction, then the fewest tokens held."""
+    then the fewest tokens held, then the lowest prediction.
+
+    Fewest tokens before the lower prediction: the forecast sees a request's wait for its
+    first token, not the decodes it joins, so choosing by a difference below its resolution
+    piles decodes on one replica, whose longer steps then miss TPOT targets."""
     best = min(candidate.forecast.ttft_s for candidate in candidates)
     tolerance = min(c.replica.stats.step_cost.base_s for c in candidates)
     tied = [c for c in candidates if c.forecast.ttft_s <= best + tolerance]
@@ -102,7 +106,7 @@ def lowest_ttft(candidates: Sequence[Candidate], turn: int) -> Candidate:
     order = {id(c): index for index, c in enumerate(candidates)}
     return min(
         (c for c in tied if c.cached_blocks == most),
-        key=lambda c: (c.forecast.ttft_s, c.replica.num_tokens, (order[id(c)] - turn) % count),
+        key=lambda c: (c.replica.num_tokens, c.forecast.ttft_s, (order[id(c)] - turn) % count),
     )
 
 

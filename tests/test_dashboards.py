@@ -1,5 +1,6 @@
 """Baton's own Grafana dashboard (dashboards/): every PromQL expression in it names series a
-live `/metrics` scrape exports, and it covers what an operator of an SLO-aware server watches."""
+live `/metrics` scrape exports, and it covers what an operator of an SLO-aware server watches,
+each engine replica included (a single-process server is replica "0")."""
 
 from __future__ import annotations
 
@@ -61,3 +62,23 @@ def test_the_dashboard_shows_latency_slo_goodput_queue_kv_and_steps(dashboard):
     panels = json.loads(dashboard.read_text())["panels"]
     assert all(p["type"] == "timeseries" and p["targets"] for p in panels)
     assert len({p["id"] for p in panels}) == len(panels)
+
+
+@pytest.mark.parametrize("dashboard", DASHBOARDS, ids=lambda p: p.stem)
+def test_the_dashboard_shows_each_replica(dashboard):
+    expressions, templates = dashboard_queries(dashboard)
+    per_replica = [e for e in expressions if "baton:replica_" in e]
+    queried = set().union(*(metric_names(e) for e in per_replica))
+    for name in (
+        "baton:replica_healthy",
+        "baton:replica_num_requests_running",
+        "baton:replica_num_requests_waiting",
+        "baton:replica_kv_cache_usage_perc",
+        "baton:replica_requests_routed_total",
+        "baton:replica_requests_finished_total",
+        "baton:replica_prefix_cache_hits_total",
+    ):
+        assert name in queried
+    # One line per replica, and the panels follow the replica picker.
+    assert all("by(replica)" in e and 'replica=~"$replica"' in e for e in per_replica)
+    assert ("baton:replica_healthy", "replica") in set(label_values_queries(templates))

@@ -126,6 +126,22 @@ def test_slo_router_breaks_a_near_tie_by_prefix_affinity():
     assert router.route(_request("c", _own(3), ttft_ms=500), 0.0).replica_id == 1
 
 
+def test_slo_router_breaks_a_near_tie_toward_the_replica_holding_fewer_tokens():
+    cost = CostCoefficients(base_s=0.01, per_prefill_token_s=1e-5, per_decode_token_s=2e-4)
+    ledgers = [make_replica_ledger(i, cost=cost) for i in range(2)]
+    router = Router("slo", ledgers, admission_factor=3.0)
+    # Replica 0 decodes two long requests; replica 1 owes one short prompt's prefill.
+    for request_id in ("long-a", "long-b"):
+        ledgers[0].add(request_id, 300, SLO(), (), 0.0)
+        _first_token(ledgers[0], request_id)
+    ledgers[1].add("short", 100, SLO(), (), 0.0)
+    zero, one = (ledger.predict(40, 0, 500, 0.0).ttft_s for ledger in ledgers)
+    # Replica 0's forecast is lower, by less than a step: a tie, which load decides.
+    assert zero < one < zero + cost.base_s
+    assert ledgers[0].num_tokens > ledgers[1].num_tokens
+    assert router.route(_request("a", _own(1), ttft_ms=500), 0.0).replica_id == 1
+
+
 def test_slo_admission_refuses_only_when_no_replica_can_make_the_target():
     ledgers = [make_replica_ledger(i, max_num_seqs=2) for i in range(2)]
     _fill_batch(ledgers[0], 2, lifetime_s=10.0)

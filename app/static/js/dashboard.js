@@ -1,8 +1,10 @@
 // The live dashboard: polls GET /v1/stats once a second and shows the engine's state and the
-// window's latency and SLO figures, as numbers and as charts of the last two minutes on a time axis.
+// window's latency and SLO figures, as numbers and as charts of the last two minutes on a time axis,
+// and each engine replica's row (dashboard_replicas.js).
 
 import { apiFetch } from "./api.js";
 import { LineChart } from "./charts.js";
+import { showReplicas } from "./dashboard_replicas.js";
 import { loadApiKey } from "./store.js";
 import { initThemeToggle } from "./theme.js";
 
@@ -110,6 +112,7 @@ export function showStats(stats) {
   setField("generation-tps", perSecond("tok")(throughput.generation_tokens_per_s));
   setField("prompt-tps", perSecond("tok")(throughput.prompt_tokens_per_s));
   setField("rps", perSecond("req")(throughput.requests_per_s));
+  showReplicas($("#replicas-card"), stats.replicas);
 
   charts.requests.push([stats.running, stats.waiting]);
   charts.kv.push([stats.kv_cache_usage]);
