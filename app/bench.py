@@ -15,10 +15,11 @@ import asyncio
 import json
 import math
 import random
+import re
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from app.progress import progress_bar
@@ -30,6 +31,7 @@ from core.workloads import WORKLOADS, arrival_rng, arrival_times, sample_request
 DEFAULT_NUM_PROMPTS = 100
 # Ids every byte-level vocabulary has (its 256 bytes), clear of special tokens put first.
 TOKEN_ID_LOW, TOKEN_ID_HIGH = 16, 256
+SSE_LINE_END = re.compile(r"\r\n|\r|\n")
 
 # Common English words, about one token each in most vocabularies: prompts of N words are
 # prompts of about N tokens; the server's usage.prompt_tokens gives the exact count.
@@ -354,7 +356,7 @@ async def send(
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                 return result
-            async for line in response.aiter_lines():
+            async for line in sse_lines(response):
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
@@ -382,6 +384,19 @@ async def send(
     if not result.ok:
         result.error = "the stream carried no text"
     return result
+
+
+async def sse_lines(response) -> AsyncIterator[str]:
+    """The lines of an SSE body, ended by CR, LF or CRLF alone, as the SSE format has it: httpx's
+    `aiter_lines` also ends a line at U+2028 and the other Unicode separators, which a model
+    may emit inside a JSON string (the chunk would then not parse)."""
+    pending = ""
+    async for text in response.aiter_text():
+        *lines, pending = SSE_LINE_END.split(pending + text)
+        for line in lines:
+            yield line
+    if pending:
+        yield pending
 
 
 def _has_text(chunk: dict) -> bool:

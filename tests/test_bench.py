@@ -4,11 +4,13 @@ a set rate, and failures counted rather than fatal."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 
 import pytest
 
+from app.bench import sse_lines
 from app.cli import main
 from core.trace import load_trace
 from tests.server_harness import base_url, running_server, simulated_engine
@@ -215,6 +217,26 @@ def test_bench_token_prompts_give_the_server_the_traces_exact_lengths(server, tm
     assert report["completed"] == 6
     assert report["total_input_tokens"] == sum(r.prompt_len for r in replayed)
     assert main(["bench", "--token-prompts", "--endpoint", "chat"]) == 2
+
+
+def test_sse_lines_end_at_cr_and_lf_only_not_at_unicode_separators():
+    class Body:
+        async def aiter_text(self):
+            for text in (
+                'data: {"text": "a\u2028b"}\r',
+                '\ndata: {"text": "c\u0085"}\n',
+                "\ndata: [DO",
+                "NE]",
+            ):
+                yield text
+
+    async def lines() -> list[str]:
+        return [line async for line in sse_lines(Body())]
+
+    found = asyncio.run(lines())
+    data = [line for line in found if line]
+    assert data == ['data: {"text": "a\u2028b"}', 'data: {"text": "c\u0085"}', "data: [DONE]"]
+    assert json.loads(data[0][5:]) == {"text": "a\u2028b"}
 
 
 def test_bench_rejects_bad_flags(capsys):
