@@ -9,6 +9,7 @@ bfloat16 or float16, `int8_linear_torch` runs: torch's own int8 weight matmul
 of the weight and `F.linear` for more. `quantize_per_channel` makes the weights once at load;
 `int8_linear_ref` is the definition both are tested against.
 """
+
 from __future__ import annotations
 
 import torch
