@@ -25,6 +25,15 @@
 #include <immintrin.h>
 #endif
 
+// Each sum below is ordered by hand. The build's -fassociative-math would let the compiler
+// reorder the plain-C++ path's sums differently in each tile shape, and a row's bits would then
+// depend on the tile it ran in; so not in this file.
+#if defined(__clang__)
+#pragma clang fp reassociate(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("no-associative-math")
+#endif
+
 namespace {
 
 constexpr int64_t kLanes = 8;
