@@ -1,14 +1,19 @@
 """Weight-only int8 linear layers (kernels/int8_linear.py) against the float32 oneDNN path they
-replace (kernels/linear.py), and bfloat16 `F.linear` as this CPU runs it, on the CPU models'
-shapes: the ~30M bench Llama (hidden 512) and a Qwen2.5-0.5B shape (hidden 896), at 1 to 64
-rows. `int8` is what Baton runs (torch's int8 matmul up to INT8_MATMUL_MAX_ROWS rows, a float
-copy of the weight beyond); `int8pack_mm` is torch's int8 matmul alone at every row count.
+replace (kernels/linear.py), on the CPU models' shapes: the ~30M bench Llama (hidden 512) and a
+Qwen2.5-0.5B shape (hidden 896), at 1 to 256 rows; and, with `--step`, one stream's decode of
+the bench Llama in float32 and in int8.
 
-    python benchmarks/int8_linear.py
+    python benchmarks/int8_linear.py            # per layer shape
+    python benchmarks/int8_linear.py --step     # ms per token, one stream, interleaved
 
-Microseconds per call, the median of interleaved rounds (the machine is shared: every contender
-runs once per shape per round, so load drifts hit all alike); and whether int8 rows are
-batch-invariant, as the float32 oneDNN path is.
+Contenders per shape: `int8` is what Baton runs (the C++ kernel for float32), `int8_torch` the
+plain-torch path it replaced and keeps where the kernel did not build (torch's int8 matmul up
+to INT8_MATMUL_MAX_ROWS rows, a float copy of the weight beyond), `int8pack_mm` torch's int8
+matmul alone (up to 64 rows: beyond it is many times slower than everything else), and
+bfloat16 `F.linear` as this CPU runs it. Every contender runs once per shape per round
+(interleaved: the machine is shared, so load drifts hit all alike); each call is timed alone,
+and both the median and the fastest call (what a call costs when nothing preempts it) are
+reported, in microseconds; with whether Baton's int8 rows are batch-invariant.
 """
 
 from __future__ import annotations
@@ -16,13 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from kernels.int8_linear import int8_linear, quantize_per_channel
+import kernels.int8_linear
+from kernels.int8_linear import int8_linear, int8_linear_torch, quantize_per_channel
 from kernels.linear import cpu_has_native_bf16, onednn_linear, pack_linear_weight
 
 # (model, layer, in, out): qkv, o, gate_up and down of each model, and the bench LM head.
@@ -37,23 +45,24 @@ LAYERS = [
     ("hidden 896", "gate_up", 896, 9728),
     ("hidden 896", "down", 4864, 896),
 ]
-ROWS = (1, 4, 8, 32, 64)
+ROWS = (1, 4, 8, 32, 64, 256)
+INT8PACK_MM_MAX_ROWS = 64
+# One stream's decode for `--step`: a 40-token prompt, 64 greedy tokens.
+PROMPT = [7 + i % 50 for i in range(40)]
+STEP_TOKENS = 64
 
 
-def microseconds_per_call(fn: Callable[[], torch.Tensor], iters: int) -> float:
+def call_seconds(fn: Callable[[], torch.Tensor], iters: int) -> list[float]:
     fn()
-    start = time.perf_counter()
+    times = []
     for _ in range(iters):
+        start = time.perf_counter()
         fn()
-    return (time.perf_counter() - start) / iters * 1e6
+        times.append(time.perf_counter() - start)
+    return times
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=20)
-    args = parser.parse_args()
-    generator = torch.Generator().manual_seed(0)
+def layer_cases(generator: torch.Generator) -> list:
     cases = []
     for model, layer, k, n in LAYERS:
         weight = torch.randn(n, k, generator=generator) * 0.02
@@ -66,48 +75,114 @@ def main() -> None:
             contenders = {
                 "f32_onednn": lambda x=x, p=packed: onednn_linear(x, p, None),
                 "int8": lambda x=x, c=codes, s=scales: int8_linear(x, c, s, None),
-                "int8pack_mm": lambda x=x, c=codes, s=scales: torch.ops.aten._weight_int8pack_mm(
-                    x, c, s
-                ),
+                "int8_torch": lambda x=x, c=codes, s=scales: int8_linear_torch(x, c, s, None),
                 "bf16_f_linear": lambda x=x_bf16, w=weight_bf16: F.linear(x, w),
             }
+            if rows <= INT8PACK_MM_MAX_ROWS:
+                contenders["int8pack_mm"] = lambda x=x, c=codes, s=scales: (
+                    torch.ops.aten._weight_int8pack_mm(x, c, s)
+                )
             if cpu_has_native_bf16():
                 packed_bf16 = pack_linear_weight(weight_bf16, 64)
                 contenders["bf16_onednn"] = lambda x=x_bf16, p=packed_bf16: onednn_linear(
                     x, p, None
                 )
             cases.append(((model, layer, k, n, rows), contenders, x, codes, scales))
+    return cases
+
+
+def layers(rounds: int, iters: int) -> list[dict]:
+    cases = layer_cases(torch.Generator().manual_seed(0))
     samples: dict[tuple, dict[str, list[float]]] = {}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for key, contenders, *_ in cases:
             entry = samples.setdefault(key, {name: [] for name in contenders})
             for name, fn in contenders.items():
-                entry[name].append(microseconds_per_call(fn, args.iters))
+                entry[name].extend(call_seconds(fn, iters))
     results = []
     for key, _, x, codes, scales in cases:
         model, layer, k, n, rows = key
-        medians = {name: statistics.median(v) for name, v in samples[key].items()}
-        pack_mm = torch.ops.aten._weight_int8pack_mm
-        alone = torch.cat([pack_mm(x[i : i + 1], codes, scales) for i in range(rows)])
+        median = {name: statistics.median(v) * 1e6 for name, v in samples[key].items()}
+        fastest = {name: min(v) * 1e6 for name, v in samples[key].items()}
+        alone = torch.cat([int8_linear(x[i : i + 1], codes, scales, None) for i in range(rows)])
         results.append(
             dict(
                 model=model,
                 layer=f"{layer} {k}->{n}",
                 rows=rows,
-                **{f"{name}_us": round(us, 1) for name, us in medians.items()},
-                int8_speedup=round(medians["f32_onednn"] / medians["int8"], 2),
-                int8pack_mm_speedup=round(medians["f32_onednn"] / medians["int8pack_mm"], 2),
-                bf16_speedup=round(medians["f32_onednn"] / medians["bf16_f_linear"], 2),
-                int8pack_mm_rows_batch_invariant=torch.equal(pack_mm(x, codes, scales), alone),
+                median_us={name: round(us, 1) for name, us in median.items()},
+                fastest_us={name: round(us, 1) for name, us in fastest.items()},
+                int8_over_f32_median=round(median["int8"] / median["f32_onednn"], 2),
+                int8_over_f32_fastest=round(fastest["int8"] / fastest["f32_onednn"], 2),
+                int8_rows_batch_invariant=torch.equal(int8_linear(x, codes, scales, None), alone),
             )
         )
+    return results
+
+
+def step_ms(rounds: int) -> dict:
+    """One stream's decode of the bench Llama: float32, int8 through the C++ kernel and int8
+    through the plain-torch path, interleaved round by round in one process."""
+    from app.llm import LLM
+    from core.sampling_params import SamplingParams
+    from gpu.random_checkpoint import write_checkpoint
+
+    model = write_checkpoint(Path(tempfile.mkdtemp()) / "bench", "llama", "bench")
+    settings = dict(max_num_seqs=64, max_num_batched_tokens=2048)
+    engines = {"f32": LLM(model, **settings), "int8": LLM(model, quantization="int8", **settings)}
+    params = SamplingParams(max_tokens=STEP_TOKENS, temperature=0.0, ignore_eos=True)
+    kernel_takes = kernels.int8_linear.uses_int8_kernel
+    contenders = {"f32": True, "int8": True, "int8_torch": False}
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    # CPU seconds of the process: what preemption by other processes does not inflate (at one
+    # thread; at two, a thread waiting for its descheduled partner spins and is counted).
+    cpu_times: dict[str, list[float]] = {name: [] for name in contenders}
+    tokens: dict[str, list[int]] = {}
+    for _ in range(rounds + 1):  # the first round warms up
+        for name, kernel in contenders.items():
+            if not kernel:
+                kernels.int8_linear.uses_int8_kernel = lambda *args: False
+            llm = engines[name.removesuffix("_torch")]
+            start, cpu_start = time.perf_counter(), time.process_time()
+            tokens[name] = llm.generate([PROMPT], params)[0].token_ids
+            times[name].append((time.perf_counter() - start) / STEP_TOKENS * 1e3)
+            cpu_times[name].append((time.process_time() - cpu_start) / STEP_TOKENS * 1e3)
+            kernels.int8_linear.uses_int8_kernel = kernel_takes
+    return dict(
+        ms_per_token_median={name: round(statistics.median(v[1:]), 2) for name, v in times.items()},
+        ms_per_token_fastest={name: round(min(v[1:]), 2) for name, v in times.items()},
+        cpu_ms_per_token_median={
+            name: round(statistics.median(v[1:]), 2) for name, v in cpu_times.items()
+        },
+        int8_tokens_before_divergence_from_f32=tokens_in_common(tokens["int8"], tokens["f32"]),
+        int8_tokens_equal_int8_torch=tokens["int8"] == tokens["int8_torch"],
+    )
+
+
+def tokens_in_common(a: list[int], b: list[int]) -> int:
+    """How many tokens `a` and `b` share before their first difference."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--step", action="store_true", help="time one stream's decode instead")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     report = dict(
         torch=torch.__version__,
         threads=torch.get_num_threads(),
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
         native_bf16=cpu_has_native_bf16(),
-        results=results,
     )
+    if args.step:
+        report["step"] = step_ms(args.rounds)
+    else:
+        report["results"] = layers(args.rounds, args.iters)
     print(json.dumps(report, indent=1))
 
 

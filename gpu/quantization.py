@@ -44,7 +44,7 @@ def check_quantization(quantization: str, model_impl: str, device: torch.device)
         return
     if device.type != "cpu":
         raise ValueError(
-            f"--quantization {quantization} runs on the CPU only (torch's int8 weight matmul); "
+            f"--quantization {quantization} runs on the CPU only (Baton's C++ int8 kernel); "
             "on CUDA drop it and use --dtype bfloat16, or pass --device cpu"
         )
     if model_impl != "native":

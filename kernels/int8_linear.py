@@ -1,11 +1,13 @@
 """Weight-only int8 linear layers on the CPU: symmetric int8 weights with one scale per output
 channel, activations left in float.
 
-A decode step's few rows run through torch's own int8 weight matmul
-(`aten._weight_int8pack_mm`), which reads the int8 weights directly; it makes one pass over
-the weights per row, so more rows (prefill chunks, many streams) multiply the weight into a
-float copy for that call and run `F.linear` over it instead. `quantize_per_channel` makes the
-weights once at load; `int8_linear_ref` is the definition `int8_linear` is tested against.
+Float32 activations run through Baton's C++ kernel (kernels/csrc/int8_linear_cpu.cpp), which
+widens each int8 weight in registers and shares it across the rows of a tile, at any row count;
+its rows are batch-invariant. Where the extension did not build, or the activations are
+bfloat16 or float16, `int8_linear_torch` runs: torch's own int8 weight matmul
+(`aten._weight_int8pack_mm`, one pass over the weights per row) for a few rows, a float copy
+of the weight and `F.linear` for more. `quantize_per_channel` makes the weights once at load;
+`int8_linear_ref` is the definition both are tested against.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_extension import cpu_kernels_available
+
 # Symmetric: -127..127, so negating a weight negates its code (-128 would have no mirror).
 INT8_MAX = 127
-# Up to this many rows the int8 matmul's pass per row costs less than a float copy of the
-# weight (docs/benchmarks.md, "int8 and bf16 weights on the CPU").
+# Without the C++ kernel: up to this many rows torch's int8 matmul's pass per row costs less
+# than a float copy of the weight (docs/benchmarks.md, "int8 and bf16 weights on the CPU").
 INT8_MATMUL_MAX_ROWS = 16
 
 
@@ -41,6 +45,31 @@ def int8_linear(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """`F.linear(x, dequantize(codes, scales), bias)` for 2-d `x` in the scales' dtype."""
+    if uses_int8_kernel(x, codes, scales, bias):
+        return torch.ops.baton_cpu.int8_linear(x, codes, scales, bias)
+    return int8_linear_torch(x, codes, scales, bias)
+
+
+def uses_int8_kernel(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> bool:
+    """Whether the C++ kernel takes this call: float32 rows, codes and scales as it reads them."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == scales.dtype == torch.float32
+        and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+        and x.dim() == 2
+        and x.stride(-1) == 1
+        and codes.is_contiguous()
+        and scales.is_contiguous()
+        and cpu_kernels_available()
+    )
+
+
+def int8_linear_torch(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`int8_linear` in plain torch, for any float dtype torch's int8 matmul takes."""
     if x.shape[0] > INT8_MATMUL_MAX_ROWS:
         return F.linear(x, dequantize(codes, scales), bias)
     out = torch.ops.aten._weight_int8pack_mm(x.contiguous(), codes, scales)
@@ -52,6 +81,6 @@ def int8_linear(
 def int8_linear_ref(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """`int8_linear` by its definition, in float32."""
+    """`int8_linear` by its definition, in float32 (the weight dequantized first)."""
     weight = dequantize(codes, scales.float())
     return F.linear(x.float(), weight, None if bias is None else bias.float()).to(x.dtype)

@@ -1,5 +1,7 @@
 """Weight-only int8 linear layers (kernels.int8_linear): the quantizer's codes and scales, and
-torch's int8 matmul against the dequantized float matmul it stands for."""
+both paths, `int8_linear` (the C++ kernel for float32 where it built) and the plain-torch
+`int8_linear_torch`, against the dequantized float matmul they stand for. The kernel's own
+cases: tests/test_int8_linear_cpu.py."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from kernels.int8_linear import (
     dequantize,
     int8_linear,
     int8_linear_ref,
+    int8_linear_torch,
     quantize_per_channel,
 )
 
@@ -35,18 +38,22 @@ def test_dequantized_weight_is_within_half_a_step_of_the_float_weight() -> None:
     assert bool((error <= scales[:, None] / 2 + 1e-7).all())
 
 
+PATHS = [int8_linear, int8_linear_torch]
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 64, 300])
 @pytest.mark.parametrize(("k", "n"), [(64, 96), (512, 1024), (1408, 512), (200, 33)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_int8_linear_matches_the_dequantized_float_matmul(
-    rows: int, k: int, n: int, with_bias: bool
+    path, rows: int, k: int, n: int, with_bias: bool
 ) -> None:
     generator = torch.Generator().manual_seed(rows * k + n)
     codes, scales = quantize_per_channel(torch.randn(n, k, generator=generator) * 0.02)
     bias = torch.randn(n, generator=generator) if with_bias else None
     x = torch.randn(rows, k, generator=generator)
 
-    out = int8_linear(x, codes, scales, bias)
+    out = path(x, codes, scales, bias)
 
     assert out.shape == (rows, n) and out.dtype == torch.float32
     torch.testing.assert_close(out, int8_linear_ref(x, codes, scales, bias), rtol=1e-4, atol=1e-4)
@@ -65,13 +72,14 @@ def test_int8_linear_runs_bfloat16_activations_with_bfloat16_scales(rows: int) -
     torch.testing.assert_close(out, int8_linear_ref(x, codes, scales, None), rtol=2e-2, atol=0.1)
 
 
-def test_int8_linear_is_close_to_the_float_weights_it_was_made_from() -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_int8_linear_is_close_to_the_float_weights_it_was_made_from(path) -> None:
     generator = torch.Generator().manual_seed(2)
     weight = torch.randn(256, 512, generator=generator) * 0.02
     x = torch.randn(16, 512, generator=generator)
     expected = F.linear(x, weight)
 
-    out = int8_linear(x, *quantize_per_channel(weight), None)
+    out = path(x, *quantize_per_channel(weight), None)
 
     # Rounding errors of up to half a step per weight, independent, add up to ~1% of the output.
     relative = (out - expected).norm() / expected.norm()
@@ -79,10 +87,12 @@ def test_int8_linear_is_close_to_the_float_weights_it_was_made_from() -> None:
 
 
 def test_up_to_the_int8_matmuls_rows_a_rows_result_does_not_depend_on_its_neighbours() -> None:
+    # The plain-torch path; the C++ kernel's rows are batch-invariant at any count
+    # (tests/test_int8_linear_cpu.py).
     generator = torch.Generator().manual_seed(3)
     codes, scales = quantize_per_channel(torch.randn(704, 128, generator=generator))
     x = torch.randn(INT8_MATMUL_MAX_ROWS, 128, generator=generator)
-    alone = torch.cat([int8_linear(x[i : i + 1], codes, scales, None) for i in range(len(x))])
+    alone = torch.cat([int8_linear_torch(x[i : i + 1], codes, scales, None) for i in range(len(x))])
 
     for rows in range(2, INT8_MATMUL_MAX_ROWS + 1):
-        assert torch.equal(int8_linear(x[:rows], codes, scales, None), alone[:rows]), rows
+        assert torch.equal(int8_linear_torch(x[:rows], codes, scales, None), alone[:rows]), rows

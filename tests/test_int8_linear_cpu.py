@@ -1,0 +1,99 @@
+"""The C++ weight-only int8 linear (kernels/csrc/int8_linear_cpu.cpp) against its reference,
+`int8_linear_ref`: shapes whose sizes are not multiples of the vector width or of the kernel's
+tiles, bias or none, strided rows; and a row's bits do not depend on the rows beside it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu_extension import cpu_kernels_available
+from kernels.int8_linear import int8_linear, int8_linear_ref, quantize_per_channel
+
+
+@pytest.fixture(autouse=True)
+def kernels_built():
+    # scripts/setup installs the compiler: a failed build is a failure here, not a skip.
+    assert cpu_kernels_available()
+
+
+def problem(rows: int, k: int, n: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    codes, scales = quantize_per_channel(torch.randn(n, k, generator=generator) * 0.05)
+    x = torch.randn(rows, k, generator=generator)
+    return x, codes, scales, torch.randn(n, generator=generator)
+
+
+def kernel(x, codes, scales, bias):
+    return torch.ops.baton_cpu.int8_linear(x, codes, scales, bias)
+
+
+# Rows: one, each partial row tile, whole tiles with a remainder, a prefill chunk. In: under
+# one vector, a vector and a tail, the models' widths. Out: one channel, partial channel tiles,
+# a whole group, the models' widths.
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 64, 257])
+@pytest.mark.parametrize(("k", "n"), [(5, 1), (13, 7), (200, 33), (512, 1024), (1408, 12)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_kernel_matches_the_dequantized_float32_matmul(rows, k, n, with_bias):
+    x, codes, scales, bias = problem(rows, k, n, seed=rows * k + n)
+    bias = bias if with_bias else None
+
+    out = kernel(x, codes, scales, bias)
+
+    assert out.shape == (rows, n) and out.dtype == torch.float32
+    # The kernel scales the sum, the reference each weight: float32 rounding apart.
+    torch.testing.assert_close(out, int8_linear_ref(x, codes, scales, bias), rtol=1e-5, atol=2e-5)
+
+
+def test_kernel_reads_rows_with_a_stride():
+    wide, codes, scales, bias = problem(6, 300, 40)
+    x = wide[:, 37:237]  # contiguous rows, row stride 300
+    codes = codes[:, :200].contiguous()
+
+    out = kernel(x, codes, scales, bias)
+
+    torch.testing.assert_close(out, int8_linear_ref(x, codes, scales, bias), rtol=1e-5, atol=2e-5)
+
+
+def test_an_all_zero_weight_row_gives_the_bias():
+    x, codes, scales, bias = problem(3, 64, 8)
+    codes[5], scales[5] = 0, 0.0
+
+    out = kernel(x, codes, scales, bias)
+
+    assert torch.equal(out[:, 5], bias[5].expand(3))
+
+
+@pytest.mark.parametrize(("k", "n"), [(13, 29), (512, 1024), (1408, 512)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a_rows_result_does_not_depend_on_the_batch_it_runs_in(k, n, with_bias):
+    x, codes, scales, bias = problem(70, k, n, seed=k)
+    bias = bias if with_bias else None
+    alone = torch.cat([kernel(x[i : i + 1], codes, scales, bias) for i in range(len(x))])
+
+    # Every row-tile remainder, several row tiles, and more rows than a parallel task's share.
+    for rows in [2, 3, 4, 5, 6, 7, 8, 17, 33, 70]:
+        assert torch.equal(kernel(x[:rows], codes, scales, bias), alone[:rows]), rows
+    # A row's place in the batch does not matter either.
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(kernel(x[order], codes, scales, bias), alone[order])
+
+
+def test_int8_linear_runs_the_kernel_for_float32_rows():
+    x, codes, scales, bias = problem(40, 96, 80)
+
+    assert torch.equal(int8_linear(x, codes, scales, bias), kernel(x, codes, scales, bias))
+
+
+def test_kernel_refuses_float_codes_with_a_message():
+    x, codes, scales, _ = problem(2, 16, 4)
+
+    with pytest.raises(RuntimeError, match="codes are a contiguous int8"):
+        kernel(x, codes.float(), scales, None)
+
+
+def test_kernel_refuses_a_width_that_does_not_match_the_codes():
+    x, codes, scales, _ = problem(2, 16, 4)
+
+    with pytest.raises(RuntimeError, match="in = x's columns"):
+        kernel(x[:, :15], codes, scales, None)
