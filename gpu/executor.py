@@ -120,12 +120,14 @@ class TorchExecutor:
                 num_int8,
                 str(self.dtype).removeprefix("torch."),
             )
-            # Measured on an AVX2 CPU (docs/benchmarks.md): half the speed of float32 at one
-            # stream, a seventh at eight. Worth it only where memory, not time, is short.
-            logger.warning(
-                "--quantization int8 saves weight memory but runs slower than float32: torch's "
-                "int8 matmul reads the weights once per row; use float32 where speed matters"
-            )
+            if self.dtype != torch.float32 or not cpu_kernels_available():
+                # Without Baton's C++ kernel, torch's int8 matmul (docs/benchmarks.md): half the
+                # speed of float32 at one stream, a seventh at eight, on an AVX2 CPU.
+                logger.warning(
+                    "--quantization int8 runs through torch's int8 matmul here (Baton's kernel "
+                    "takes float32 on a CPU whose C++ kernels built): it saves weight memory "
+                    "but runs slower than float32; use float32 where speed matters"
+                )
         if self.model.pack_linear_weights(rows_hint=engine_config.max_num_seqs):
             logger.info("float linear layers run through oneDNN over packed weights")
         # Built (or loaded from the build cache) here, not inside the first step.
