@@ -8,9 +8,10 @@ The trace is the `mixed` workload (gamma arrivals of shape `--burstiness` at eac
 prompts and answers scaled by `--length-scale` and SLO targets by `--slo-scale`, so that the 32M
 bench Llama on a CPU sees chat-shaped load; it is written as JSONL with each row's targets and
 replayed by both tools, the bench sending token-id prompts of exactly the trace's lengths. Per
-round and rate, on a fresh server: a warm-up replay of the trace (its steps are what the
-server's fit learns from), the simulator on the fit read then, and the measured replay. One JSON
-line per measurement on stdout.
+round and rate, on a fresh server: a warm-up replay of the trace with other prompts (its steps
+are what the server's fit learns from; the same prompts would hit the prefix cache in the
+measured replay), the simulator on the fit read then, and the measured replay. One JSON line
+per measurement on stdout.
 """
 
 from __future__ import annotations
@@ -52,9 +53,11 @@ def write_trace(path: Path, args: argparse.Namespace, rate: float) -> int:
     return len(requests)
 
 
-def bench(url: str, trace: Path) -> dict:
+def bench(url: str, trace: Path, seed: int) -> dict:
+    """The trace replayed; `seed` draws its prompts' token ids (the simulator does not look at
+    them, but the server's prefix cache would: a replay of the same prompts skips prefill)."""
     command = [
-        *(sys.executable, "-m", "app.cli", "bench", "--base-url", url),
+        *(sys.executable, "-m", "app.cli", "bench", "--base-url", url, "--seed", str(seed)),
         *("--dataset", "trace", "--trace-file", str(trace), "--token-prompts"),
         *("--slo-classes", "--send-slo", "--ignore-eos", "--json"),
     ]
@@ -87,9 +90,9 @@ def measure(model: Path, trace: Path, rate: float, round_: int, log_dir: Path) -
     try:
         first_answer(server, port, time.perf_counter(), 300.0)
         load_before = load_1min()
-        warm_up = bench(url, trace)
+        warm_up = bench(url, trace, seed=1)
         predicted = simulate(url, trace)
-        measured = bench(url, trace)
+        measured = bench(url, trace, seed=0)
         return {
             "rate": rate,
             "round": round_,
@@ -119,7 +122,7 @@ def main() -> None:
     parser.add_argument("--burstiness", type=float, default=0.5)
     parser.add_argument("--length-scale", type=float, default=0.1)
     parser.add_argument("--slo-scale", type=float, default=10.0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the trace's draw")
     parser.add_argument("--preset", default="bench", help="gpu.random_checkpoint preset")
     args = parser.parse_args()
     model = checkpoint(args.preset)
