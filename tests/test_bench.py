@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from app.bench import sse_lines
+from app.bench_client import sse_lines
 from app.cli import main
 from core.trace import load_trace
 from tests.server_harness import base_url, running_server, simulated_engine
