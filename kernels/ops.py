@@ -88,9 +88,10 @@ def force_reference() -> Iterator[None]:
 
 def uses_cpu_kernels(x: torch.Tensor) -> bool:
     """Whether Baton's C++ CPU kernels take `x`: float32 rows on the CPU, nothing forced."""
+    # Cheapest tests first: this runs several times a layer on every step.
     return (
         _forced is None
-        and x.device.type == "cpu"
+        and x.is_cpu
         and x.dtype == torch.float32
         and x.dim() == 2
         and x.stride(-1) == 1
