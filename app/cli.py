@@ -303,34 +303,29 @@ def served_model_name(model: str) -> str:
     return DEMO_MODEL_NAME if path == DEMO_MODEL else path.name
 
 
+def serving_model(args: argparse.Namespace) -> ReplicaModel:
+    """The engine `baton serve` with these flags builds (alone, or on each replica)."""
+    return ReplicaModel(
+        args.model, engine_config_from(args), args.device, args.dtype, args.load_format
+    )
+
+
 def serve(args: argparse.Namespace) -> int:
-    from app.llm import build_engine
     from app.server import bind_socket, configure_logging, log_startup, serve_engine
 
     settings = server_settings_from(args)
     replicas = replica_settings_from(args)
+    name = settings.served_model_name or served_model_name(args.model)
     configure_logging()
     sock = bind_socket(settings)
     if replicas.num_replicas > 1:
         from app.replica_server import serve_replicas  # Ray loads only with replicas
 
-        spec = ReplicaModel(
-            args.model, engine_config_from(args), args.device, args.dtype, args.load_format
-        )
-        name = settings.served_model_name or served_model_name(args.model)
-        serve_replicas(spec, name, settings, replicas, sock)
+        serve_replicas(serving_model(args), name, settings, replicas, sock)
         exit_without_teardown(0)
     start = time.perf_counter()
-    engine = build_engine(
-        args.model,
-        engine_config_from(args),
-        args.device,
-        args.dtype,
-        load_format=args.load_format,
-        profile_step_cost=True,
-    )
+    engine = serving_model(args).build_engine()
     log_startup(engine, args.model, time.perf_counter() - start)
-    name = settings.served_model_name or served_model_name(args.model)
     serve_engine(engine, name, settings, sock)
     exit_without_teardown(0)
     return 0

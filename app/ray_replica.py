@@ -13,7 +13,6 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from app.llm import build_engine
 from app.replica_settings import ReplicaModel
 from core.engine_stats import EngineStats
 from core.outputs import RequestOutput
@@ -58,14 +57,7 @@ class EngineReplica:
 
     def __init__(self, replica_id: int, spec: ReplicaModel) -> None:
         self.replica_id = replica_id
-        self.engine = build_engine(
-            spec.model,
-            spec.config,
-            spec.device,
-            spec.dtype,
-            load_format=spec.load_format,
-            profile_step_cost=spec.profile_step_cost,
-        )
+        self.engine = spec.build_engine()
         self._queue: queue.SimpleQueue[ReplicaStep | _Died] = queue.SimpleQueue()
         # Filled by the engine's listeners on the step thread, emptied by each delivery there.
         self._steps: list[StepStats] = []

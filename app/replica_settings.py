@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from core.config import EngineConfig
 from core.router import DEFAULT_ROUTER, ROUTERS
 
+if TYPE_CHECKING:
+    from core.engine import Engine
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaModel:
-    """How every replica builds its engine: `baton serve`'s model flags."""
+    """How `baton serve` builds its engine from its model flags: the single server's, or each
+    replica's on its actor."""
 
     model: str
     config: EngineConfig
@@ -23,6 +28,18 @@ class ReplicaModel:
     # Seed the step-cost fit with a few synthetic steps first, as a single server does;
     # tests that need no informed first decisions skip it.
     profile_step_cost: bool = True
+
+    def build_engine(self) -> Engine:
+        from app.llm import build_engine  # torch loads here, not with the CLI
+
+        return build_engine(
+            self.model,
+            self.config,
+            self.device,
+            self.dtype,
+            load_format=self.load_format,
+            profile_step_cost=self.profile_step_cost,
+        )
 
 
 @dataclass(frozen=True, slots=True)

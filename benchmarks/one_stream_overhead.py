@@ -60,20 +60,12 @@ def engine_child(serve_args: list[str]) -> None:
     """Child process: the engine alone. Reads a prompt length per line on stdin, generates
     OUTPUT_LEN greedy tokens for a random prompt of that length on a thread, and prints the
     milliseconds per token after the first."""
-    from app.cli import build_parser, engine_config_from
-    from app.llm import build_engine
+    from app.cli import build_parser, serving_model
     from core.request import EngineRequest
     from core.sampling_params import SamplingParams
 
     args = build_parser().parse_args(["serve", *serve_args])
-    engine = build_engine(
-        args.model,
-        engine_config_from(args),
-        args.device,
-        args.dtype,
-        load_format=args.load_format,
-        profile_step_cost=True,
-    )
+    engine = serving_model(args).build_engine()
     rng = random.Random(0)
     params = SamplingParams(max_tokens=OUTPUT_LEN, temperature=0.0, ignore_eos=True)
 

@@ -73,23 +73,14 @@ LONG_GENERATION = RequestClass(
 # Chat's lengths and targets with the output's spread set apart (static batching loses to
 # continuous batching by the spread of the lengths within a batch, docs/benchmarks.md): every
 # answer as long as the median, and a long tail about as long on average.
-FIXED = RequestClass(
-    "fixed",
-    LengthDistribution(64, 0.0, 64),
-    LengthDistribution(128, 0.0, 128),
-    512,
-    ttft_ms=500,
-    tpot_ms=50,
-    priority=0,
+FIXED = dataclasses.replace(
+    CHAT,
+    name="fixed",
+    prompt=LengthDistribution(64, 0.0, 64),
+    output=LengthDistribution(128, 0.0, 128),
 )
-LONG_TAIL = RequestClass(
-    "long-tail",
-    LengthDistribution(64, 0.6, 512),
-    LengthDistribution(64, 1.2, 2048),
-    2048,
-    ttft_ms=500,
-    tpot_ms=50,
-    priority=0,
+LONG_TAIL = dataclasses.replace(
+    CHAT, name="long-tail", output=LengthDistribution(64, 1.2, 2048), max_tokens=2048
 )
 
 WORKLOADS: dict[str, list[tuple[RequestClass, float]]] = {

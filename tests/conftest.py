@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random-weight checkpoints of each supported family, built once."""
+"""Shared fixtures: tiny random-weight checkpoints of each supported family, built once, and a
+headless browser for the UI tests."""
 
 from __future__ import annotations
 
@@ -55,3 +56,12 @@ def make_checkpoint(tmp_path_factory, hf_tokenizer):
 @pytest.fixture(scope="session")
 def llama_checkpoint(make_checkpoint) -> Path:
     return make_checkpoint("llama")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless chromium for the UI tests; Playwright loads only for the tests that use it."""
+    from tests.browser import launched
+
+    with launched() as browser:
+        yield browser

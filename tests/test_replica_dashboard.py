@@ -8,10 +8,10 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from tests.server_harness import base_url, running_server, simulated_engine
-from tests.test_ui import CHROMIUM, CHROMIUM_ARGS, EMPTY_WINDOW, WAIT_MS, screenshot
+from tests.test_ui import EMPTY_WINDOW, WAIT_MS, screenshot
 
 
 def _replica(replica_id: int, **fields) -> dict:
@@ -46,14 +46,6 @@ TWO_REPLICAS = [
     ),
     _replica(1, node="node-b", healthy=False, requests_routed=5, requests_finished=5),
 ]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

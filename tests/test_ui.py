@@ -8,28 +8,15 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from core.simulated_executor import SimulatedExecutor
 from tests.server_harness import base_url, running_server, simulated_engine
 
-CHROMIUM = "/usr/bin/chromium"
-# Chromium's background connections fail on a closed network and slow every launch down.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "ui"
 # Seconds per engine step: slow enough that a reply arrives in many token frames.
 STEP_S = 0.01
@@ -49,14 +36,6 @@ def paced_engine(checkpoint: Path, **config):
     engine = simulated_engine(checkpoint, **config)
     engine.executor = PacedExecutor(4096, 16, engine.vocab_size)
     return engine
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")
