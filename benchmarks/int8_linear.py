@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels.int8_linear
-from kernels.int8_linear import int8_linear, int8_linear_torch, quantize_per_channel
+from kernels.int8_linear import int8_linear, int8_linear_torch, pack_codes, quantize_per_channel
 from kernels.linear import cpu_has_native_bf16, onednn_linear, pack_linear_weight
 
 # (model, layer, in, out): qkv, o, gate_up and down of each model, and the bench LM head.
@@ -68,13 +68,14 @@ def layer_cases(generator: torch.Generator) -> list:
         weight = torch.randn(n, k, generator=generator) * 0.02
         packed = pack_linear_weight(weight, 64)
         codes, scales = quantize_per_channel(weight)
+        packed_codes = pack_codes(codes)
         weight_bf16 = weight.bfloat16()
         for rows in ROWS:
             x = torch.randn(rows, k, generator=generator)
             x_bf16 = x.bfloat16()
             contenders = {
                 "f32_onednn": lambda x=x, p=packed: onednn_linear(x, p, None),
-                "int8": lambda x=x, c=codes, s=scales: int8_linear(x, c, s, None),
+                "int8": lambda x=x, c=packed_codes, s=scales: int8_linear(x, c, s, None),
                 "int8_torch": lambda x=x, c=codes, s=scales: int8_linear_torch(x, c, s, None),
                 "bf16_f_linear": lambda x=x_bf16, w=weight_bf16: F.linear(x, w),
             }
@@ -87,7 +88,7 @@ def layer_cases(generator: torch.Generator) -> list:
                 contenders["bf16_onednn"] = lambda x=x_bf16, p=packed_bf16: onednn_linear(
                     x, p, None
                 )
-            cases.append(((model, layer, k, n, rows), contenders, x, codes, scales))
+            cases.append(((model, layer, k, n, rows), contenders, x, packed_codes, scales))
     return cases
 
 

@@ -25,7 +25,7 @@ from gpu.kv_cache import (
 )
 from gpu.loader import load_model
 from gpu.prompt_logprobs import prompt_logprobs
-from gpu.quantization import check_quantization, quantize_decoder_layers
+from gpu.quantization import check_quantization, quantize_decoder_layers, quantize_lm_head
 from gpu.sampler import Sampler
 from gpu.transformers_model import load_transformers_model
 from kernels.cpu_extension import cpu_kernels_available
@@ -114,9 +114,10 @@ class TorchExecutor:
         )
         if self.quantization == "int8":
             num_int8 = quantize_decoder_layers(self.model)
+            quantize_lm_head(self.model)
             logger.info(
-                "quantization int8: %d weight tensors of the decoder layers in int8 with "
-                "per-channel scales; embeddings, norms, MoE routers and the LM head stay %s",
+                "quantization int8: %d weight tensors of the decoder layers and the LM head in "
+                "int8 with per-channel scales; embeddings, norms and MoE routers stay %s",
                 num_int8,
                 str(self.dtype).removeprefix("torch."),
             )

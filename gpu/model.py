@@ -224,7 +224,8 @@ class CausalLM(nn.Module):
         if tie_word_embeddings is None:
             tie_word_embeddings = config.tie_word_embeddings
         self.packed_logits_weight: torch.Tensor | None = None
-        self.lm_head = (
+        # A Linear, or gpu.quantization's Int8Linear (also for tied embeddings) once quantized.
+        self.lm_head: nn.Module | None = (
             None
             if tie_word_embeddings
             else Linear(config.hidden_size, config.vocab_size, bias=False)

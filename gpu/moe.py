@@ -20,8 +20,9 @@ class SparseMoE(nn.Module):
 
     On the CPU the float experts run through oneDNN over packed weights, as the dense layers
     do (`pack`); the stacked float weights are then dropped (left as meta tensors). Quantized
-    (gpu.quantization), both stacks are int8 codes with scales per output row in
-    `gate_up_scales` [E, 2I] and `down_scales` [E, hidden]; else the scales are None.
+    (gpu.quantization), both stacks are int8 codes (each expert's packed for the C++ kernel
+    where it runs them) with scales per output row in `gate_up_scales` [E, 2I] and
+    `down_scales` [E, hidden]; else the scales are None.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -83,7 +84,8 @@ def int8_expert_mlp(
     down_scales: torch.Tensor,
     act_and_mul: GatedActivation,
 ) -> ExpertMLP:
-    """The experts' MLP over stacked int8 codes ([E, out, in]) and their scales ([E, out])."""
+    """The experts' MLP over stacked int8 codes ([E, out, in] or [E, packed...]) and their
+    scales ([E, out])."""
 
     def expert_mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
         up = int8_linear(x, gate_up[expert], gate_up_scales[expert], None)

@@ -14,11 +14,12 @@ from torch import nn
 
 from gpu.model import CausalLM, Linear
 from gpu.moe import SparseMoE
-from kernels.int8_linear import int8_linear, quantize_per_channel
+from kernels.int8_linear import int8_linear, kernel_layout, quantize_per_channel
 
 
 class Int8Linear(nn.Module):
-    """A linear layer over int8 weights [out, in] and one float scale per output row.
+    """A linear layer over int8 weights [out, in] and one float scale per output row, the codes
+    kept in the C++ kernel's packed layout where it will run them (kernels.int8_linear).
 
     The codes and scales are parameters (frozen), so the model's parameter bytes are its
     weight memory."""
@@ -31,8 +32,13 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_float(cls, linear: nn.Linear) -> Int8Linear:
-        codes, scales = quantize_per_channel(linear.weight)
-        return cls(codes, scales, None if linear.bias is None else linear.bias.detach())
+        return cls.from_weight(linear.weight, linear.bias)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+        codes, scales = quantize_per_channel(weight)
+        codes = kernel_layout(codes, scales.dtype)
+        return cls(codes, scales, None if bias is None else bias.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return int8_linear(x, self.weight, self.scales, self.bias)
@@ -52,6 +58,13 @@ def check_quantization(quantization: str, model_impl: str, device: torch.device)
             f"--quantization {quantization} needs Baton's native model; this checkpoint runs on "
             "the generic path (transformers' code), which supports --quantization none only"
         )
+
+
+def quantize_lm_head(model: CausalLM) -> None:
+    """Run the LM head over int8 weights: its own, or with tied embeddings an int8 copy of the
+    table (the lookups keep the float table)."""
+    weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    model.lm_head = Int8Linear.from_weight(weight)
 
 
 def quantize_decoder_layers(model: CausalLM) -> int:
@@ -74,9 +87,11 @@ def quantize_decoder_layers(model: CausalLM) -> int:
 
 
 def _int8_stack(stacked: torch.Tensor) -> tuple[nn.Parameter, nn.Parameter]:
-    """(codes [E, out, in], scales [E, out]) of stacked expert weights [E, out, in]."""
+    """(codes, scales [E, out]) of stacked expert weights [E, out, in]: the codes [E, out, in],
+    or each expert's packed for the C++ kernel where it will run them."""
     codes, scales = quantize_per_channel(stacked.flatten(0, 1))
+    codes = kernel_layout(codes.view(stacked.shape), scales.dtype)
     return (
-        nn.Parameter(codes.view(stacked.shape), requires_grad=False),
+        nn.Parameter(codes, requires_grad=False),
         nn.Parameter(scales.view(stacked.shape[:2]), requires_grad=False),
     )

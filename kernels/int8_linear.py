@@ -3,8 +3,9 @@ channel, activations left in float.
 
 Float32 activations run through Baton's C++ kernel (kernels/csrc/int8_linear_cpu.cpp), which
 widens each int8 weight in registers and shares it across the rows of a tile, at any row count;
-its rows are batch-invariant. Where the extension did not build, or the activations are
-bfloat16 or float16, `int8_linear_torch` runs: torch's own int8 weight matmul
+its rows are batch-invariant. It reads the codes in its own layout, `pack_codes`'s, made once
+at load. Where the extension did not build, or the activations are bfloat16 or float16,
+`int8_linear_torch` runs over the codes as [out, in] rows: torch's own int8 weight matmul
 (`aten._weight_int8pack_mm`, one pass over the weights per row) for a few rows, a float copy
 of the weight and `F.linear` for more. `quantize_per_channel` makes the weights once at load;
 `int8_linear_ref` is the definition both are tested against.
@@ -22,6 +23,10 @@ INT8_MAX = 127
 # Without the C++ kernel: up to this many rows torch's int8 matmul's pass per row costs less
 # than a float copy of the weight (docs/benchmarks.md, "int8 and bf16 weights on the CPU").
 INT8_MATMUL_MAX_ROWS = 16
+# The kernel's layout: groups of PACK_CHANNELS output channels, each storing PACK_LANES weights
+# of a k block side by side (kernels/csrc/int8_linear_cpu.cpp says why).
+PACK_CHANNELS = 12
+PACK_LANES = 8
 
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,26 +46,58 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return codes * scales[:, None]
 
 
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """The kernel's layout of int8 `codes` [..., out, in]: [..., ceil(out / 12), ceil(in / 8),
+    12, 8], zero-padded; leading dims (stacked experts) are kept."""
+    *lead, n, k = codes.shape
+    groups, blocks = -(-n // PACK_CHANNELS), -(-k // PACK_LANES)
+    padded = codes.new_zeros(*lead, groups * PACK_CHANNELS, blocks * PACK_LANES)
+    padded[..., :n, :k] = codes
+    tiles = padded.view(*lead, groups, PACK_CHANNELS, blocks, PACK_LANES)
+    return tiles.transpose(-3, -2).contiguous()
+
+
+def unpack_codes(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """`pack_codes`'s inverse: the codes [..., out, in] again."""
+    *lead, groups, blocks, channels, lanes = packed.shape
+    rows = packed.transpose(-3, -2).reshape(*lead, groups * channels, blocks * lanes)
+    return rows[..., :out_features, :in_features]
+
+
+def is_packed(codes: torch.Tensor) -> bool:
+    """Whether 2-d-per-matrix `codes` are in the kernel's layout (the last two dims 12 x 8)."""
+    return codes.dim() >= 4 and codes.shape[-2:] == (PACK_CHANNELS, PACK_LANES)
+
+
+def kernel_layout(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The codes as they are best kept for activations of `dtype`: packed where the C++ kernel
+    will take them (float32, the extension built), as [..., out, in] rows otherwise."""
+    if dtype == torch.float32 and codes.device.type == "cpu" and cpu_kernels_available():
+        return pack_codes(codes)
+    return codes
+
+
 def int8_linear(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """`F.linear(x, dequantize(codes, scales), bias)` for 2-d `x` in the scales' dtype."""
-    if uses_int8_kernel(x, codes, scales, bias):
+    """`F.linear(x, dequantize(codes, scales), bias)` for 2-d `x` in the scales' dtype; `codes`
+    as [out, in] rows or packed (`pack_codes`)."""
+    if not is_packed(codes):
+        return int8_linear_torch(x, codes, scales, bias)
+    if uses_int8_kernel(x, scales, bias):
         return torch.ops.baton_cpu.int8_linear(x, codes, scales, bias)
-    return int8_linear_torch(x, codes, scales, bias)
+    return int8_linear_torch(x, unpack_codes(codes, scales.shape[0], x.shape[1]), scales, bias)
 
 
-def uses_int8_kernel(
-    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
-) -> bool:
-    """Whether the C++ kernel takes this call: float32 rows, codes and scales as it reads them."""
+def uses_int8_kernel(x: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether the C++ kernel takes this call over packed codes: float32 rows, scales (and
+    bias) as it reads them."""
     return (
         x.device.type == "cpu"
         and x.dtype == scales.dtype == torch.float32
         and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
         and x.dim() == 2
         and x.stride(-1) == 1
-        and codes.is_contiguous()
         and scales.is_contiguous()
         and cpu_kernels_available()
     )

@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from kernels.cpu_extension import cpu_kernels_available
-from kernels.int8_linear import int8_linear, int8_linear_ref, quantize_per_channel
+from kernels.int8_linear import (
+    int8_linear,
+    int8_linear_ref,
+    pack_codes,
+    quantize_per_channel,
+    unpack_codes,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -25,7 +31,7 @@ def problem(rows: int, k: int, n: int, seed: int = 0):
 
 
 def kernel(x, codes, scales, bias):
-    return torch.ops.baton_cpu.int8_linear(x, codes, scales, bias)
+    return torch.ops.baton_cpu.int8_linear(x, pack_codes(codes), scales, bias)
 
 
 # Rows: one, each partial row tile, whole tiles with a remainder, a prefill chunk. In: under
@@ -79,21 +85,52 @@ def test_a_rows_result_does_not_depend_on_the_batch_it_runs_in(k, n, with_bias):
     assert torch.equal(kernel(x[order], codes, scales, bias), alone[order])
 
 
-def test_int8_linear_runs_the_kernel_for_float32_rows():
+def test_int8_linear_runs_the_kernel_for_float32_rows_over_packed_codes():
     x, codes, scales, bias = problem(40, 96, 80)
 
-    assert torch.equal(int8_linear(x, codes, scales, bias), kernel(x, codes, scales, bias))
+    out = int8_linear(x, pack_codes(codes), scales, bias)
+
+    assert torch.equal(out, kernel(x, codes, scales, bias))
+
+
+def test_int8_linear_takes_packed_codes_where_the_kernel_cannot_run():
+    # bfloat16 activations: torch's path, over the codes unpacked again.
+    x, codes, scales, _ = problem(3, 40, 30)
+    x, scales = x.bfloat16(), scales.bfloat16()
+
+    out = int8_linear(x, pack_codes(codes), scales, None)
+
+    assert torch.equal(out, int8_linear(x, codes, scales, None))
+
+
+@pytest.mark.parametrize(("k", "n"), [(1, 1), (13, 29), (16, 24), (1408, 512)])
+def test_packing_keeps_every_code_and_pads_with_zeros(k, n):
+    codes = torch.randint(-127, 128, (2, n, k), dtype=torch.int8)  # two stacked experts
+
+    packed = pack_codes(codes)
+
+    assert packed.shape == (2, -(-n // 12), -(-k // 8), 12, 8)
+    assert torch.equal(unpack_codes(packed, n, k), codes)
+    assert int(packed.abs().sum()) == int(codes.abs().sum())  # the padding is zeros
+    assert torch.equal(pack_codes(codes[1]), packed[1])
 
 
 def test_kernel_refuses_float_codes_with_a_message():
     x, codes, scales, _ = problem(2, 16, 4)
 
-    with pytest.raises(RuntimeError, match="codes are a contiguous int8"):
-        kernel(x, codes.float(), scales, None)
+    with pytest.raises(RuntimeError, match="codes are contiguous int8"):
+        torch.ops.baton_cpu.int8_linear(x, pack_codes(codes).float(), scales, None)
+
+
+def test_kernel_refuses_codes_in_rows_rather_than_packed():
+    x, codes, scales, _ = problem(2, 16, 4)
+
+    with pytest.raises(RuntimeError, match="codes are packed"):
+        torch.ops.baton_cpu.int8_linear(x, codes, scales, None)
 
 
 def test_kernel_refuses_a_width_that_does_not_match_the_codes():
     x, codes, scales, _ = problem(2, 16, 4)
 
     with pytest.raises(RuntimeError, match="in = x's columns"):
-        kernel(x[:, :15], codes, scales, None)
+        kernel(x[:, :7], codes, scales, None)

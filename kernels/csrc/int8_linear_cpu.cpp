@@ -1,12 +1,19 @@
 // Weight-only int8 linear on the CPU: out[m, n] = scales[n] * sum_k x[m, k] * codes[n, k]
-// (+ bias[n]), float32 activations, int8 codes [N, K] with one float32 scale per output row.
-// The reference is kernels/int8_linear.py's `int8_linear_ref`.
+// (+ bias[n]), float32 activations, int8 codes with one float32 scale per output channel, in the
+// packed layout kernels/int8_linear.py's `pack_codes` makes. The reference is `int8_linear_ref`.
 //
 // A decode step is memory bound: the weights are read once per step, so reading one byte per
 // weight instead of four is the speed-up. Each int8 is widened to float in registers and
 // multiplied in float32 (no activation quantization, so the result is the reference's up to
 // float rounding). Every weight vector widened is used by all the rows of a row tile, so a few
 // rows cost about what one does.
+//
+// The packed layout, [ceil(N / 12), ceil(K / 8), 12, 8]: a group of 12 output channels stores
+// its 8 weights of each k block side by side, so a tile walks its group's weights as one
+// sequential stream. With the codes as [N, K] rows a tile read 6 rows at once, 8 bytes of each
+// per step: 6 short streams the hardware prefetcher barely started before each row ended, and
+// one thread read cold weights at ~4.6 GB/s (docs/benchmarks.md). Padding channels and the K
+// tail are zero codes.
 //
 // Batch invariance: each (row, output channel) dot product is one 8-lane float32 accumulator fed
 // in k order, the K % 8 tail as one zero-padded vector, then the same horizontal sum; whatever
@@ -94,42 +101,47 @@ inline float hsum(Vec v) {
 struct Problem {
   const float* x;
   int64_t ldx;
-  const int8_t* codes;
+  const int8_t* codes;  // packed: [groups][k_blocks][kGroup][kLanes]
   const float* scales;
   const float* bias;  // null when there is none
   float* out;
   int64_t K, N;
+  int64_t k_blocks;  // ceil(K / kLanes)
 };
 
-// R rows from `m`, C channels from `n`: every widened weight vector feeds R accumulators.
+// Where channel n's weights for k block 0 start; block b's are b * kGroup * kLanes further on.
+inline const int8_t* channel_codes(const Problem& p, int64_t n) {
+  return p.codes + ((n / kGroup) * p.k_blocks * kGroup + n % kGroup) * kLanes;
+}
+
+// R rows from `m`, C channels from `n` (all in one group): every widened weight vector feeds R
+// accumulators.
 template <int R, int C>
 void tile(const Problem& p, int64_t m, int64_t n) {
   Vec acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = zero();
   const float* x = p.x + m * p.ldx;
-  const int8_t* w = p.codes + n * p.K;
-  const int64_t body = p.K - p.K % kLanes;
-  for (int64_t k = 0; k < body; k += kLanes) {
+  const int8_t* w = channel_codes(p, n);
+  constexpr int64_t kStride = kGroup * kLanes;
+  const int64_t body = p.K / kLanes;
+  for (int64_t b = 0; b < body; ++b, w += kStride) {
     Vec wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = load_w(w + c * p.K + k);
+    for (int c = 0; c < C; ++c) wv[c] = load_w(w + c * kLanes);
     for (int r = 0; r < R; ++r) {
-      const Vec xv = load_x(x + r * p.ldx + k);
+      const Vec xv = load_x(x + r * p.ldx + b * kLanes);
       for (int c = 0; c < C; ++c) acc[r][c] = fma(xv, wv[c], acc[r][c]);
     }
   }
-  if (body < p.K) {
-    // The tail, zero-padded to a whole vector: the same one multiply-add for every row.
-    const int64_t tail = p.K - body;
-    for (int c = 0; c < C; ++c) {
-      int8_t wt[kLanes] = {};
-      std::memcpy(wt, w + c * p.K + body, tail);
-      const Vec wv = load_w(wt);
-      for (int r = 0; r < R; ++r) {
-        float xt[kLanes] = {};
-        std::memcpy(xt, x + r * p.ldx + body, tail * sizeof(float));
-        acc[r][c] = fma(load_x(xt), wv, acc[r][c]);
-      }
+  if (body < p.k_blocks) {
+    // The tail: the codes are zero-padded in the layout, the rows here; the same one
+    // multiply-add for every row.
+    const int64_t tail = p.K - body * kLanes;
+    for (int r = 0; r < R; ++r) {
+      float xt[kLanes] = {};
+      std::memcpy(xt, x + r * p.ldx + body * kLanes, tail * sizeof(float));
+      const Vec xv = load_x(xt);
+      for (int c = 0; c < C; ++c) acc[r][c] = fma(xv, load_w(w + c * kLanes), acc[r][c]);
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -153,7 +165,7 @@ void row_tile(const Problem& p, int64_t m, int64_t n_begin, int64_t n_end) {
 // The widest channel tile that fits the registers beside R rows' accumulators.
 void rows(const Problem& p, int64_t m, int R, int64_t n_begin, int64_t n_end) {
   switch (R) {
-    case 1: return row_tile<1, 6>(p, m, n_begin, n_end);
+    case 1: return row_tile<1, 12>(p, m, n_begin, n_end);
     case 2: return row_tile<2, 6>(p, m, n_begin, n_end);
     case 3: return row_tile<3, 4>(p, m, n_begin, n_end);
     default: return row_tile<4, 3>(p, m, n_begin, n_end);
@@ -164,12 +176,16 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
                        const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, "x is float32 on the CPU");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x is [rows, in], contiguous rows");
-  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 2 && codes.is_contiguous(),
-              "codes are a contiguous int8 [out, in]");
-  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
-  TORCH_CHECK(codes.size(1) == K, "codes are [out, in] with in = x's columns");
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == N,
+  const int64_t M = x.size(0), K = x.size(1), N = scales.numel();
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous(),
               "scales are a contiguous float32 [out]");
+  const int64_t groups = (N + kGroup - 1) / kGroup, k_blocks = (K + kLanes - 1) / kLanes;
+  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.is_contiguous(),
+              "codes are contiguous int8, packed by kernels.int8_linear.pack_codes");
+  TORCH_CHECK(codes.dim() == 4 && codes.size(0) == groups && codes.size(1) == k_blocks &&
+                  codes.size(2) == kGroup && codes.size(3) == kLanes,
+              "codes are packed [ceil(out / 12), ceil(in / 8), 12, 8] with in = x's columns and "
+              "out = the scales' length");
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == N,
@@ -179,8 +195,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   if (M == 0 || N == 0) return out;
   const Problem p{x.data_ptr<float>(), x.stride(0),  codes.data_ptr<int8_t>(),
                   scales.data_ptr<float>(), has_bias ? bias->data_ptr<float>() : nullptr,
-                  out.data_ptr<float>(), K, N};
-  const int64_t groups = (N + kGroup - 1) / kGroup;
+                  out.data_ptr<float>(), K, N, k_blocks};
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * K * M);
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
   const int64_t block = std::max<int64_t>(1, kBlockBytes / (kGroup * std::max<int64_t>(K, 1)));
