@@ -86,6 +86,11 @@ def force_reference() -> Iterator[None]:
         yield
 
 
+def kernels_chosen_by_device() -> bool:
+    """Whether each call picks its kernel by its tensors' device (nothing forced)."""
+    return _forced is None
+
+
 def uses_cpu_kernels(x: torch.Tensor) -> bool:
     """Whether Baton's C++ CPU kernels take `x`: float32 rows on the CPU, nothing forced."""
     # Cheapest tests first: this runs several times a layer on every step.

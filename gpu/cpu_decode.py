@@ -1,0 +1,123 @@
+"""A decode step's decoder layers in one C++ call on the CPU (kernels/csrc/decode_layers_cpu.cpp).
+
+The C++ side runs the kernels gpu/model.py's layers call, in the same order, so the hidden
+states are the Python forward's bit for bit; what it removes is the Python between them. It
+takes plain decoder layers only (Llama's shape: no q/k norms, no Gemma norms, no MoE, no
+sliding window or soft-capping), each linear int8 (gpu.quantization) or oneDNN-packed float32,
+and steps whose every token is a decode served by the C++ attention kernel. Anything else runs
+the layers in Python as before.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gpu.input_batch import AttentionMetadata
+from gpu.model import MLP, CausalLM, Linear
+from gpu.quantization import Int8Linear
+from kernels import ops
+from kernels.cpu_extension import cpu_kernels_available
+from kernels.int8_linear import is_packed
+
+LinearSlots = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _linear_slots(module: nn.Module) -> LinearSlots | None:
+    """(weight, scales) of a linear the C++ side runs, or None: int8 codes packed for Baton's
+    kernel, or a oneDNN-packed float weight."""
+    if isinstance(module, Int8Linear) and is_packed(module.weight):
+        return module.weight, module.scales
+    if isinstance(module, Linear) and module.packed_weight is not None:
+        return module.packed_weight, None
+    return None
+
+
+class CpuDecodeLayers:
+    """The model's decoder layers as the one C++ op takes them, built once the weights are in
+    their final form (quantized and packed)."""
+
+    def __init__(self, model: CausalLM, weights: list[torch.Tensor | None]) -> None:
+        config = model.config
+        self.embed_tokens = model.embed_tokens
+        self.weights = weights
+        self.final_norm = model.norm.weight
+        self.cos_sin_cache = model.layers[0].self_attn.cos_sin_cache
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.scale = model.layers[0].self_attn.scale
+        self.eps = config.rms_norm_eps
+        self.gelu = config.hidden_act != "silu"
+
+    @classmethod
+    def of(cls, model: CausalLM) -> CpuDecodeLayers | None:
+        """The C++ decode path for `model`, or None where it does not apply."""
+        config = model.config
+        if (
+            model.embed_tokens.weight.device.type != "cpu"
+            or model.embed_tokens.weight.dtype != torch.float32
+            or model.embed_scale is not None
+            or config.gemma
+            or config.qk_norm
+            or config.attn_logit_softcap is not None
+            or config.hidden_act not in ("silu", "gelu_pytorch_tanh", "gelu_tanh")
+            or not cpu_kernels_available()
+        ):
+            return None
+        weights: list[torch.Tensor | None] = []
+        for i, layer in enumerate(model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            if config.layer_window(i) is not None or not isinstance(mlp, MLP):
+                return None
+            linears = [_linear_slots(m) for m in (attn.qkv_proj, attn.o_proj)]
+            linears += [_linear_slots(m) for m in (mlp.gate_up_proj, mlp.down_proj)]
+            if any(slots is None for slots in linears):
+                return None
+            (qkv, qkv_scales), (o, o_scales), (gate_up, gate_up_scales), (down, down_scales) = (
+                linears  # type: ignore[misc]
+            )
+            weights += [layer.input_layernorm.weight, qkv, qkv_scales, attn.qkv_proj.bias]
+            weights += [o, o_scales, attn.o_proj.bias, layer.post_attention_layernorm.weight]
+            weights += [gate_up, gate_up_scales, down, down_scales]
+        return cls(model, weights)
+
+    def takes(self, input_ids: torch.Tensor, attn_metadata: AttentionMetadata) -> bool:
+        """Whether this step runs here: every token a decode for the C++ attention kernel, and
+        no kernel choice forced (tests force the references or Triton)."""
+        plan = attn_metadata.cpu_plan
+        return (
+            plan is not None
+            and plan.use_kernel
+            and not plan.prefills
+            and plan.decode_rows.numel() == input_ids.shape[0]
+            and ops.kernels_chosen_by_device()
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        kv_caches: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """The final-normed hidden state of every token, as `CausalLM.forward` returns it."""
+        plan = attn_metadata.cpu_plan
+        assert plan is not None
+        return torch.ops.baton_cpu.decode_layers(
+            self.embed_tokens(input_ids),
+            positions,
+            self.cos_sin_cache,
+            kv_caches,
+            attn_metadata.slot_mapping,
+            attn_metadata.block_tables,
+            plan.seq_lens,
+            plan.decode_rows,
+            plan.decode_seqs,
+            self.weights,
+            self.final_norm,
+            self.num_heads,
+            self.num_kv_heads,
+            self.scale,
+            self.eps,
+            self.gelu,
+        )
