@@ -59,11 +59,21 @@ def safetensors_files(path: Path) -> list[Path]:
 
 
 def checkpoint_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every (name, tensor) of the checkpoint, one file open at a time."""
+    """Every (name, tensor) of the checkpoint, each read through a mapping of its own.
+
+    A safe_open handle maps its whole file, and every page a tensor read touched stays in the
+    process's resident set until the handle closes: over one file that is the whole checkpoint
+    beside the model's own copy, twice the weights at the peak. A handle per tensor lets each
+    tensor's pages go once it has been copied.
+    """
     for file in safetensors_files(path):
         with safe_open(file, framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
-                yield name, f.get_tensor(name)
+            names = list(f.keys())
+        for name in names:
+            with safe_open(file, framework="pt") as f:
+                tensor = f.get_tensor(name)
+            yield name, tensor
+            del tensor
 
 
 def checkpoint_tensor_names(path: Path) -> set[str]:

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from core.model_config import ModelConfig
-from gpu.loader import CheckpointError, load_model
+from gpu.loader import CheckpointError, checkpoint_tensors, load_model
 
 
 def copy_with_tensors(source: Path, out: Path, edit) -> Path:
@@ -132,3 +132,32 @@ def test_folder_without_safetensors_is_refused_with_advice(make_checkpoint, tmp_
 
     with pytest.raises(CheckpointError, match="safetensors only"):
         load(path)
+
+
+def mapped_kib(file: Path) -> int:
+    """Resident KiB of this process's mappings of `file` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            inside = line.endswith(str(file))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_reading_a_checkpoint_keeps_one_tensors_pages_resident_not_the_files(
+    make_checkpoint,
+) -> None:
+    # A mapping of the whole file kept every page read: the checkpoint twice at the peak.
+    path = make_checkpoint("llama", hidden_size=256, intermediate_size=1024)
+    file = (path / "model.safetensors").resolve()
+    largest = 0
+    most_resident = 0
+    for _, tensor in checkpoint_tensors(path):
+        tensor.sum()  # touch every page
+        largest = max(largest, tensor.nbytes // 1024)
+        most_resident = max(most_resident, mapped_kib(file))
+
+    assert file.stat().st_size // 1024 > 4 * largest  # several tensors' worth
+    # Plus the header and the kernel's fault-around (up to 64 KiB beside a fault), each end.
+    assert most_resident <= largest + 256
