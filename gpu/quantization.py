@@ -1,10 +1,12 @@
 """`--quantization int8`: weight-only int8 for the native model on the CPU, quantized at load
-from a float checkpoint: each `Linear` of the decoder layers swapped for an `Int8Linear`, and
-each MoE layer's stacked expert weights replaced by int8 codes and scales (kernels.int8_linear).
+from a float checkpoint: each `Linear` of the decoder layers and the LM head swapped for an
+`Int8Linear`, and each MoE layer's stacked expert weights replaced by int8 codes and scales
+(kernels.int8_linear).
 
-What stays float, and why (docs/benchmarks.md, "int8 and bf16 weights on the CPU"): the
-embedding table (a lookup, not a matmul), the norms and the MoE router (tiny), and the LM head,
-whose rounding errors land on the logits directly; oneDNN runs it over its packed float weight.
+What stays float: the embedding table (a lookup, not a matmul), the norms and the MoE router
+(tiny). The LM head is int8 as in llama.cpp's Q8_0 files: at one stream its float32 weight was
+a third of the bytes a decode step reads, and greedy outputs still agree with float32's but
+at near ties (docs/benchmarks.md).
 """
 
 from __future__ import annotations
