@@ -4,8 +4,8 @@ from a float checkpoint: each `Linear` of the decoder layers and the LM head swa
 (kernels.int8_linear).
 
 What stays float: the embedding table (a lookup, not a matmul), the norms and the MoE router
-(tiny). The LM head is int8 as in llama.cpp's Q8_0 files: at one stream its float32 weight was
-a third of the bytes a decode step reads, and greedy outputs still agree with float32's but
+(tiny). The LM head is int8 as in llama.cpp's Q8_0 files: kept in float32 it was
+a large share of the bytes a decode step reads, and greedy outputs still agree with float32's but
 at near ties (docs/benchmarks.md).
 """
 
