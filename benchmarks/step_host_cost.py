@@ -11,8 +11,9 @@ step loop does. The model sits behind a proxy that times its forward and LM head
 cost is its wall time minus theirs, and its CPU time (of the stepping thread) minus theirs.
 With `--fake-forward` it returns constant tensors of the right shapes instead of running the
 model, so every microsecond left is host work: the figure with the least noise on a loaded
-machine.
-Rounds alternate the order of the checkouts; the report gives medians and spread per step.
+machine. `--no-cost-fit` takes the step-cost model's refit out of the step listeners, to show
+what it costs. Rounds alternate the order of the checkouts; the report gives medians and spread
+per step.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def measure(engine: Any, model: TimedModel, streams: int, steps: int) -> dict[st
     }
 
 
-def child(model_dir: str, serve_args: list[str], steps: int, fake: bool) -> None:
+def child(model_dir: str, serve_args: list[str], steps: int, fake: bool, cost_fit: bool) -> None:
     """Child process: reads a stream count per line, prints one `measure` as JSON."""
     from app.cli import build_parser, serving_model
 
@@ -111,6 +112,8 @@ def child(model_dir: str, serve_args: list[str], steps: int, fake: bool) -> None
             engine = serving_model(build_parser().parse_args(["serve", *flags])).build_engine()
             timed = TimedModel(engine.executor.model, fake)
             engine.executor.model = timed
+            if not cost_fit:
+                engine.step_listeners.remove(engine.step_cost_model.observe)
             engines[streams] = (engine, timed)
             gc.freeze()  # as the step loop does
         return engines[streams]
@@ -166,16 +169,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=128, help="decode steps per measurement")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--fake-forward", action="store_true", help="skip the model (host only)")
+    parser.add_argument(
+        "--no-cost-fit", action="store_true", help="without the step-cost model's refit per step"
+    )
     parser.add_argument("--compare", type=Path, help="another checkout, measured alongside")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     # Unknown arguments are `baton serve` flags for both sides.
     args, extra = parser.parse_known_args()
     serve_args = ["--device", "cpu", *(extra or ["--quantization", "int8"])]
     if args.child:
-        child(args.model, serve_args, args.steps, args.fake_forward)
+        child(args.model, serve_args, args.steps, args.fake_forward, not args.no_cost_fit)
         return
     argv = ["--model", args.model, "--steps", str(args.steps), *serve_args]
     argv += ["--fake-forward"] if args.fake_forward else []
+    argv += ["--no-cost-fit"] if args.no_cost_fit else []
     roots = {"this": ROOT} | ({"compare": args.compare.resolve()} if args.compare else {})
     sides = {name: Side(root, argv) for name, root in roots.items()}
     runs: dict[str, dict[int, list[dict[str, float]]]] = {

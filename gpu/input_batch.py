@@ -242,8 +242,8 @@ class _BlockTableRows:
     def __init__(self) -> None:
         self.width = 0
         # The table each row of the buffer holds, as a copy (lists are compared, not trusted
-        # to stay unmodified); [] for a row of zeros (graph padding).
-        self.rows: list[list[int]] = []
+        # to stay unmodified); [] for a row of zeros (graph padding), None for one not written.
+        self.rows: list[list[int] | None] = []
 
     def write(
         self, flat: np.ndarray, tables: list[list[int]], num_rows: int, width: int
