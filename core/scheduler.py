@@ -17,7 +17,7 @@ import math
 from core import feasibility
 from core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
 from core.kv_cache_manager import KVCacheManager
-from core.policy import UNLIMITED, SchedulerView, SchedulingPolicy
+from core.policy import UNLIMITED, SchedulerView, SchedulingPolicy, StepPlan
 from core.request import FinishReason, Request, RequestStatus
 from core.static_batch import StaticBatch, reserved_tokens
 
@@ -113,17 +113,44 @@ class Scheduler:
         # more would only thrash (an overdue request is admitted all the same).
         admitting = bool(self.waiting) and len(self.running) < self.max_num_seqs
         candidates = prefills + self.waiting if admitting and not preempted else prefills
-        view = SchedulerView(now, tuple(candidates), tuple(self.running), token_budget)
-        plan = self.policy.plan(view)
+        admitted: set[str] = set()
+        if candidates or overdue:  # else no prefill to plan: a steady decode step
+            view = SchedulerView(now, tuple(candidates), tuple(self.running), token_budget)
+            plan = self.policy.plan(view)
+            admitted = self._schedule_prefills(
+                batch, view, plan, overdue, admitting and not preempted
+            )
+        if admitted:
+            self.waiting = [r for r in self.waiting if r.request_id not in admitted]
+        if not batch.sequences and self.running:
+            # Every running request is protected and none can grow: break the stall.
+            self._preempt(self.policy.choose_victim(self.running, now), now)
+        if batch.sequences:  # an empty batch never reaches the executor; the ids wait
+            batch.finished_request_ids, self._finished_ids = self._finished_ids, []
+            if self.policy.static_batching:
+                self._pad(batch)
+        return batch
+
+    def _schedule_prefills(
+        self,
+        batch: Batch,
+        view: SchedulerView,
+        plan: StepPlan,
+        overdue: list[Request],
+        admitting: bool,
+    ) -> set[str]:
+        """Add prefill chunks in the plan's order within its budget; the ids of the waiting
+        requests admitted. `admitting`: whether waiting requests may start (overdue ones may)."""
+        now = view.now
         prefill_budget = plan.prefill_budget
         order = plan.order
         if overdue:
             # The bound outranks the policy: the overdue go first, with the whole budget.
-            prefill_budget = max(prefill_budget, token_budget)
+            prefill_budget = max(prefill_budget, view.token_budget)
             first = {request.request_id for request in overdue}
             order = overdue + [r for r in order if r.request_id not in first]
             if not plan.order:
-                order += [r for r in candidates if r.request_id not in first]
+                order += [r for r in view.waiting if r.request_id not in first]
         admitted: set[str] = set()
         for request in order:
             if prefill_budget <= 0:
@@ -142,10 +169,8 @@ class Scheduler:
                     self._add(batch, request, num_new)
                     prefill_budget -= num_new + overhead
                 else:
-                    preempted, admitting = True, False
-            elif len(self.running) < self.max_num_seqs and (
-                (admitting and not preempted) or request in overdue
-            ):
+                    admitting = False
+            elif len(self.running) < self.max_num_seqs and (admitting or request in overdue):
                 # Without a prefill limit (static batching forming its batch) everyone starts
                 # now: a request held back would wait for the whole batch to drain.
                 may_wait = plan.prefill_budget < UNLIMITED and request not in overdue
@@ -157,16 +182,7 @@ class Scheduler:
                 elif used:
                     admitted.add(request.request_id)
                     prefill_budget -= used
-        if admitted:
-            self.waiting = [r for r in self.waiting if r.request_id not in admitted]
-        if not batch.sequences and self.running:
-            # Every running request is protected and none can grow: break the stall.
-            self._preempt(self.policy.choose_victim(self.running, now), now)
-        if batch.sequences:  # an empty batch never reaches the executor; the ids wait
-            batch.finished_request_ids, self._finished_ids = self._finished_ids, []
-            if self.policy.static_batching:
-                self._pad(batch)
-        return batch
+        return admitted
 
     def _pad(self, batch: Batch) -> None:
         """Charge a static batch's step its padding; the step that forms the batch (the only one
@@ -201,6 +217,8 @@ class Scheduler:
         preemption costs least against its own SLO, when the batch has no place or the pool no
         blocks for its first chunk. Only requests past their first token and not protected are
         taken."""
+        if not overdue:
+            return False
         preempted = False
         places = self.max_num_seqs - len(self.running)
         cost = self.policy.context.cost_model

@@ -9,13 +9,16 @@ here too, once, for every layer to use.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from itertools import chain
+from itertools import accumulate, chain, repeat
 
 import numpy as np
 import torch
 
-from core.batch import Batch
+from core.batch import Batch, ScheduledSequence
 from kernels.paged_attention import CpuAttentionPlan, cpu_attention_plan
+
+# Shapes whose buffer views `InputBuffers` keeps; past this many it starts over.
+_MAX_CACHED_SHAPES = 64
 
 
 @dataclass(slots=True)
@@ -97,12 +100,15 @@ class _FlatBuffers:
         )
 
     def used(self, packed: _Packed) -> _FlatBuffers:
-        """The prefix of each buffer that `packed` filled (views, no copy)."""
+        """The prefix of each buffer that `packed` filled (views, no copy); the block tables
+        viewed as [rows, width]."""
         return _FlatBuffers(
             input_ids=self.input_ids[: packed.num_tokens],
             positions=self.positions[: packed.num_tokens],
             slot_mapping=self.slot_mapping[: packed.num_tokens],
-            block_tables=self.block_tables[: packed.num_rows * packed.table_width],
+            block_tables=self.block_tables[: packed.num_rows * packed.table_width].view(
+                packed.num_rows, packed.table_width
+            ),
             query_start_loc=self.query_start_loc[: packed.num_rows + 1],
             seq_lens=self.seq_lens[: packed.num_rows],
             logits_indices=self.logits_indices[: packed.num_logits],
@@ -113,20 +119,20 @@ class _FlatBuffers:
         for field in fields(self):
             getattr(self, field.name).copy_(getattr(source, field.name), non_blocking=True)
 
-    def model_inputs(self, packed: _Packed) -> ModelInputs:
-        """ModelInputs over these buffers as `packed` filled them."""
-        used = self.used(packed)
-        metadata = AttentionMetadata(
-            slot_mapping=used.slot_mapping,
-            block_tables=used.block_tables.view(packed.num_rows, packed.table_width),
-            query_start_loc=packed.query_start_loc,
-            seq_lens=packed.seq_lens,
-            query_start_loc_tensor=used.query_start_loc,
-            seq_lens_tensor=used.seq_lens,
-            max_query_len=packed.max_query_len,
-            max_seq_len=packed.max_seq_len,
-        )
-        return ModelInputs(used.input_ids, used.positions, metadata, used.logits_indices)
+
+def _model_inputs(used: _FlatBuffers, packed: _Packed) -> ModelInputs:
+    """ModelInputs over `used`, the buffers' views as `packed` filled them."""
+    metadata = AttentionMetadata(
+        slot_mapping=used.slot_mapping,
+        block_tables=used.block_tables,
+        query_start_loc=packed.query_start_loc,
+        seq_lens=packed.seq_lens,
+        query_start_loc_tensor=used.query_start_loc,
+        seq_lens_tensor=used.seq_lens,
+        max_query_len=packed.max_query_len,
+        max_seq_len=packed.max_seq_len,
+    )
+    return ModelInputs(used.input_ids, used.positions, metadata, used.logits_indices)
 
 
 def _numpy_views(buffers: _FlatBuffers) -> _FlatBuffers:
@@ -135,77 +141,141 @@ def _numpy_views(buffers: _FlatBuffers) -> _FlatBuffers:
 
 
 def _pack(
-    batch: Batch, block_size: int, out: _FlatBuffers, num_rows: int, max_table_width: int
+    batch: Batch,
+    block_size: int,
+    out: _FlatBuffers,
+    num_rows: int,
+    max_table_width: int,
+    tables: _BlockTableRows,
 ) -> _Packed:
     """Write `batch` into the numpy arrays of `out`; rows past the batch's are graph padding.
 
     A padding row is one token at position 0 of a one-token sequence: input id 0, slot -1 (its
     K/V is not stored), an all-zero block-table row. The tables are as wide as the longest.
+    What is per sequence is built in Python lists (a few dozen of them: numpy's call overhead
+    would cost more), what is per token by numpy, but for decodes, whose tokens are sequences.
     """
     seqs = batch.sequences
     num_seqs = len(seqs)
-    query_lens = np.ones(num_rows, np.int64)
-    query_lens[:num_seqs] = np.fromiter((len(s.token_ids) for s in seqs), np.int64, num_seqs)
-    start_positions = np.zeros(num_rows, np.int64)
-    start_positions[:num_seqs] = np.fromiter((s.start_position for s in seqs), np.int64, num_seqs)
-    query_start_loc = np.zeros(num_rows + 1, np.int64)
-    np.cumsum(query_lens, out=query_start_loc[1:])
-    num_tokens = int(query_start_loc[-1])
-    num_real_tokens = int(query_start_loc[num_seqs])
-    seq_lens = start_positions + query_lens
+    num_padding = num_rows - num_seqs
+    query_lens = [len(s.token_ids) for s in seqs]
+    starts = [s.start_position for s in seqs]
+    query_start_loc = [0, *accumulate(query_lens)]
+    num_real_tokens = query_start_loc[-1]
+    num_tokens = num_real_tokens + num_padding
+    query_start_loc.extend(range(num_real_tokens + 1, num_tokens + 1))
+    seq_lens = [start + length for start, length in zip(starts, query_lens, strict=True)]
+    seq_lens.extend([1] * num_padding)
     if num_tokens > len(out.input_ids) or num_rows > len(out.seq_lens):
         raise ValueError(
             f"a step of {num_tokens} tokens in {num_rows} sequences exceeds the input buffers "
             f"({len(out.input_ids)} tokens, {len(out.seq_lens)} sequences)"
         )
-
-    out.input_ids[:num_real_tokens] = np.fromiter(
-        chain.from_iterable(s.token_ids for s in seqs), np.int64, num_real_tokens
-    )
-    out.input_ids[num_real_tokens:num_tokens] = 0
-    seq_of_token = np.repeat(np.arange(num_rows), query_lens)
-    positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(
-        query_start_loc[:-1] - start_positions, query_lens
-    )
-    out.positions[:num_tokens] = positions
-
-    table_lengths = np.zeros(num_rows, np.int64)
-    table_lengths[:num_seqs] = np.fromiter((len(s.block_table) for s in seqs), np.int64, num_seqs)
-    width = max(1, int(table_lengths.max(initial=0)))
+    block_tables = [s.block_table for s in seqs]
+    width = max(1, max(map(len, block_tables), default=0))
     if width > max_table_width:
         raise ValueError(
             f"a block table of {width} blocks exceeds the input buffers' {max_table_width} "
             "per sequence"
         )
-    block_tables = out.block_tables[: num_rows * width].reshape(num_rows, width)
-    _fill_block_tables(block_tables, [s.block_table for s in seqs], table_lengths)
-    block_ids = block_tables[seq_of_token, positions // block_size].astype(np.int64)
-    slot_mapping = out.slot_mapping[:num_tokens]
-    np.add(block_ids * block_size, positions % block_size, out=slot_mapping)
-    slot_mapping[num_real_tokens:] = -1
+    table_rows = tables.write(out.block_tables, block_tables, num_rows, width)
+    max_query_len = max(query_lens, default=0)
+    if num_real_tokens == num_seqs and max_query_len <= 1:  # one token a sequence: decodes
+        out.input_ids[:num_seqs] = [s.token_ids[0] for s in seqs]
+        out.positions[:num_seqs] = starts
+        out.slot_mapping[:num_seqs] = [
+            table[p // block_size] * block_size + p % block_size
+            for table, p in zip(block_tables, starts, strict=True)
+        ]
+    else:
+        _pack_tokens(seqs, query_start_loc, block_size, out, table_rows)
+    out.input_ids[num_real_tokens:num_tokens] = 0
+    out.positions[num_real_tokens:num_tokens] = 0
+    out.slot_mapping[num_real_tokens:num_tokens] = -1
 
     out.query_start_loc[: num_rows + 1] = query_start_loc
     out.seq_lens[:num_rows] = seq_lens
-    sample = np.fromiter((s.sample for s in seqs), bool, num_seqs)
-    logits_indices = query_start_loc[1 : num_seqs + 1][sample] - 1
+    logits_indices = [query_start_loc[i + 1] - 1 for i, s in enumerate(seqs) if s.sample]
     out.logits_indices[: len(logits_indices)] = logits_indices
     return _Packed(
         num_tokens=num_tokens,
         num_rows=num_rows,
         num_logits=len(logits_indices),
         table_width=width,
-        query_start_loc=query_start_loc.tolist(),
-        seq_lens=seq_lens.tolist(),
-        max_query_len=int(query_lens.max(initial=0)),
-        max_seq_len=int(seq_lens.max(initial=0)),
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        max_query_len=max(max_query_len, 1) if num_padding else max_query_len,
+        max_seq_len=max(seq_lens, default=0),
     )
 
 
-def _fill_block_tables(out: np.ndarray, tables: list[list[int]], lengths: np.ndarray) -> None:
+def _pack_tokens(
+    seqs: list[ScheduledSequence],
+    query_start_loc: list[int],
+    block_size: int,
+    out: _FlatBuffers,
+    table_rows: np.ndarray,
+) -> None:
+    """Input ids, positions and slots of the sequences' tokens, by numpy over all of them."""
+    num_seqs = len(seqs)
+    num_real_tokens = query_start_loc[num_seqs]
+    starts = np.fromiter((s.start_position for s in seqs), np.int64, num_seqs)
+    token_starts = np.array(query_start_loc[: num_seqs + 1], np.int64)
+    query_lens = np.diff(token_starts)
+    out.input_ids[:num_real_tokens] = np.fromiter(
+        chain.from_iterable(s.token_ids for s in seqs), np.int64, num_real_tokens
+    )
+    seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
+    positions = np.arange(num_real_tokens, dtype=np.int64) - np.repeat(
+        token_starts[:-1] - starts, query_lens
+    )
+    out.positions[:num_real_tokens] = positions
+    block_ids = table_rows[seq_of_token, positions // block_size].astype(np.int64)
+    np.add(block_ids * block_size, positions % block_size, out=out.slot_mapping[:num_real_tokens])
+
+
+class _BlockTableRows:
+    """Writes block tables into a flat buffer viewed as [rows, width], rewriting only the rows
+    that differ from what this buffer last held: a decode step changes a row only when its
+    sequence crosses into a new block or another sequence takes its place."""
+
+    def __init__(self) -> None:
+        self.width = 0
+        # The table each row of the buffer holds, as a copy (lists are compared, not trusted
+        # to stay unmodified); [] for a row of zeros (graph padding), None for one not written.
+        self.rows: list[list[int] | None] = []
+
+    def write(
+        self, flat: np.ndarray, tables: list[list[int]], num_rows: int, width: int
+    ) -> np.ndarray:
+        """`flat` viewed as [num_rows, width] holding `tables`, then zero rows of padding."""
+        out = flat[: num_rows * width].reshape(num_rows, width)
+        padded = chain(tables, repeat(_NO_TABLE, num_rows - len(tables)))
+        if width != self.width:
+            # Every row moved: one vectorized rewrite.
+            _fill_block_tables(out, tables)
+            self.width = width
+            self.rows = [list(table) for table in padded]
+            return out
+        rows = self.rows
+        if len(rows) < num_rows:
+            rows.extend(repeat(None, num_rows - len(rows)))
+        for i, table in enumerate(padded):
+            if table != rows[i]:
+                out[i, : len(table)] = table
+                out[i, len(table) :] = 0
+                rows[i] = list(table)
+        return out
+
+
+_NO_TABLE: list[int] = []
+
+
+def _fill_block_tables(out: np.ndarray, tables: list[list[int]]) -> None:
     """Write each table into its row of `out` [rows, width]; the rest of `out` becomes block 0."""
     out.fill(0)
     num_tables = len(tables)
-    lengths = lengths[:num_tables]
+    lengths = np.fromiter(map(len, tables), np.int64, num_tables)
     total = int(lengths.sum())
     flat = np.fromiter(chain.from_iterable(tables), np.int32, total)
     rows = np.repeat(np.arange(num_tables), lengths)
@@ -226,11 +296,11 @@ def prepare_inputs(
     num_seqs = len(batch.sequences)
     width = max(1, max(len(s.block_table) for s in batch.sequences))
     host = _FlatBuffers.allocate(num_tokens, num_seqs, width, "cpu")
-    packed = _pack(batch, block_size, _numpy_views(host), num_seqs, width)
+    packed = _pack(batch, block_size, _numpy_views(host), num_seqs, width, _BlockTableRows())
     on_device = _FlatBuffers(
         **{f.name: getattr(host, f.name).to(device, non_blocking=True) for f in fields(host)}
     )
-    return _with_cpu_plan(on_device.model_inputs(packed), block_size, dtype)
+    return _with_cpu_plan(_model_inputs(on_device.used(packed), packed), block_size, dtype)
 
 
 def _with_cpu_plan(inputs: ModelInputs, block_size: int, dtype: torch.dtype) -> ModelInputs:
@@ -238,7 +308,12 @@ def _with_cpu_plan(inputs: ModelInputs, block_size: int, dtype: torch.dtype) -> 
     metadata = inputs.attn_metadata
     if metadata.block_tables.device.type == "cpu":
         metadata.cpu_plan = cpu_attention_plan(
-            metadata.block_tables, metadata.query_start_loc, metadata.seq_lens, block_size, dtype
+            metadata.block_tables,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            block_size,
+            dtype,
+            metadata.seq_lens_tensor,
         )
     return inputs
 
@@ -285,11 +360,30 @@ class InputBuffers:
         sizes = (max_num_tokens, max_num_seqs, self.max_blocks_per_seq)
         self.host = _FlatBuffers.allocate(*sizes, "cpu", pin_memory=on_cuda)
         self._host_arrays = _numpy_views(self.host)
+        self._table_rows = _BlockTableRows()
+        self._view_cache: dict[tuple[int, ...], tuple[_FlatBuffers, _FlatBuffers | None]] = {}
         self.device = _FlatBuffers.allocate(*sizes, device) if on_cuda else self.host
         self.graph_block_tables = torch.zeros(
             (max_num_seqs, self.max_blocks_per_seq), dtype=torch.int32, device=device
         )
         self._copied = torch.cuda.Event() if on_cuda else None
+
+    def _views(self, packed: _Packed) -> tuple[_FlatBuffers, _FlatBuffers | None]:
+        """The device buffers' views that `packed` fills, and on CUDA the host's to copy from.
+
+        Kept per shape: a view costs microseconds to make, and decode steps repeat a shape
+        until a sequence joins, leaves or crosses into a new block.
+        """
+        key = (packed.num_tokens, packed.num_rows, packed.num_logits, packed.table_width)
+        views = self._view_cache.get(key)
+        if views is None:
+            if len(self._view_cache) >= _MAX_CACHED_SHAPES:
+                self._view_cache.clear()
+            # Made outside inference mode: `prepare` copies into them in and out of it.
+            with torch.inference_mode(False):
+                host = self.host.used(packed) if self._copied is not None else None
+                views = self._view_cache[key] = (self.device.used(packed), host)
+        return views
 
     def prepare(self, batch: Batch, pad_to: int | None = None) -> ModelInputs:
         """The forward inputs of `batch`, or of `batch` padded to `pad_to` one-token rows."""
@@ -307,11 +401,19 @@ class InputBuffers:
                 batch, self.block_size, self.graph_block_tables.device, self.dtype
             )
         num_rows = len(batch) if pad_to is None else pad_to
-        packed = _pack(batch, self.block_size, self._host_arrays, num_rows, self.max_blocks_per_seq)
-        if self._copied is not None:
-            self.device.used(packed).copy_from(self.host.used(packed))
+        packed = _pack(
+            batch,
+            self.block_size,
+            self._host_arrays,
+            num_rows,
+            self.max_blocks_per_seq,
+            self._table_rows,
+        )
+        used, host_used = self._views(packed)
+        if self._copied is not None and host_used is not None:
+            used.copy_from(host_used)
             self._copied.record()
-        inputs = self.device.model_inputs(packed)
+        inputs = _model_inputs(used, packed)
         if pad_to is not None:
             metadata = inputs.attn_metadata
             graph_tables = self.graph_block_tables[:pad_to]

@@ -39,7 +39,12 @@ class Sampler:
         grammar_mask: GrammarMask | None = None,
     ) -> ExecutorOutput:
         # Columns past the tokenizer's vocabulary (padded embeddings) have no token behind them.
-        raw = logits[:, : self.vocab_size].float()
+        if logits.shape[1] != self.vocab_size:
+            logits = logits[:, : self.vocab_size]
+        if grammar_mask is None and all(map(_takes_argmax, sequences)):
+            # The usual greedy decode: nothing to set up per row, one argmax (exact in any dtype).
+            return ExecutorOutput(logits.argmax(dim=-1).tolist(), [None] * len(sequences))
+        raw = logits.float()
         params = [seq.sampling_params for seq in sequences]
         processed = raw
         if any(p.uses_penalties for p in params):
@@ -100,6 +105,19 @@ class Sampler:
         if device not in self._generators:
             self._generators[device] = torch.Generator(device=device)
         return self._generators[device]
+
+
+def _takes_argmax(seq: ScheduledSequence) -> bool:
+    """Whether `seq`'s token is the argmax of its raw logits, with no log-probabilities asked:
+    greedy, and no penalty, logit bias or stop-token mask changes a logit."""
+    params = seq.sampling_params
+    return (
+        params.greedy
+        and params.logprobs is None
+        and params.logit_bias is None
+        and not params.uses_penalties
+        and (params.min_tokens == 0 or seq.num_output_tokens >= params.min_tokens)
+    )
 
 
 def apply_penalties(logits: torch.Tensor, sequences: Sequence[ScheduledSequence]) -> torch.Tensor:

@@ -65,7 +65,8 @@ class CpuAttentionPlan:
     prefills: list[tuple[int, int, int]]  # (sequence, first row, end row)
     # Whether the C++ kernel serves the decodes; else `decode_groups` do.
     use_kernel: bool
-    # For the C++ kernel: each decode's row of q and its sequence, and every sequence's length.
+    # For the C++ kernel: each decode's row of q and its sequence, and every sequence's length
+    # (int32 or int64).
     decode_rows: torch.Tensor
     decode_seqs: torch.Tensor
     seq_lens: torch.Tensor
@@ -198,9 +199,11 @@ def cpu_attention_plan(
     seq_lens: list[int],
     block_size: int,
     dtype: torch.dtype,
+    seq_lens_tensor: torch.Tensor | None = None,
 ) -> CpuAttentionPlan:
     """How `paged_attention_cpu` runs this packed batch (arguments as `paged_attention_ref`'s)
-    in `dtype` over a cache of `block_size`-token blocks."""
+    in `dtype` over a cache of `block_size`-token blocks. `seq_lens_tensor`, `seq_lens` already
+    on the CPU (int32 or int64), saves making it."""
     use_kernel = _decode_kernel_allowed and dtype == torch.float32 and cpu_kernels_available()
     # Both are powers of two, so the larger is a multiple of the smaller.
     bucket_tokens = max(DECODE_BUCKET_TOKENS, block_size)
@@ -231,17 +234,44 @@ def cpu_attention_plan(
             groups.append(
                 _DecodeGroup(rows, tables.reshape(-1), key_bias[:, None, None], padded_len)
             )
+    if len(decodes) == len(seq_lens):
+        # Decodes only: sequence i is row i, so both index lists are 0..n-1.
+        decode_rows = decode_seqs = _indices(len(decodes))
+    else:
+        decode_rows = torch.tensor([query_start_loc[i] for i in decodes], dtype=torch.int64)
+        decode_seqs = torch.tensor(decodes, dtype=torch.int64)
+    if seq_lens_tensor is None:
+        seq_lens_tensor = torch.tensor(seq_lens, dtype=torch.int64)
     return CpuAttentionPlan(
         block_size,
         dtype,
         prefills,
         use_kernel,
-        decode_rows=torch.tensor([query_start_loc[i] for i in decodes], dtype=torch.int64),
-        decode_seqs=torch.tensor(decodes, dtype=torch.int64),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+        decode_rows=decode_rows,
+        decode_seqs=decode_seqs,
+        seq_lens=seq_lens_tensor,
         decode_groups=groups,
         padded_decode_seqs=[] if use_kernel else decodes,
     )
+
+
+class _Indices(threading.local):
+    """Per thread, 0..n-1 as an int64 CPU tensor for each n asked, made once: plans only read
+    them, and making one costs more than the dictionary lookup."""
+
+    def __init__(self) -> None:
+        self.by_size: dict[int, torch.Tensor] = {}
+
+    def take(self, n: int) -> torch.Tensor:
+        indices = self.by_size.get(n)
+        if indices is None:
+            # A normal tensor, not an inference one, as `_GatherBuffer`'s.
+            with torch.inference_mode(False):
+                indices = self.by_size[n] = torch.arange(n, dtype=torch.int64)
+        return indices
+
+
+_indices = _Indices().take
 
 
 def _attend_sequence(

@@ -153,6 +153,26 @@ def decodes(*seq_lens: int) -> Batch:
     return Batch(sequences, num_decode_tokens=len(sequences))
 
 
+def test_buffers_follow_tables_that_grow_change_hands_or_go_unused_at_one_width() -> None:
+    buffers = InputBuffers(16, 4, max_model_len=64, block_size=4, device=torch.device("cpu"))
+
+    def step(*tables: list[int]) -> Batch:
+        sequences = [scheduled([5], 4 * len(t) - 1, t) for t in tables]
+        return Batch(sequences, num_decode_tokens=len(sequences))
+
+    a, b, c, d = [1, 2, 3], [4], [7, 8, 9], [6]
+    steps = [step(a, b)]
+    b.append(5)  # B crosses into a new block: its list grows in place
+    steps += [step(a, b), step(c, b), step(c), step(c, d)]
+    for batch in steps:
+        assert_same_inputs(buffers.prepare(batch), prepare_inputs(batch, 4, "cpu"))
+    c[1] = 10  # the same list, rewritten
+    assert_same_inputs(buffers.prepare(step(c, d)), prepare_inputs(step(c, d), 4, "cpu"))
+
+    padded = buffers.prepare(step(c), pad_to=3).attn_metadata.block_tables
+    assert padded[:, :3].tolist() == [[7, 10, 9], [0, 0, 0], [0, 0, 0]]
+
+
 def test_padded_decode_batch_ends_in_rows_that_write_nothing_and_read_block_zero() -> None:
     buffers = InputBuffers(16, 8, max_model_len=32, block_size=4, device=torch.device("cpu"))
 

@@ -128,6 +128,22 @@ def test_a_plan_made_once_serves_every_layer_as_a_plan_per_call_would() -> None:
         assert torch.equal(planned, paged_attention_cpu(*batch, scale=0.25))
 
 
+def test_a_decode_only_plan_reads_row_i_as_sequence_i_with_the_lengths_given() -> None:
+    q, kv_cache, block_tables, query_start_loc, seq_lens = packed_batch(
+        [(40, 1), (9, 1), (130, 1)], 16, 4, 2, seed=7
+    )
+    lengths = torch.tensor(seq_lens, dtype=torch.int32)
+
+    plan = cpu_attention_plan(block_tables, query_start_loc, seq_lens, 16, torch.float32, lengths)
+
+    assert plan.decode_rows.tolist() == plan.decode_seqs.tolist() == [0, 1, 2]
+    assert plan.seq_lens is lengths
+    batch = (q, kv_cache, block_tables, query_start_loc, seq_lens)
+    torch.testing.assert_close(
+        paged_attention_cpu(*batch, scale=0.25, plan=plan), paged_attention_ref(*batch, scale=0.25)
+    )
+
+
 def test_a_plan_for_another_dtype_is_refused_with_what_to_change() -> None:
     q, kv_cache, block_tables, query_start_loc, seq_lens = packed_batch(MIXED, 16, 4, 2, seed=6)
     plan = cpu_attention_plan(block_tables, query_start_loc, seq_lens, 16, torch.bfloat16)

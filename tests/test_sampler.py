@@ -145,6 +145,18 @@ def test_padded_vocab_columns_are_never_sampled() -> None:
     assert max(sampled) < 8
 
 
+def test_an_all_greedy_batch_takes_the_argmax_of_the_vocabulary_columns_only() -> None:
+    logits = torch.zeros(4, 10)
+    logits[:, 8:] = 100.0
+    logits[torch.arange(4), torch.tensor([3, 0, 7, 3])] = 1.0
+    sequences = [make_seq(SamplingParams(temperature=0.0)) for _ in range(4)]
+
+    output = Sampler(8, [EOS])(logits, sequences)
+
+    assert output.sampled_token_ids == [3, 0, 7, 3]
+    assert output.logprobs == [None] * 4
+
+
 def generate(sampler: Sampler, logits: torch.Tensor, seed: int, row: int, steps: int) -> list[int]:
     """Sample `steps` tokens for the seeded request at `row`, beside unseeded rows."""
     tokens: list[int] = []

@@ -227,3 +227,19 @@ def test_unset_max_tokens_is_capped_by_what_the_cache_holds():
     engine = make_engine(num_kv_blocks=4, block_size=16, max_model_len=4096)
     engine.add_request(make_request("a", prompt(10), max_tokens=None))
     assert len(run_to_completion(engine)["a"]) == 4 * 16 - 10
+
+
+def test_steady_decode_steps_ask_the_policy_for_no_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = make_engine(max_num_seqs=2)
+    policy = engine.scheduler.policy
+    views = []
+    plan = policy.plan
+    monkeypatch.setattr(policy, "plan", lambda view: views.append(view) or plan(view))
+    for i in range(2):
+        engine.add_request(make_request(f"r{i}", prompt(20, seed=i), max_tokens=5))
+
+    outputs = run_to_completion(engine)
+
+    assert all(len(tokens) == 5 for tokens in outputs.values())
+    # Only the step that admits both prompts has prefill to plan; the decodes after it do not.
+    assert len(views) == 1 and len(views[0].waiting) == 2
