@@ -150,6 +150,8 @@ class StepCostModel:
         # Σ λ^age·x·xᵀ and Σ λ^age·x·seconds over the measured steps (scaled features).
         self._gram = [[0.0] * NUM_FEATURES for _ in range(NUM_FEATURES)]
         self._moment = [0.0] * NUM_FEATURES
+        # The last fit's non-zero coefficients: the next fit tries them first.
+        self._support: tuple[int, ...] = tuple(range(NUM_FEATURES))
         self.num_observations = 0
         self.last_error_ratio: float | None = None
         self.mean_abs_error_ratio: float | None = None
@@ -198,23 +200,31 @@ class StepCostModel:
             row = self._gram[i]
             for j in range(n):
                 row[j] = FORGETTING_FACTOR * row[j] + x[i] * x[j]
-        theta = _anchored_nnls(self._gram, self._moment, self._anchor, ANCHOR_WEIGHT)
+        theta = anchored_nnls(self._gram, self._moment, self._anchor, ANCHOR_WEIGHT, self._support)
+        self._support = tuple(i for i, t in enumerate(theta) if t != 0.0)
         self.coefficients = [t / s for t, s in zip(theta, FEATURE_SCALE, strict=True)]
 
 
-def _anchored_nnls(
-    gram: list[list[float]], moment: list[float], anchor: list[float], weight: float
+def anchored_nnls(
+    gram: list[list[float]],
+    moment: list[float],
+    anchor: list[float],
+    weight: float,
+    hint: tuple[int, ...] = (),
 ) -> list[float]:
     """argmin over θ ≥ 0 of θᵀ(G + wI)θ − 2θᵀ(m + w·anchor): least squares on the forgotten
-    steps plus a pull toward the anchor. With four unknowns every support (set of non-zero
-    coefficients) is tried; the best feasible one is the constrained optimum, since the
-    objective is convex and the optimum solves the unconstrained problem on its support."""
+    steps plus a pull toward the anchor. The objective is strictly convex, so the optimum is
+    the unconstrained solution on its support (set of non-zero coefficients) that meets the
+    KKT conditions. The support `hint` (the last fit's: it rarely changes between steps) is
+    tried first, then the full one; failing both, with four unknowns every support is tried
+    and the best feasible one kept."""
     n = len(moment)
     matrix = [[gram[i][j] + (weight if i == j else 0.0) for j in range(n)] for i in range(n)]
     target = [moment[i] + weight * anchor[i] for i in range(n)]
-    unconstrained = _solve(matrix, target)
-    if unconstrained is not None and min(unconstrained) >= 0:
-        return unconstrained  # the usual case: nothing to constrain
+    for support in (hint, tuple(range(n))):
+        theta = _optimum_on(matrix, target, support)
+        if theta is not None:
+            return theta
     best, best_value = [0.0] * n, 0.0
     for size in range(1, n):
         for support in itertools.combinations(range(n), size):
@@ -231,6 +241,28 @@ def _anchored_nnls(
             if value < best_value:
                 best, best_value = theta, value
     return best
+
+
+def _optimum_on(
+    matrix: list[list[float]], target: list[float], support: tuple[int, ...]
+) -> list[float] | None:
+    """θ solving the problem on `support` with zeros elsewhere, if it is the optimum: θ ≥ 0 and
+    the gradient Mθ − t is ≥ 0 off the support (no zero coefficient wants to grow)."""
+    if not support:
+        return None
+    solved = _solve(
+        [[matrix[i][j] for j in support] for i in support], [target[i] for i in support]
+    )
+    if solved is None or min(solved) < 0:
+        return None
+    n = len(target)
+    theta = [0.0] * n
+    for i, value in zip(support, solved, strict=True):
+        theta[i] = value
+    for i in range(n):
+        if i not in support and sum(matrix[i][j] * theta[j] for j in range(n)) < target[i]:
+            return None
+    return theta
 
 
 def _solve(matrix: list[list[float]], vector: list[float]) -> list[float] | None:

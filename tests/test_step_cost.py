@@ -6,6 +6,7 @@ its coefficients give."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import random
 from pathlib import Path
 
@@ -14,7 +15,13 @@ import pytest
 from core.batch import Batch
 from core.simulated_executor import SimulatedClock, SimulatedExecutor
 from core.simulator import DEFAULT_COST
-from core.step_cost import CostCoefficients, StepCostModel, StepShape
+from core.step_cost import (
+    NUM_FEATURES,
+    CostCoefficients,
+    StepCostModel,
+    StepShape,
+    anchored_nnls,
+)
 from core.step_cost_profile import profile_shapes, warm_up
 from tests.factory import make_engine, make_request
 
@@ -135,3 +142,20 @@ def test_coefficients_parse_from_the_command_line_form():
         CostCoefficients.parse("speed=3")
     with pytest.raises(ValueError, match=">= 0"):
         CostCoefficients.parse("base=-1")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_warm_started_fit_finds_the_same_optimum_whatever_support_it_tries_first(seed):
+    rng = random.Random(seed)
+    n = NUM_FEATURES
+    rows = [[rng.gauss(0, 1) for _ in range(n)] for _ in range(2 * n)]
+    gram = [[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)]
+    # Targets of either sign, so the optimum has zeros on some seeds and none on others.
+    moment = [rng.gauss(0, 3) for _ in range(n)]
+    anchor = [rng.uniform(0, 1) for _ in range(n)]
+    cold = anchored_nnls(gram, moment, anchor, 0.5)
+
+    assert min(cold) >= 0
+    for size in range(n + 1):
+        for hint in itertools.combinations(range(n), size):
+            assert anchored_nnls(gram, moment, anchor, 0.5, hint) == pytest.approx(cold)
