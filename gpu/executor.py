@@ -255,7 +255,9 @@ class TorchExecutor:
         to_sample = [seq for seq in batch.sequences if seq.sample]
         if not to_sample:
             return ExecutorOutput(sampled_token_ids=[])
-        logits = self.model.compute_logits(hidden[logits_indices]).float()
+        # As many rows sampled as there are means one token a sequence, each sampled, in order.
+        sampled = hidden if logits_indices.shape[0] == hidden.shape[0] else hidden[logits_indices]
+        logits = self.model.compute_logits(sampled).float()
         grammar_mask = mask.result() if mask is not None else None
         output = self.sampler(logits, to_sample, grammar_mask)
         if grammar_mask is not None and self._grammar_matchers is not None:
