@@ -25,7 +25,12 @@ logger = logging.getLogger(__name__)
 NAME = "baton_cpu_kernels"
 SOURCES = [
     Path(__file__).parent / "csrc" / name
-    for name in ("paged_decode_cpu.cpp", "layer_ops_cpu.cpp", "int8_linear_cpu.cpp")
+    for name in (
+        "paged_decode_cpu.cpp",
+        "layer_ops_cpu.cpp",
+        "int8_linear_cpu.cpp",
+        "f32_linear_cpu.cpp",
+    )
 ]
 # Beside the build: which library the last build of which sources and flags made.
 STAMP = "baton_build.json"
