@@ -29,6 +29,7 @@ SOURCES = [
         "paged_decode_cpu.cpp",
         "layer_ops_cpu.cpp",
         "int8_linear_cpu.cpp",
+        "f32_linear_cpu.cpp",
         "decode_layers_cpu.cpp",
     )
 ]

@@ -1,0 +1,192 @@
+// Float32 linear on the CPU: out[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]), over the
+// weight in the packed layout kernels/f32_linear.py's `pack_weight` makes once at load. The
+// reference is `F.linear`.
+//
+// A decode step reads every weight once, so at a few rows the weights' read is the step. The
+// packed layout, [ceil(N / 16), K, 16], stores a panel of 16 output channels per group, k by k:
+// a tile walks its group's panel as one sequential stream (one cache line per k), and each
+// weight vector loaded feeds every row of the tile, whose activations are broadcast one k at a
+// time. At prefill sizes a block of panels stays in L2 while every row tile passes over it.
+// Padding channels are zeros.
+//
+// Batch invariance: each output lane is one float32 accumulator fed by fused multiply-adds in
+// k order, then the same bias add; whatever the tile shape, the number of rows or the thread
+// split, a row's bits are the same. So one kernel serves every row count (a switch to another
+// library by row count would give a row different bits alone and batched).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+// Each sum below is ordered by hand: the build's -fassociative-math would let the compiler
+// reorder the plain-C++ path's sums differently per tile shape, and a row's bits would then
+// depend on the tile it ran in; so not in this file.
+#if defined(__clang__)
+#pragma clang fp reassociate(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("no-associative-math")
+#endif
+
+namespace {
+
+constexpr int kLanes = 8;
+// Output channels per group: two vectors, one 64-byte cache line per k.
+constexpr int64_t kGroup = 16;
+constexpr int kVecs = kGroup / kLanes;
+// Rows per tile: 6 rows x 2 vectors = 12 accumulators, which with 2 weight vectors and a
+// broadcast activation fill AVX2's 16 registers.
+constexpr int kMaxRowTile = 6;
+// Multiply-adds per parallel task: below this a fork costs more than the work.
+constexpr int64_t kTaskMacs = 1 << 16;
+// Weight bytes one task's block of panels keeps in L2 while every row tile passes over it.
+constexpr int64_t kBlockBytes = 256 * 1024;
+
+#if defined(__AVX2__) && defined(__FMA__)
+using Vec = __m256;
+inline Vec zero() { return _mm256_setzero_ps(); }
+inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+inline Vec fma(Vec a, Vec b, Vec acc) { return _mm256_fmadd_ps(a, b, acc); }
+inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+#else
+// Without AVX2 the same arithmetic on 8-lane arrays, for the compiler to vectorize as it can;
+// the order per output is still fixed by the code, not by the batch.
+struct Vec {
+  float v[kLanes];
+};
+inline Vec zero() { return Vec{}; }
+inline Vec load(const float* p) {
+  Vec r;
+  for (int i = 0; i < kLanes; ++i) r.v[i] = p[i];
+  return r;
+}
+inline Vec broadcast(const float* p) {
+  Vec r;
+  for (int i = 0; i < kLanes; ++i) r.v[i] = *p;
+  return r;
+}
+inline Vec fma(Vec a, Vec b, Vec acc) {
+  // Fused always: left to the compiler, `acc + a * b` may be fused in one tile and not another.
+  for (int i = 0; i < kLanes; ++i) acc.v[i] = std::fma(a.v[i], b.v[i], acc.v[i]);
+  return acc;
+}
+inline void store(float* p, Vec v) { std::memcpy(p, v.v, sizeof(v.v)); }
+#endif
+
+struct Problem {
+  const float* x;
+  int64_t ldx;
+  const float* weight;  // packed: [groups][K][kGroup]
+  const float* bias;    // null when there is none
+  float* out;
+  int64_t K, N;
+};
+
+// R rows from `m` over group `g`'s panel: each weight vector loaded feeds R rows. The 12
+// accumulators are named variables, not an array: GCC kept an array of them on the stack and
+// stored all 12 every k (docs/benchmarks.md, "A float32 linear kernel for decode rows").
+template <int R>
+void tile(const Problem& p, int64_t m, int64_t g) {
+  static_assert(R >= 1 && R <= kMaxRowTile && kVecs == 2, "a tile is 1-6 rows x 2 vectors");
+  Vec a0 = zero(), b0 = zero(), a1 = zero(), b1 = zero(), a2 = zero(), b2 = zero();
+  Vec a3 = zero(), b3 = zero(), a4 = zero(), b4 = zero(), a5 = zero(), b5 = zero();
+  const float* x = p.x + m * p.ldx;
+  const float* w = p.weight + g * p.K * kGroup;
+  const int64_t K = p.K, ldx = p.ldx;
+  for (int64_t k = 0; k < K; ++k, w += kGroup) {
+    const Vec lo = load(w), hi = load(w + kLanes);
+    const float* xk = x + k;
+    // Rows past R are dropped at compile time.
+#define BATON_ROW(r)                      \
+  if (R > r) {                              \
+    const Vec xv = broadcast(xk + r * ldx); \
+    a##r = fma(xv, lo, a##r);               \
+    b##r = fma(xv, hi, b##r);               \
+  }
+    BATON_ROW(0) BATON_ROW(1) BATON_ROW(2) BATON_ROW(3) BATON_ROW(4) BATON_ROW(5)
+#undef BATON_ROW
+  }
+  const Vec acc[kMaxRowTile][kVecs] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}, {a4, b4}, {a5, b5}};
+  const int64_t n = g * kGroup, width = std::min<int64_t>(kGroup, p.N - n);
+  for (int r = 0; r < R; ++r) {
+    float sums[kGroup];
+    for (int v = 0; v < kVecs; ++v) store(sums + v * kLanes, acc[r][v]);
+    float* o = p.out + (m + r) * p.N + n;
+    if (p.bias) {
+      for (int64_t c = 0; c < width; ++c) o[c] = sums[c] + p.bias[n + c];
+    } else {
+      std::memcpy(o, sums, width * sizeof(float));
+    }
+  }
+}
+
+// Groups [g_begin, g_end) for R rows.
+template <int R>
+void row_tile(const Problem& p, int64_t m, int64_t g_begin, int64_t g_end) {
+  for (int64_t g = g_begin; g < g_end; ++g) tile<R>(p, m, g);
+}
+
+void rows(const Problem& p, int64_t m, int R, int64_t g_begin, int64_t g_end) {
+  switch (R) {
+    case 1: return row_tile<1>(p, m, g_begin, g_end);
+    case 2: return row_tile<2>(p, m, g_begin, g_end);
+    case 3: return row_tile<3>(p, m, g_begin, g_end);
+    case 4: return row_tile<4>(p, m, g_begin, g_end);
+    case 5: return row_tile<5>(p, m, g_begin, g_end);
+    default: return row_tile<6>(p, m, g_begin, g_end);
+  }
+}
+
+at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
+                      const c10::optional<at::Tensor>& bias, int64_t out_features) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, "x is float32 on the CPU");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x is [rows, in], contiguous rows");
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  const int64_t groups = (N + kGroup - 1) / kGroup;
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous(),
+              "the weight is contiguous float32, packed by kernels.f32_linear.pack_weight");
+  TORCH_CHECK(weight.dim() == 3 && weight.size(0) == groups && weight.size(1) == K &&
+                  weight.size(2) == kGroup,
+              "the weight is packed [ceil(out / 16), in, 16] with in = x's columns and out = "
+              "out_features");
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == N,
+                "bias is a contiguous float32 [out]");
+  }
+  auto out = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return out;
+  const Problem p{x.data_ptr<float>(), x.stride(0), weight.data_ptr<float>(),
+                  has_bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(), K, N};
+  const int64_t macs_per_group = std::max<int64_t>(1, kGroup * K * M);
+  const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
+  const int64_t panel_bytes = kGroup * std::max<int64_t>(K, 1) * sizeof(float);
+  const int64_t block = std::max<int64_t>(1, kBlockBytes / panel_bytes);
+  // Split over output channels: each thread reads its own panels, once per row tile.
+  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; g += block) {
+      const int64_t g_end = std::min(end, g + block);
+      for (int64_t m = 0; m < M; m += kMaxRowTile) {
+        rows(p, m, static_cast<int>(std::min<int64_t>(kMaxRowTile, M - m)), g, g_end);
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(baton_cpu, m) {
+  m.def("f32_linear(Tensor x, Tensor weight, Tensor? bias, int out_features) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(baton_cpu, CPU, m) { m.impl("f32_linear", &f32_linear); }
