@@ -3,7 +3,7 @@
 The C++ side runs the kernels gpu/model.py's layers call, in the same order, so the hidden
 states are the Python forward's bit for bit; what it removes is the Python between them. It
 takes plain decoder layers only (Llama's shape: no q/k norms, no Gemma norms, no MoE, no
-sliding window or soft-capping), each linear int8 (gpu.quantization) or oneDNN-packed float32,
+sliding window or soft-capping), each linear int8 (gpu.quantization) or packed float32,
 and steps whose every token is a decode served by the C++ attention kernel. Anything else runs
 the layers in Python as before.
 """
@@ -25,11 +25,11 @@ LinearSlots = tuple[torch.Tensor, torch.Tensor | None]
 
 def _linear_slots(module: nn.Module) -> LinearSlots | None:
     """(weight, scales) of a linear the C++ side runs, or None: int8 codes packed for Baton's
-    kernel, or a oneDNN-packed float weight."""
+    kernel, or a float weight packed for the CPU (gpu.model.pack_cpu_weight)."""
     if isinstance(module, Int8Linear) and is_packed(module.weight):
         return module.weight, module.scales
     if isinstance(module, Linear) and module.packed_weight is not None:
-        return module.packed_weight, None
+        return module.packed_weight, None  # float32: Baton's kernel or oneDNN
     return None
 
 
@@ -45,6 +45,7 @@ class CpuDecodeLayers:
         self.cos_sin_cache = model.layers[0].self_attn.cos_sin_cache
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
+        self.intermediate_size = config.intermediate_size
         self.scale = model.layers[0].self_attn.scale
         self.eps = config.rms_norm_eps
         self.gelu = config.hidden_act != "silu"
@@ -117,6 +118,7 @@ class CpuDecodeLayers:
             self.final_norm,
             self.num_heads,
             self.num_kv_heads,
+            self.intermediate_size,
             self.scale,
             self.eps,
             self.gelu,

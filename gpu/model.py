@@ -21,6 +21,8 @@ from core.model_config import ModelConfig
 from gpu.input_batch import AttentionMetadata
 from gpu.moe import SparseMoE
 from kernels import ops
+from kernels.cpu_extension import cpu_kernels_available
+from kernels.f32_linear import f32_linear, pack_weight
 from kernels.linear import (
     cpu_has_native_bf16,
     onednn_linear,
@@ -34,8 +36,32 @@ from kernels.softcap import softcap_ref
 LayerKVCache = torch.Tensor
 
 
+def uses_f32_kernel(weight: torch.Tensor) -> bool:
+    """Whether a packed CPU weight runs in Baton's float32 kernel (kernels.f32_linear) rather
+    than oneDNN: float32, where the C++ kernels built."""
+    return weight.dtype == torch.float32 and cpu_kernels_available()
+
+
+def pack_cpu_weight(weight: torch.Tensor, rows_hint: int) -> torch.Tensor:
+    """`weight` [out, in] in the layout its CPU kernel reads: Baton's float32 kernel's, else
+    oneDNN's (bfloat16, or no C++ kernels)."""
+    if uses_f32_kernel(weight):
+        return pack_weight(weight)
+    return pack_linear_weight(weight, rows_hint)
+
+
+def packed_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """`F.linear` over a weight `pack_cpu_weight` packed."""
+    if packed.is_mkldnn:
+        return onednn_linear(x, packed, bias)
+    return f32_linear(x, packed, bias, out_features)
+
+
 class Linear(nn.Linear):
-    """`nn.Linear` that can run over a oneDNN-packed copy of its weight (kernels.linear).
+    """`nn.Linear` that can run over a packed copy of its weight on the CPU: in Baton's float32
+    kernel (kernels.f32_linear), or oneDNN's layout (kernels.linear) for bfloat16.
 
     Once packed, the float weight is dropped (left as a meta tensor of the same shape, so the
     parameter count stands): the packed copy is the only one, not a second one in memory.
@@ -46,10 +72,10 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_weight is None:
             return F.linear(x, self.weight, self.bias)
-        return onednn_linear(x, self.packed_weight, self.bias)
+        return packed_linear(x, self.packed_weight, self.bias, self.out_features)
 
     def pack(self, rows_hint: int) -> None:
-        self.packed_weight = pack_linear_weight(self.weight, rows_hint)
+        self.packed_weight = pack_cpu_weight(self.weight, rows_hint)
         self.weight = nn.Parameter(self.weight.to("meta"), requires_grad=False)
 
 
@@ -253,7 +279,9 @@ class CausalLM(nn.Module):
         if self.lm_head is not None:
             logits = self.lm_head(hidden)
         elif self.packed_logits_weight is not None:
-            logits = onednn_linear(hidden, self.packed_logits_weight, None)
+            logits = packed_linear(
+                hidden, self.packed_logits_weight, None, self.embed_tokens.num_embeddings
+            )
         else:
             logits = F.linear(hidden, self.embed_tokens.weight)
         if self.config.final_logit_softcap is not None:
@@ -271,10 +299,11 @@ class CausalLM(nn.Module):
         return not (windowed or config.attn_logit_softcap or config.moe)
 
     def pack_linear_weights(self, rows_hint: int) -> bool:
-        """Run every linear layer and every float MoE expert through oneDNN over packed weights
-        (on the CPU, in float32, or in bfloat16 where the CPU multiplies it natively; see
-        kernels.linear). Tied embeddings keep their table for lookups and get a packed copy for
-        the LM head. Returns whether it packed; the weights are loaded by then."""
+        """Run every linear layer over packed weights on the CPU: in float32 through Baton's
+        kernel (kernels.f32_linear), in bfloat16 where the CPU multiplies it natively through
+        oneDNN (kernels.linear), as the float MoE experts in both. Tied embeddings keep their
+        table for lookups and get a packed copy for the LM head. Returns whether it packed; the
+        weights are loaded by then."""
         embed = self.embed_tokens.weight
         if embed.device.type != "cpu" or not onednn_linear_available():
             return False
@@ -285,5 +314,5 @@ class CausalLM(nn.Module):
             if isinstance(module, (Linear, SparseMoE)):
                 module.pack(rows_hint)
         if self.lm_head is None:
-            self.packed_logits_weight = pack_linear_weight(embed, rows_hint)
+            self.packed_logits_weight = pack_cpu_weight(embed, rows_hint)
         return True

@@ -19,7 +19,8 @@
 namespace {
 
 // Per layer, in this order; a linear is (weight, scales, bias): int8 codes packed for
-// baton_cpu::int8_linear when it has scales, else oneDNN's packed float weight.
+// baton_cpu::int8_linear when it has scales, else a float weight packed for oneDNN (an MkldnnCPU
+// tensor) or for baton_cpu::f32_linear (which also needs the layer's output width).
 enum Slot : int64_t {
   kInputNorm,
   kQkv,
@@ -43,17 +44,21 @@ c10::OperatorHandle find(const char* name) {
 }
 
 at::Tensor linear(const at::Tensor& x, const c10::List<OptTensor>& w, int64_t base,
-                  int64_t scales_slot, const OptTensor& bias) {
+                  int64_t scales_slot, const OptTensor& bias, int64_t out_features) {
   static const auto int8 =
       find("baton_cpu::int8_linear")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                             const OptTensor&)>();
+  static const auto f32 =
+      find("baton_cpu::f32_linear")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptTensor&, int64_t)>();
   // oneDNN's op, called boxed: its string and scalar-list arguments have no stable C++ spelling
   // across torch releases, and one boxed call a linear is noise beside the linear.
   static const auto onednn = find("mkldnn::_linear_pointwise");
   const OptTensor scales = w.get(scales_slot);
   const at::Tensor weight = *w.get(base);
   if (scales.has_value()) return int8.call(x, weight, *scales, bias);
+  if (!weight.is_mkldnn()) return f32.call(x, weight, bias, out_features);
   c10::Stack stack{x,      weight, bias, std::string("none"), c10::List<std::optional<at::Scalar>>(),
                    c10::IValue()};
   onednn.callBoxed(&stack);
@@ -66,7 +71,7 @@ at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& position
                          const at::Tensor& seq_lens, const at::Tensor& rows,
                          const at::Tensor& seqs, const c10::List<OptTensor>& weights,
                          const at::Tensor& final_norm, int64_t num_heads, int64_t num_kv_heads,
-                         double scale, double eps, bool gelu) {
+                         int64_t intermediate_size, double scale, double eps, bool gelu) {
   static const auto rms_norm =
       find("baton_cpu::rms_norm").typed<at::Tensor(const at::Tensor&, const at::Tensor&, double)>();
   static const auto add_norm =
@@ -91,7 +96,9 @@ at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& position
               "weights hold ", static_cast<int64_t>(kSlotsPerLayer), " entries per layer");
   TORCH_CHECK(hidden_in.dim() == 2 && rows.numel() == hidden_in.size(0),
               "every row of hidden is a decode");
-  const int64_t num_tokens = hidden_in.size(0);
+  const int64_t num_tokens = hidden_in.size(0), hidden_size = hidden_in.size(1);
+  const int64_t head_dim = cos_sin.size(1);
+  const int64_t qkv_size = (num_heads + 2 * num_kv_heads) * head_dim;
   at::Tensor hidden = hidden_in, residual;
   for (int64_t layer = 0; layer < num_layers; ++layer) {
     const int64_t base = layer * kSlotsPerLayer;
@@ -104,18 +111,19 @@ at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& position
       std::tie(normed, residual) = add_norm.call(hidden, residual, input_norm, eps);
     }
     const at::Tensor qkv = linear(normed, weights, base + kQkv, base + kQkvScales,
-                                  weights.get(base + kQkvBias));
+                                  weights.get(base + kQkvBias), qkv_size);
     at::Tensor kv_cache = kv_caches[layer];
     const at::Tensor q = rotary.call(qkv, positions, cos_sin, kv_cache, slot_mapping, num_heads,
                                      num_kv_heads);
     const at::Tensor attended = at::empty(q.sizes(), q.options());
     attend.call(attended, q, kv_cache, block_tables, seq_lens, rows, seqs, scale, 0, 0.0);
     const at::Tensor o = linear(attended.view({num_tokens, -1}), weights, base + kO,
-                                base + kOScales, weights.get(base + kOBias));
+                                base + kOScales, weights.get(base + kOBias), hidden_size);
     std::tie(normed, residual) = add_norm.call(o, residual, *weights.get(base + kPostNorm), eps);
-    const at::Tensor up = linear(normed, weights, base + kGateUp, base + kGateUpScales, {});
+    const at::Tensor up =
+        linear(normed, weights, base + kGateUp, base + kGateUpScales, {}, 2 * intermediate_size);
     const at::Tensor gated = gelu ? gelu_tanh.call(up) : silu.call(up);
-    hidden = linear(gated, weights, base + kDown, base + kDownScales, {});
+    hidden = linear(gated, weights, base + kDown, base + kDownScales, {}, hidden_size);
   }
   return std::get<0>(add_norm.call(hidden, residual, final_norm, eps));
 }
@@ -126,8 +134,8 @@ TORCH_LIBRARY_FRAGMENT(baton_cpu, m) {
   m.def(
       "decode_layers(Tensor hidden, Tensor positions, Tensor cos_sin, Tensor(a!)[] kv_caches, "
       "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, Tensor rows, Tensor seqs, "
-      "Tensor?[] weights, Tensor final_norm, int num_heads, int num_kv_heads, float scale, "
-      "float eps, bool gelu) -> Tensor");
+      "Tensor?[] weights, Tensor final_norm, int num_heads, int num_kv_heads, "
+      "int intermediate_size, float scale, float eps, bool gelu) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(baton_cpu, CPU, m) { m.impl("decode_layers", &decode_layers); }
