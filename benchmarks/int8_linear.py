@@ -168,7 +168,7 @@ def cold(kernels_by_name: dict[str, Callable], rounds: int, row_counts: list[int
     return results
 
 
-def layer_cases(generator: torch.Generator, before: Callable | None) -> list:
+def layer_cases(generator: torch.Generator, before: Callable | None, row_counts: list[int]) -> list:
     cases = []
     for model, layer, k, n in LAYERS:
         weight = torch.randn(n, k, generator=generator) * 0.02
@@ -176,7 +176,7 @@ def layer_cases(generator: torch.Generator, before: Callable | None) -> list:
         codes, scales = quantize_per_channel(weight)
         packed_codes = pack_codes(codes)
         weight_bf16 = weight.bfloat16()
-        for rows in ROWS:
+        for rows in row_counts:
             x = torch.randn(rows, k, generator=generator)
             x_bf16 = x.bfloat16()
             contenders = {
@@ -185,6 +185,10 @@ def layer_cases(generator: torch.Generator, before: Callable | None) -> list:
                 "int8_torch": lambda x=x, c=codes, s=scales: int8_linear_torch(x, c, s, None),
                 "bf16_f_linear": lambda x=x_bf16, w=weight_bf16: F.linear(x, w),
             }
+            if before is not None:
+                contenders["int8_before"] = lambda x=x, c=packed_codes, s=scales: before(
+                    x, c, s, None
+                )
             if rows <= INT8PACK_MM_MAX_ROWS:
                 contenders["int8pack_mm"] = lambda x=x, c=codes, s=scales: (
                     torch.ops.aten._weight_int8pack_mm(x, c, s)
@@ -198,8 +202,8 @@ def layer_cases(generator: torch.Generator, before: Callable | None) -> list:
     return cases
 
 
-def layers(rounds: int, iters: int, before: Callable | None) -> list[dict]:
-    cases = layer_cases(torch.Generator().manual_seed(0), before)
+def layers(rounds: int, iters: int, before: Callable | None, row_counts: list[int]) -> list[dict]:
+    cases = layer_cases(torch.Generator().manual_seed(0), before, row_counts)
     samples: dict[tuple, dict[str, list[float]]] = {}
     for _ in range(rounds):
         for key, contenders, *_ in cases:
@@ -227,9 +231,10 @@ def layers(rounds: int, iters: int, before: Callable | None) -> list[dict]:
     return results
 
 
-def step_ms(rounds: int) -> dict:
-    """One stream's decode of the bench Llama: float32, int8 through the C++ kernel and int8
-    through the plain-torch path, interleaved round by round in one process."""
+def step_ms(rounds: int, before: Callable | None) -> dict:
+    """One stream's decode of the bench Llama: float32, int8 through the C++ kernel (and, given
+    `before`, through that kernel instead) and int8 through the plain-torch path, interleaved
+    round by round in one process."""
     from app.llm import LLM
     from core.sampling_params import SamplingParams
     from gpu.random_checkpoint import write_checkpoint
@@ -240,6 +245,10 @@ def step_ms(rounds: int) -> dict:
     params = SamplingParams(max_tokens=STEP_TOKENS, temperature=0.0, ignore_eos=True)
     kernel_takes = kernels.int8_linear.uses_int8_kernel
     contenders = {"f32": True, "int8": True, "int8_torch": False}
+    if before is not None:
+        contenders["int8_before"] = True
+    # The op as Baton's int8 layers look it up at each call, swapped for `int8_before`'s rounds.
+    current = torch.ops.baton_cpu.int8_linear
     times: dict[str, list[float]] = {name: [] for name in contenders}
     # CPU seconds of the process: what preemption by other processes does not inflate (at one
     # thread; at two, a thread waiting for its descheduled partner spins and is counted).
@@ -249,12 +258,15 @@ def step_ms(rounds: int) -> dict:
         for name, kernel in contenders.items():
             if not kernel:
                 kernels.int8_linear.uses_int8_kernel = lambda *args: False
-            llm = engines[name.removesuffix("_torch")]
+            if name == "int8_before":
+                torch.ops.baton_cpu.int8_linear = before
+            llm = engines[name.removesuffix("_torch").removesuffix("_before")]
             start, cpu_start = time.perf_counter(), time.process_time()
             tokens[name] = llm.generate([PROMPT], params)[0].token_ids
             times[name].append((time.perf_counter() - start) / STEP_TOKENS * 1e3)
             cpu_times[name].append((time.process_time() - cpu_start) / STEP_TOKENS * 1e3)
             kernels.int8_linear.uses_int8_kernel = kernel_takes
+            torch.ops.baton_cpu.int8_linear = current
     return dict(
         ms_per_token_median={name: round(statistics.median(v[1:]), 2) for name, v in times.items()},
         ms_per_token_fastest={name: round(min(v[1:]), 2) for name, v in times.items()},
@@ -263,6 +275,7 @@ def step_ms(rounds: int) -> dict:
         },
         int8_tokens_before_divergence_from_f32=tokens_in_common(tokens["int8"], tokens["f32"]),
         int8_tokens_equal_int8_torch=tokens["int8"] == tokens["int8_torch"],
+        int8_tokens_equal_int8_before=tokens["int8"] == tokens.get("int8_before"),
     )
 
 
@@ -279,7 +292,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--cold", action="store_true", help="GB/s over weights from DRAM instead")
     parser.add_argument("--baseline", metavar="REV", help="also the kernel at git revision REV")
-    parser.add_argument("--rows", type=int, nargs="+", default=COLD_ROWS, help="rows for --cold")
+    parser.add_argument("--rows", type=int, nargs="+", help="row counts (default: all listed)")
     args = parser.parse_args()
     before = baseline_kernel(args.baseline) if args.baseline else None
     if args.threads is not None:
@@ -291,14 +304,16 @@ def main() -> None:
         native_bf16=cpu_has_native_bf16(),
     )
     if args.step:
-        report["step"] = step_ms(args.rounds)
+        report["step"] = step_ms(args.rounds, before)
     elif args.cold:
         if before is None:
             parser.error("--cold compares against a --baseline REV")
         after = build_kernel(KERNEL_SOURCE.read_text(), "baton_int8_after")
-        report["cold"] = cold({"before": before, "after": after}, args.rounds, args.rows)
+        report["cold"] = cold(
+            {"before": before, "after": after}, args.rounds, args.rows or COLD_ROWS
+        )
     else:
-        report["results"] = layers(args.rounds, args.iters, before)
+        report["results"] = layers(args.rounds, args.iters, before, args.rows or ROWS)
     print(json.dumps(report, indent=1))
 
 

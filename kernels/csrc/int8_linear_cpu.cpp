@@ -176,8 +176,10 @@ float quantize_row(const float* x, int64_t K, int64_t k_blocks, int16_t* q) {
   const __m256 vinv = _mm256_set1_ps(inv);
   for (; (b + 1) * kLanes <= K; ++b) {
     const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + b * kLanes), vinv));
-    const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kBlockInts), _mm256_set_m128i(packed, packed));
+    const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+    const __m128i packed = _mm_packs_epi32(lo, hi);  // never saturates: |v| <= 32767
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kBlockInts),
+                        _mm256_set_m128i(packed, packed));
   }
 #endif
   for (int64_t k = b * kLanes; k < K; ++k) {
@@ -219,7 +221,9 @@ void tile(const Problem& p, int64_t m, int64_t g, int pair) {
       __builtin_prefetch(wb + kPrefetchBytes);
       for (int c = 0; c < P; ++c) {
         const IVec wv = load_pair(wb + c * 2 * kLanes);
-        for (int r = 0; r < R; ++r) sum[r][c] = madd(sum[r][c], wv, x + r * ldx + b * kBlockInts);
+        for (int r = 0; r < R; ++r) {
+          sum[r][c] = madd(sum[r][c], wv, x + r * ldx + b * kBlockInts);
+        }
       }
     }
     for (int r = 0; r < R; ++r)
@@ -287,13 +291,14 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   int16_t* xqp = xq.data_ptr<int16_t>();
   float* sp = x_scales.data_ptr<float>();
   const int64_t ldx = x.stride(0);
-  at::parallel_for(0, M, std::max<int64_t>(1, kTaskValues / std::max<int64_t>(K, 1)),
-                   [&](int64_t begin, int64_t end) {
-                     for (int64_t m = begin; m < end; ++m)
-                       sp[m] = quantize_row(xp + m * ldx, K, k_blocks, xqp + m * k_blocks * kBlockInts);
-                   });
+  const int64_t row_grain = std::max<int64_t>(1, kTaskValues / std::max<int64_t>(K, 1));
+  at::parallel_for(0, M, row_grain, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m)
+      sp[m] = quantize_row(xp + m * ldx, K, k_blocks, xqp + m * k_blocks * kBlockInts);
+  });
   const Problem p{xqp, sp, codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
-                  has_bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(), N, k_blocks};
+                  has_bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
+                  N, k_blocks};
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * k_blocks * kLanes * M);
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
   const int64_t block = std::max<int64_t>(1, kBlockBytes / (kGroup * k_blocks * kLanes));
