@@ -58,8 +58,9 @@ constexpr float kInt16Max = 32767.0f;
 // products of |activation| <= 32767 and |code| <= 127, at most 2 * 32767 * 127 = 8,322,818 per
 // block, so 256 blocks sum to at most 2,130,641,408 < 2^31 - 1 = 2,147,483,647: no K overflows.
 constexpr int64_t kChunkBlocks = 256;
-// Rows per tile: 4 rows x 3 channel pairs = 12 int32 accumulators, which with a weight vector and
-// a product fill AVX2's 16 registers (the activations are read from memory).
+// Rows per tile: 4 rows x 2 channel pairs = 8 int32 accumulators, beside the widened weights and
+// the products in AVX2's 16 registers (the activations are read from memory); at 4 x 3 GCC
+// spilled accumulators to the stack.
 constexpr int kMaxRowTile = 4;
 // Multiply-adds per parallel task: below this a fork costs more than the work.
 constexpr int64_t kTaskMacs = 1 << 17;
