@@ -5,6 +5,7 @@ the bench Llama in float32 and in int8.
 
     python benchmarks/int8_linear.py            # per layer shape
     python benchmarks/int8_linear.py --step     # ms per token, one stream, interleaved
+    python benchmarks/int8_linear.py --cold --baseline HEAD~1   # GB/s of codes, DRAM-bound
 
 Contenders per shape: `int8` is what Baton runs (the C++ kernel for float32), `int8_torch` the
 plain-torch path it replaced and keeps where the kernel did not build (torch's int8 matmul up
@@ -14,13 +15,22 @@ bfloat16 `F.linear` as this CPU runs it. Every contender runs once per shape per
 (interleaved: the machine is shared, so load drifts hit all alike); each call is timed alone,
 and both the median and the fastest call (what a call costs when nothing preempts it) are
 reported, in microseconds; with whether Baton's int8 rows are batch-invariant.
+
+`--baseline REV` adds `int8_before`: the kernel source at git revision REV, built beside the
+current one under another op namespace, so before and after run interleaved in one process.
+`--cold` times the kernel as a decode step reads its weights: each pass runs a chain of distinct
+matrices larger than the L3 (per layer shape, and a decode step's 33 matrices repeated), so the
+codes stream from DRAM; it reports GB/s of codes at 1 and 2 threads, the current kernel against
+the baseline's (the working tree's source built the same way, to compare like with like).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -30,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels.int8_linear
+from kernels.cpu_extension import FLAGS
 from kernels.int8_linear import int8_linear, int8_linear_torch, pack_codes, quantize_per_channel
 from kernels.linear import cpu_has_native_bf16, onednn_linear, pack_linear_weight
 
@@ -50,6 +61,18 @@ INT8PACK_MM_MAX_ROWS = 64
 # One stream's decode for `--step`: a 40-token prompt, 64 greedy tokens.
 PROMPT = [7 + i % 50 for i in range(40)]
 STEP_TOKENS = 64
+KERNEL_SOURCE = Path(__file__).parents[1] / "kernels" / "csrc" / "int8_linear_cpu.cpp"
+# `--cold`: the bench Llama's matrices (in, out) and how many of each one decode step reads.
+STEP_MATRICES = [
+    ((512, 1536), 8),
+    ((512, 512), 8),
+    ((512, 2816), 8),
+    ((1408, 512), 8),
+    ((512, 8192), 1),
+]
+COLD_ROWS = (1, 4, 8, 64, 256)
+# Twice this VM's 32 MiB L3: a pass finds none of its codes in cache.
+COLD_CHAIN_BYTES = 64 << 20
 
 
 def call_seconds(fn: Callable[[], torch.Tensor], iters: int) -> list[float]:
@@ -62,7 +85,90 @@ def call_seconds(fn: Callable[[], torch.Tensor], iters: int) -> list[float]:
     return times
 
 
-def layer_cases(generator: torch.Generator) -> list:
+def build_kernel(source: str, namespace: str) -> Callable:
+    """`source` (an int8_linear_cpu.cpp) built alone with Baton's flags, its op registered as
+    `torch.ops.<namespace>.int8_linear`; the build is cached by the source's hash."""
+    from torch.utils import cpp_extension
+
+    text = source.replace("(baton_cpu,", f"({namespace},")
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    directory = Path(tempfile.gettempdir()) / f"baton-int8-{namespace}-{digest}"
+    directory.mkdir(exist_ok=True)
+    path = directory / "int8_linear_cpu.cpp"
+    path.write_text(text)
+    cpp_extension.load(
+        name=f"{namespace}_{digest}",
+        sources=[str(path)],
+        build_directory=str(directory),
+        extra_cflags=FLAGS,
+        extra_ldflags=["-fopenmp"],
+        is_python_module=False,
+    )
+    return getattr(torch.ops, namespace).int8_linear
+
+
+def baseline_kernel(revision: str) -> Callable:
+    """The kernel as it was at git `revision`."""
+    relative = KERNEL_SOURCE.relative_to(KERNEL_SOURCE.parents[2]).as_posix()
+    source = subprocess.run(
+        ["git", "show", f"{revision}:{relative}"],
+        cwd=KERNEL_SOURCE.parents[2],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return build_kernel(source, "baton_int8_before")
+
+
+def cold_chains(generator: torch.Generator) -> dict[str, list]:
+    """Per layer shape, and for a decode step's mix, distinct packed matrices (in, codes,
+    scales) adding up to COLD_CHAIN_BYTES or more."""
+    chains = {}
+    step = [shape for shape, count in STEP_MATRICES for _ in range(count)]
+    for name, shapes in [(f"{k}->{n}", [(k, n)]) for (k, n), _ in STEP_MATRICES] + [("step", step)]:
+        chain, total = [], 0
+        while total < COLD_CHAIN_BYTES:
+            for k, n in shapes:
+                codes = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=generator)
+                chain.append((k, pack_codes(codes), torch.rand(n, generator=generator) * 1e-3))
+                total += n * k
+        chains[name] = chain
+    return chains
+
+
+def cold(kernels_by_name: dict[str, Callable], rounds: int, row_counts: list[int]) -> list[dict]:
+    """GB/s of codes per pass over each chain, every kernel and thread count interleaved."""
+    generator = torch.Generator().manual_seed(0)
+    chains = cold_chains(generator)
+    cases = [(name, rows, threads) for name in chains for rows in row_counts for threads in (1, 2)]
+    widths = {k for (k, _), _ in STEP_MATRICES}
+    inputs = {
+        rows: {k: torch.randn(rows, k, generator=generator) for k in widths} for rows in row_counts
+    }
+    samples: dict[tuple, dict[str, list[float]]] = {case: {} for case in cases}
+    for _ in range(rounds + 1):  # the first round warms up
+        for name, rows, threads in cases:
+            torch.set_num_threads(threads)
+            x = inputs[rows]
+            for kernel_name, kernel in kernels_by_name.items():
+                start = time.perf_counter()
+                for k, codes, scales in chains[name]:
+                    kernel(x[k], codes, scales, None)
+                samples[(name, rows, threads)].setdefault(kernel_name, []).append(
+                    time.perf_counter() - start
+                )
+    results = []
+    for name, rows, threads in cases:
+        gigabytes = sum(codes.numel() for _, codes, _ in chains[name]) / 1e9
+        entry = dict(matrices=name, rows=rows, threads=threads)
+        for kernel_name, times in samples[(name, rows, threads)].items():
+            entry[f"{kernel_name}_gbps_median"] = round(gigabytes / statistics.median(times[1:]), 2)
+            entry[f"{kernel_name}_gbps_fastest"] = round(gigabytes / min(times[1:]), 2)
+        results.append(entry)
+    return results
+
+
+def layer_cases(generator: torch.Generator, before: Callable | None, row_counts: list[int]) -> list:
     cases = []
     for model, layer, k, n in LAYERS:
         weight = torch.randn(n, k, generator=generator) * 0.02
@@ -70,7 +176,7 @@ def layer_cases(generator: torch.Generator) -> list:
         codes, scales = quantize_per_channel(weight)
         packed_codes = pack_codes(codes)
         weight_bf16 = weight.bfloat16()
-        for rows in ROWS:
+        for rows in row_counts:
             x = torch.randn(rows, k, generator=generator)
             x_bf16 = x.bfloat16()
             contenders = {
@@ -79,6 +185,10 @@ def layer_cases(generator: torch.Generator) -> list:
                 "int8_torch": lambda x=x, c=codes, s=scales: int8_linear_torch(x, c, s, None),
                 "bf16_f_linear": lambda x=x_bf16, w=weight_bf16: F.linear(x, w),
             }
+            if before is not None:
+                contenders["int8_before"] = lambda x=x, c=packed_codes, s=scales: before(
+                    x, c, s, None
+                )
             if rows <= INT8PACK_MM_MAX_ROWS:
                 contenders["int8pack_mm"] = lambda x=x, c=codes, s=scales: (
                     torch.ops.aten._weight_int8pack_mm(x, c, s)
@@ -92,8 +202,8 @@ def layer_cases(generator: torch.Generator) -> list:
     return cases
 
 
-def layers(rounds: int, iters: int) -> list[dict]:
-    cases = layer_cases(torch.Generator().manual_seed(0))
+def layers(rounds: int, iters: int, before: Callable | None, row_counts: list[int]) -> list[dict]:
+    cases = layer_cases(torch.Generator().manual_seed(0), before, row_counts)
     samples: dict[tuple, dict[str, list[float]]] = {}
     for _ in range(rounds):
         for key, contenders, *_ in cases:
@@ -121,9 +231,10 @@ def layers(rounds: int, iters: int) -> list[dict]:
     return results
 
 
-def step_ms(rounds: int) -> dict:
-    """One stream's decode of the bench Llama: float32, int8 through the C++ kernel and int8
-    through the plain-torch path, interleaved round by round in one process."""
+def step_ms(rounds: int, before: Callable | None) -> dict:
+    """One stream's decode of the bench Llama: float32, int8 through the C++ kernel (and, given
+    `before`, through that kernel instead) and int8 through the plain-torch path, interleaved
+    round by round in one process."""
     from app.llm import LLM
     from core.sampling_params import SamplingParams
     from gpu.random_checkpoint import write_checkpoint
@@ -134,6 +245,10 @@ def step_ms(rounds: int) -> dict:
     params = SamplingParams(max_tokens=STEP_TOKENS, temperature=0.0, ignore_eos=True)
     kernel_takes = kernels.int8_linear.uses_int8_kernel
     contenders = {"f32": True, "int8": True, "int8_torch": False}
+    if before is not None:
+        contenders["int8_before"] = True
+    # The op as Baton's int8 layers look it up at each call, swapped for `int8_before`'s rounds.
+    current = torch.ops.baton_cpu.int8_linear
     times: dict[str, list[float]] = {name: [] for name in contenders}
     # CPU seconds of the process: what preemption by other processes does not inflate (at one
     # thread; at two, a thread waiting for its descheduled partner spins and is counted).
@@ -143,12 +258,15 @@ def step_ms(rounds: int) -> dict:
         for name, kernel in contenders.items():
             if not kernel:
                 kernels.int8_linear.uses_int8_kernel = lambda *args: False
-            llm = engines[name.removesuffix("_torch")]
+            if name == "int8_before":
+                torch.ops.baton_cpu.int8_linear = before
+            llm = engines[name.removesuffix("_torch").removesuffix("_before")]
             start, cpu_start = time.perf_counter(), time.process_time()
             tokens[name] = llm.generate([PROMPT], params)[0].token_ids
             times[name].append((time.perf_counter() - start) / STEP_TOKENS * 1e3)
             cpu_times[name].append((time.process_time() - cpu_start) / STEP_TOKENS * 1e3)
             kernels.int8_linear.uses_int8_kernel = kernel_takes
+            torch.ops.baton_cpu.int8_linear = current
     return dict(
         ms_per_token_median={name: round(statistics.median(v[1:]), 2) for name, v in times.items()},
         ms_per_token_fastest={name: round(min(v[1:]), 2) for name, v in times.items()},
@@ -157,6 +275,7 @@ def step_ms(rounds: int) -> dict:
         },
         int8_tokens_before_divergence_from_f32=tokens_in_common(tokens["int8"], tokens["f32"]),
         int8_tokens_equal_int8_torch=tokens["int8"] == tokens["int8_torch"],
+        int8_tokens_equal_int8_before=tokens["int8"] == tokens.get("int8_before"),
     )
 
 
@@ -171,7 +290,11 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--step", action="store_true", help="time one stream's decode instead")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--cold", action="store_true", help="GB/s over weights from DRAM instead")
+    parser.add_argument("--baseline", metavar="REV", help="also the kernel at git revision REV")
+    parser.add_argument("--rows", type=int, nargs="+", help="row counts (default: all listed)")
     args = parser.parse_args()
+    before = baseline_kernel(args.baseline) if args.baseline else None
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     report = dict(
@@ -181,9 +304,16 @@ def main() -> None:
         native_bf16=cpu_has_native_bf16(),
     )
     if args.step:
-        report["step"] = step_ms(args.rounds)
+        report["step"] = step_ms(args.rounds, before)
+    elif args.cold:
+        if before is None:
+            parser.error("--cold compares against a --baseline REV")
+        after = build_kernel(KERNEL_SOURCE.read_text(), "baton_int8_after")
+        report["cold"] = cold(
+            {"before": before, "after": after}, args.rounds, args.rows or COLD_ROWS
+        )
     else:
-        report["results"] = layers(args.rounds, args.iters)
+        report["results"] = layers(args.rounds, args.iters, before, args.rows or ROWS)
     print(json.dumps(report, indent=1))
 
 

@@ -1,9 +1,11 @@
 """Weight-only int8 linear layers on the CPU: symmetric int8 weights with one scale per output
-channel, activations left in float.
+channel, activations in float.
 
 Float32 activations run through Baton's C++ kernel (kernels/csrc/int8_linear_cpu.cpp), which
-widens each int8 weight in registers and shares it across the rows of a tile, at any row count;
-its rows are batch-invariant. It reads the codes in its own layout, `pack_codes`'s, made once
+rounds each activation row to int16 at the row's own scale and sums integer products, sharing
+each widened weight across the rows of a tile, at any row count; it differs from
+`int8_linear_ref` by that rounding alone (at most |x|max / 65534 * sum |w| per output), and its
+rows are batch-invariant. It reads the codes in its own layout, `pack_codes`'s, made once
 at load. Where the extension did not build, or the activations are bfloat16 or float16,
 `int8_linear_torch` runs over the codes as [out, in] rows: torch's own int8 weight matmul
 (`aten._weight_int8pack_mm`, one pass over the weights per row) for a few rows, a float copy

@@ -56,7 +56,12 @@ def test_int8_linear_matches_the_dequantized_float_matmul(
     out = path(x, codes, scales, bias)
 
     assert out.shape == (rows, n) and out.dtype == torch.float32
-    torch.testing.assert_close(out, int8_linear_ref(x, codes, scales, bias), rtol=1e-4, atol=1e-4)
+    expected = int8_linear_ref(x, codes, scales, bias)
+    # The C++ kernel rounds activations to int16 at each row's |x|max / 32767: up to half a step
+    # each, times the weights' magnitudes (tests/test_int8_linear_cpu.py holds it to that bound).
+    rounding = x.abs().amax(dim=1, keepdim=True) / 65534 * dequantize(codes, scales).abs().sum(1)
+    error = (out - expected).abs()
+    assert bool((error <= rounding + 1e-4 + 1e-4 * expected.abs()).all())
 
 
 @pytest.mark.parametrize("rows", [2, 7])

@@ -1,11 +1,14 @@
 """The C++ weight-only int8 linear (kernels/csrc/int8_linear_cpu.cpp) against its reference,
-`int8_linear_ref`: shapes whose sizes are not multiples of the vector width or of the kernel's
-tiles, bias or none, strided rows; and a row's bits do not depend on the rows beside it."""
+`int8_linear_ref`, within the error its int16 activations allow, and bit for bit against a
+model of its arithmetic: shapes whose sizes are not multiples of the vector width or of the
+kernel's tiles, bias or none, strided rows; and a row's bits do not depend on the rows beside
+it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kernels.cpu_extension import cpu_kernels_available
 from kernels.int8_linear import (
@@ -34,6 +37,38 @@ def kernel(x, codes, scales, bias):
     return torch.ops.baton_cpu.int8_linear(x, pack_codes(codes), scales, bias)
 
 
+def assert_within_activation_rounding(out, x, codes, scales, bias):
+    """The kernel rounds each activation to int16 at its row's scale, |x|max / 32767: an error
+    of at most half a step per activation, so at most |x|max / 65534 * sum_k |w[n, k]| per
+    output, plus float32 rounding of the sums (the reference's own included)."""
+    weight = codes.float() * scales[:, None]
+    rounding = x.abs().amax(dim=1, keepdim=True) / 65534 * weight.abs().sum(dim=1)
+    float_sums = 1e-6 * (x.abs() @ weight.abs().T) + 1e-6
+    if bias is not None:
+        float_sums = float_sums + 1e-6 * bias.abs()
+    error = (out - int8_linear_ref(x, codes, scales, bias)).abs()
+    assert bool((error <= rounding + float_sums).all()), (error / (rounding + float_sums)).max()
+
+
+def kernel_model(x, codes, scales):
+    """The kernel's arithmetic in torch, step for step: each row to int16 at |x|max / 32767
+    (half to even), exact integer sums per lane (lane j of a channel takes k = 2j, 2j + 1 of
+    every block of 8) over chunks of 256 blocks, each chunk's lanes added in float32, then the
+    lanes summed as (l0 + l1) + (l2 + l3) and scaled by the row's scale, then the channel's."""
+    top = x.abs().amax(dim=1, keepdim=True)
+    q = torch.round(x * (32767 / top)).to(torch.int64)
+    k = x.shape[1]
+    blocks = -(-k // 8)
+    q = F.pad(q, (0, blocks * 8 - k)).view(len(x), blocks, 4, 2)
+    w = F.pad(codes.to(torch.int64), (0, blocks * 8 - k)).view(len(codes), blocks, 4, 2)
+    lanes = torch.zeros(len(x), len(codes), 4)
+    for b0 in range(0, blocks, 256):
+        chunk = torch.einsum("mbjp,nbjp->mnj", q[:, b0 : b0 + 256], w[:, b0 : b0 + 256])
+        lanes = lanes + chunk.float()
+    dots = (lanes[..., 0] + lanes[..., 1]) + (lanes[..., 2] + lanes[..., 3])
+    return dots * (top / 32767) * scales
+
+
 # Rows: one, each partial row tile, whole tiles with a remainder, a prefill chunk. In: under
 # one vector, a vector and a tail, the models' widths. Out: one channel, partial channel tiles,
 # a whole group, the models' widths.
@@ -47,8 +82,58 @@ def test_kernel_matches_the_dequantized_float32_matmul(rows, k, n, with_bias):
     out = kernel(x, codes, scales, bias)
 
     assert out.shape == (rows, n) and out.dtype == torch.float32
-    # The kernel scales the sum, the reference each weight: float32 rounding apart.
-    torch.testing.assert_close(out, int8_linear_ref(x, codes, scales, bias), rtol=1e-5, atol=2e-5)
+    assert_within_activation_rounding(out, x, codes, scales, bias)
+
+
+# One chunk of int32 sums, and (in 16,800) several, the last partial.
+@pytest.mark.parametrize(
+    ("rows", "k", "n"), [(1, 13, 7), (5, 512, 40), (3, 1408, 12), (2, 16800, 5)]
+)
+def test_kernel_computes_exactly_what_its_model_does(rows, k, n):
+    x, codes, scales, _ = problem(rows, k, n, seed=k)
+
+    assert torch.equal(kernel(x, codes, scales, None), kernel_model(x, codes, scales))
+
+
+def test_the_error_bound_catches_a_single_wrong_code():
+    # The bound is tight enough to tell one code off by one in 512 from the activation rounding.
+    x, codes, scales, _ = problem(1, 512, 1, seed=5)
+    out = kernel(x, codes, scales, None)
+    k = int(x.abs().argmax())
+    wrong = codes.clone()
+    wrong[0, k] += 1 if wrong[0, k] < 127 else -1
+
+    with pytest.raises(AssertionError):
+        assert_within_activation_rounding(out, x, wrong, scales, None)
+
+
+def test_the_largest_activation_is_exact_and_outliers_keep_the_rest_close():
+    # A row whose largest value is 1000x its others: these keep ~15 bits less, still well
+    # within the bound; the scale is the row's own, so the row beside it is unaffected.
+    x, codes, scales, bias = problem(2, 512, 24)
+    x[0, 3] = 1000.0
+
+    out = kernel(x, codes, scales, bias)
+
+    assert_within_activation_rounding(out, x, codes, scales, bias)
+    assert torch.equal(out[1:], kernel(x[1:], codes, scales, bias))
+
+
+def test_a_row_with_a_nan_or_an_infinity_gives_nan_and_leaves_the_others_alone():
+    x, codes, scales, bias = problem(3, 64, 8)
+    x[0, 5], x[2, 60] = float("nan"), float("inf")
+
+    out = kernel(x, codes, scales, bias)
+
+    assert bool(out[0].isnan().all()) and bool(out[2].isnan().all())
+    assert torch.equal(out[1:2], kernel(x[1:2], codes, scales, bias))
+
+
+def test_an_all_zero_row_gives_the_bias():
+    x, codes, scales, bias = problem(2, 64, 8)
+    x[1] = 0.0
+
+    assert torch.equal(kernel(x, codes, scales, bias)[1], bias)
 
 
 def test_kernel_reads_rows_with_a_stride():
@@ -58,7 +143,8 @@ def test_kernel_reads_rows_with_a_stride():
 
     out = kernel(x, codes, scales, bias)
 
-    torch.testing.assert_close(out, int8_linear_ref(x, codes, scales, bias), rtol=1e-5, atol=2e-5)
+    assert torch.equal(out, kernel(x.contiguous(), codes, scales, bias))
+    assert_within_activation_rounding(out, x, codes, scales, bias)
 
 
 def test_an_all_zero_weight_row_gives_the_bias():

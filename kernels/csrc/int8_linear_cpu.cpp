@@ -2,22 +2,26 @@
 // (+ bias[n]), float32 activations, int8 codes with one float32 scale per output channel, in the
 // packed layout kernels/int8_linear.py's `pack_codes` makes. The reference is `int8_linear_ref`.
 //
-// A decode step is memory bound: the weights are read once per step, so reading one byte per
-// weight instead of four is the speed-up. Each int8 is widened to float in registers and
-// multiplied in float32 (no activation quantization, so the result is the reference's up to
-// float rounding). Every weight vector widened is used by all the rows of a row tile, so a few
-// rows cost about what one does.
+// A decode step is memory bound only if the kernel keeps up with memory: widening each weight to
+// float and multiplying in float32 costs 3 vector instructions per 8 weights, and at one row that
+// was slower than DRAM. So each activation row is quantized once per call to int16 (symmetric,
+// one scale per row) and the dot products are integer: `vpmaddwd` of 16 weights widened to int16
+// against 16 activations, 3 instructions per 16 weights, into exact int32 sums. The result
+// differs from the reference by the activations' rounding only: at most half an int16 step of
+// the row, |x|max / 65534, per activation, so |out - ref| <= |x|max / 65534 * sum_k |w[n, k]|
+// plus float rounding (tests/test_int8_linear_cpu.py holds the kernel to that bound).
 //
 // The packed layout, [ceil(N / 12), ceil(K / 8), 12, 8]: a group of 12 output channels stores
 // its 8 weights of each k block side by side, so a tile walks its group's weights as one
-// sequential stream. With the codes as [N, K] rows a tile read 6 rows at once, 8 bytes of each
-// per step: 6 short streams the hardware prefetcher barely started before each row ended, and
-// one thread read cold weights at ~4.6 GB/s (docs/benchmarks.md). Padding channels and the K
-// tail are zero codes.
+// sequential stream. 16 bytes from an even channel of a block are that channel's 8 weights and
+// its neighbour's: widened, they meet the block's 8 activations stored twice, and one `vpmaddwd`
+// gives 4 pair sums of each channel. Padding channels and the K tail are zero codes, and the
+// quantized rows are zero-padded too, so every tile runs whole blocks of whole channel pairs.
 //
-// Batch invariance: each (row, output channel) dot product is one 8-lane float32 accumulator fed
-// in k order, the K % 8 tail as one zero-padded vector, then the same horizontal sum; whatever
-// the tile shape, the number of rows or the thread split, a row's bits are the same.
+// Batch invariance: a row's quantization depends on the row alone, integer sums are exact in any
+// order, and the float steps (each chunk's int32 lanes added to float lanes in k order, then the
+// same 4-lane sum per channel and the same scaling) are fixed by the code; whatever the tile
+// shape, the number of rows or the thread split, a row's bits are the same.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -28,11 +32,11 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
-// Each sum below is ordered by hand. The build's -fassociative-math would let the compiler
+// Each float sum below is ordered by hand. The build's -fassociative-math would let the compiler
 // reorder the plain-C++ path's sums differently in each tile shape, and a row's bits would then
 // depend on the tile it ran in; so not in this file.
 #if defined(__clang__)
@@ -44,131 +48,220 @@
 namespace {
 
 constexpr int64_t kLanes = 8;
-// Output channels per group: the tiles below (6, 6, 4, 3 channels) all divide it.
+// Output channels per group; a tile takes 6, 3 or 2 of its 6 channel pairs.
 constexpr int64_t kGroup = 12;
-// Rows per tile: 4 rows x 3 channels = 12 accumulators, which with 3 weight vectors and an
-// activation vector fill AVX2's 16 registers.
+constexpr int kPairs = kGroup / 2;
+// A quantized activation block: 8 int16, stored twice to meet a channel pair's 16 weights.
+constexpr int64_t kBlockInts = 2 * kLanes;
+constexpr float kInt16Max = 32767.0f;
+// Blocks summed in int32 before the lanes are flushed to float. A `vpmaddwd` lane adds two
+// products of |activation| <= 32767 and |code| <= 127, at most 2 * 32767 * 127 = 8,322,818 per
+// block, so 256 blocks sum to at most 2,130,641,408 < 2^31 - 1 = 2,147,483,647: no K overflows.
+constexpr int64_t kChunkBlocks = 256;
+// Rows per tile: 4 rows x 2 channel pairs = 8 int32 accumulators, beside the widened weights and
+// the products in AVX2's 16 registers (the activations are read from memory); at 4 x 3 GCC
+// spilled accumulators to the stack.
 constexpr int kMaxRowTile = 4;
 // Multiply-adds per parallel task: below this a fork costs more than the work.
-constexpr int64_t kTaskMacs = 1 << 16;
+constexpr int64_t kTaskMacs = 1 << 17;
 // Weight bytes one task's channel block keeps in L2 while every row tile passes over it.
 constexpr int64_t kBlockBytes = 128 * 1024;
+// How far ahead of the tile its weight stream is prefetched: 16 blocks of a group. At one row
+// the hardware prefetcher alone left the stream short of DRAM's pace (docs/benchmarks.md).
+constexpr int64_t kPrefetchBytes = 16 * kGroup * kLanes;
+// Activations quantized per parallel task.
+constexpr int64_t kTaskValues = 1 << 15;
 
-#if defined(__AVX2__) && defined(__FMA__)
-using Vec = __m256;
-inline Vec zero() { return _mm256_setzero_ps(); }
-inline Vec load_x(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec load_w(const int8_t* p) {
-  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+#if defined(__AVX2__)
+using IVec = __m256i;  // 8 int32 lanes: lanes 0-3 one channel's pair sums, 4-7 its neighbour's
+using FVec = __m256;
+inline IVec izero() { return _mm256_setzero_si256(); }
+inline FVec fzero() { return _mm256_setzero_ps(); }
+// A channel pair's 8 codes each, widened to 16 int16.
+inline IVec load_pair(const int8_t* w) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
 }
-inline Vec fma(Vec a, Vec b, Vec acc) { return _mm256_fmadd_ps(a, b, acc); }
-inline float hsum(Vec v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+inline IVec madd(IVec acc, IVec w, const int16_t* x) {
+  const IVec xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(w, xv));
+}
+inline FVec flush(FVec f, IVec i) { return _mm256_add_ps(f, _mm256_cvtepi32_ps(i)); }
+// Each channel's (l0 + l1) + (l2 + l3).
+inline void channel_sums(FVec f, float* pair) {
+  const FVec h = _mm256_hadd_ps(f, f);
+  const FVec s = _mm256_hadd_ps(h, h);
+  pair[0] = _mm256_cvtss_f32(s);
+  pair[1] = _mm_cvtss_f32(_mm256_extractf128_ps(s, 1));
 }
 #else
-// Without AVX2 the same arithmetic on 8-lane arrays, for the compiler to vectorize as it can;
-// the order per (row, channel) is still fixed by the code, not by the batch.
-struct Vec {
+// Without AVX2 the same arithmetic on arrays, for the compiler to vectorize as it can; the
+// integer sums are exact and the float steps are in the same order, so the bits are the same.
+struct IVec {
+  int32_t v[kLanes];
+};
+struct FVec {
   float v[kLanes];
 };
-inline Vec zero() { return Vec{}; }
-inline Vec load_x(const float* p) {
-  Vec r;
-  for (int i = 0; i < kLanes; ++i) r.v[i] = p[i];
+inline IVec izero() { return IVec{}; }
+inline FVec fzero() { return FVec{}; }
+inline IVec load_pair(const int8_t* w) {
+  // Kept as bytes; `madd` widens them as it multiplies.
+  IVec r;
+  std::memcpy(r.v, w, 2 * kLanes);
   return r;
 }
-inline Vec load_w(const int8_t* p) {
-  Vec r;
-  for (int i = 0; i < kLanes; ++i) r.v[i] = static_cast<float>(p[i]);
-  return r;
-}
-inline Vec fma(Vec a, Vec b, Vec acc) {
-  // Fused always: left to the compiler, `acc + a * b` may be fused in one tile and not another.
-  for (int i = 0; i < kLanes; ++i) acc.v[i] = std::fma(a.v[i], b.v[i], acc.v[i]);
+inline IVec madd(IVec acc, IVec w, const int16_t* x) {
+  int8_t codes[2 * kLanes];
+  std::memcpy(codes, w.v, 2 * kLanes);
+  for (int i = 0; i < kLanes; ++i)
+    acc.v[i] += codes[2 * i] * int32_t{x[2 * i]} + codes[2 * i + 1] * int32_t{x[2 * i + 1]};
   return acc;
 }
-inline float hsum(Vec v) {
-  float a[4];
-  for (int i = 0; i < 4; ++i) a[i] = v.v[i] + v.v[i + 4];
-  return (a[0] + a[2]) + (a[1] + a[3]);
+inline FVec flush(FVec f, IVec i) {
+  for (int l = 0; l < kLanes; ++l) f.v[l] += static_cast<float>(i.v[l]);
+  return f;
+}
+inline void channel_sums(FVec f, float* pair) {
+  for (int c = 0; c < 2; ++c) {
+    const float* l = f.v + 4 * c;
+    pair[c] = (l[0] + l[1]) + (l[2] + l[3]);
+  }
 }
 #endif
 
+// The largest |x| of a row by its bits: for non-negative floats the integer order is the float
+// order, and NaN and infinity sort above every finite value instead of dropping out of a max.
+// Why not std::max and std::nearbyint below: under this file's optimize pragma GCC no longer
+// inlines <cmath>'s and <algorithm>'s functions, and a call per activation cost microseconds.
+inline uint32_t abs_bits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return bits & 0x7fffffffu;
+}
+
+inline uint32_t row_amax_bits(const float* x, int64_t K) {
+  uint32_t amax = 0;
+  int64_t k = 0;
+#if defined(__AVX2__)
+  const __m256i mask = _mm256_set1_epi32(0x7fffffff);
+  __m256i top = _mm256_setzero_si256();
+  for (; k + kLanes <= K; k += kLanes) {
+    const __m256i bits = _mm256_castps_si256(_mm256_loadu_ps(x + k));
+    top = _mm256_max_epi32(top, _mm256_and_si256(bits, mask));
+  }
+  alignas(32) uint32_t lanes[kLanes];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), top);
+  for (uint32_t lane : lanes) amax = amax < lane ? lane : amax;
+#endif
+  for (; k < K; ++k) amax = amax < abs_bits(x[k]) ? abs_bits(x[k]) : amax;
+  return amax;
+}
+
+// One activation rounded to int16, half to even as the vector conversion under the default
+// rounding mode; |v| <= 32767 up to a float rounding, which the rounding takes back.
+inline int16_t round_int16(float v) { return static_cast<int16_t>(__builtin_nearbyintf(v)); }
+
+// One row as int16 at its own scale, into `q` (k_blocks blocks, each 8 values twice, the tail
+// zero); returns the scale, 0 for an all-zero row and NaN for a row with a NaN or infinity (its
+// outputs are then NaN, where the reference has NaN or infinities).
+float quantize_row(const float* x, int64_t K, int64_t k_blocks, int16_t* q) {
+  const uint32_t amax = row_amax_bits(x, K);
+  std::memset(q, 0, k_blocks * kBlockInts * sizeof(int16_t));
+  if (amax >= 0x7f800000u) return __builtin_nanf("");
+  float top;
+  std::memcpy(&top, &amax, sizeof(top));
+  if (top == 0.0f) return 0.0f;
+  const float inv = kInt16Max / top;
+  int64_t b = 0;
+#if defined(__AVX2__)
+  const __m256 vinv = _mm256_set1_ps(inv);
+  for (; (b + 1) * kLanes <= K; ++b) {
+    const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + b * kLanes), vinv));
+    const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+    const __m128i packed = _mm_packs_epi32(lo, hi);  // never saturates: |v| <= 32767
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kBlockInts),
+                        _mm256_set_m128i(packed, packed));
+  }
+#endif
+  for (int64_t k = b * kLanes; k < K; ++k) {
+    int16_t* block = q + (k / kLanes) * kBlockInts + k % kLanes;
+    block[0] = block[kLanes] = round_int16(x[k] * inv);
+  }
+  return top / kInt16Max;
+}
+
 struct Problem {
-  const float* x;
-  int64_t ldx;
+  const int16_t* xq;  // [M][k_blocks][16], `quantize_row`'s
+  const float* x_scales;
   const int8_t* codes;  // packed: [groups][k_blocks][kGroup][kLanes]
   const float* scales;
   const float* bias;  // null when there is none
   float* out;
-  int64_t K, N;
+  int64_t N;
   int64_t k_blocks;  // ceil(K / kLanes)
 };
 
-// Where channel n's weights for k block 0 start; block b's are b * kGroup * kLanes further on.
-inline const int8_t* channel_codes(const Problem& p, int64_t n) {
-  return p.codes + ((n / kGroup) * p.k_blocks * kGroup + n % kGroup) * kLanes;
-}
-
-// R rows from `m`, C channels from `n` (all in one group): every widened weight vector feeds R
-// accumulators.
-template <int R, int C>
-void tile(const Problem& p, int64_t m, int64_t n) {
-  Vec acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = zero();
-  const float* x = p.x + m * p.ldx;
-  const int8_t* w = channel_codes(p, n);
+// R rows from `m`, P channel pairs from pair `pair` of group `g`: every widened weight vector
+// feeds R accumulators.
+template <int R, int P>
+void tile(const Problem& p, int64_t m, int64_t g, int pair) {
   constexpr int64_t kStride = kGroup * kLanes;
-  const int64_t body = p.K / kLanes;
-  for (int64_t b = 0; b < body; ++b, w += kStride) {
-    Vec wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = load_w(w + c * kLanes);
-    for (int r = 0; r < R; ++r) {
-      const Vec xv = load_x(x + r * p.ldx + b * kLanes);
-      for (int c = 0; c < C; ++c) acc[r][c] = fma(xv, wv[c], acc[r][c]);
+  const int8_t* w = p.codes + g * p.k_blocks * kStride + pair * 2 * kLanes;
+  const int16_t* x = p.xq + m * p.k_blocks * kBlockInts;
+  const int64_t ldx = p.k_blocks * kBlockInts;
+  FVec acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < P; ++c) acc[r][c] = fzero();
+  for (int64_t b0 = 0; b0 < p.k_blocks; b0 += kChunkBlocks) {
+    const int64_t b1 = std::min(p.k_blocks, b0 + kChunkBlocks);
+    IVec sum[R][P];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < P; ++c) sum[r][c] = izero();
+    for (int64_t b = b0; b < b1; ++b) {
+      const int8_t* wb = w + b * kStride;
+      __builtin_prefetch(wb + kPrefetchBytes);
+      for (int c = 0; c < P; ++c) {
+        const IVec wv = load_pair(wb + c * 2 * kLanes);
+        for (int r = 0; r < R; ++r) {
+          sum[r][c] = madd(sum[r][c], wv, x + r * ldx + b * kBlockInts);
+        }
+      }
     }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < P; ++c) acc[r][c] = flush(acc[r][c], sum[r][c]);
   }
-  if (body < p.k_blocks) {
-    // The tail: the codes are zero-padded in the layout, the rows here; the same one
-    // multiply-add for every row.
-    const int64_t tail = p.K - body * kLanes;
-    for (int r = 0; r < R; ++r) {
-      float xt[kLanes] = {};
-      std::memcpy(xt, x + r * p.ldx + body * kLanes, tail * sizeof(float));
-      const Vec xv = load_x(xt);
-      for (int c = 0; c < C; ++c) acc[r][c] = fma(xv, load_w(w + c * kLanes), acc[r][c]);
-    }
-  }
+  const int64_t n0 = g * kGroup + pair * 2;
   for (int r = 0; r < R; ++r) {
-    float* o = p.out + (m + r) * p.N + n;
-    for (int c = 0; c < C; ++c) {
-      // std::fma, not `a * b + c`: the compiler may fuse that in one tile and not in another.
-      const float dot = hsum(acc[r][c]);
-      o[c] = p.bias ? std::fma(dot, p.scales[n + c], p.bias[n + c]) : dot * p.scales[n + c];
+    float* o = p.out + (m + r) * p.N;
+    const float sx = p.x_scales[m + r];
+    for (int c = 0; c < P; ++c) {
+      float dots[2];
+      channel_sums(acc[r][c], dots);
+      for (int h = 0; h < 2; ++h) {
+        const int64_t n = n0 + 2 * c + h;
+        if (n >= p.N) break;  // the last group's padding channels
+        // fma always: left to the compiler, `a * b + c` may be fused in one tile and not another.
+        const float v = dots[h] * sx;
+        o[n] = p.bias ? __builtin_fmaf(v, p.scales[n], p.bias[n]) : v * p.scales[n];
+      }
     }
   }
 }
 
-// Channels [n_begin, n_end) for R rows: tiles of C channels, then one channel at a time.
-template <int R, int C>
-void row_tile(const Problem& p, int64_t m, int64_t n_begin, int64_t n_end) {
-  int64_t n = n_begin;
-  for (; n + C <= n_end; n += C) tile<R, C>(p, m, n);
-  for (; n < n_end; ++n) tile<R, 1>(p, m, n);
+// Groups [g_begin, g_end) for R rows, P channel pairs a tile.
+template <int R, int P>
+void row_tile(const Problem& p, int64_t m, int64_t g_begin, int64_t g_end) {
+  for (int64_t g = g_begin; g < g_end; ++g)
+    for (int pair = 0; pair < kPairs; pair += P) tile<R, P>(p, m, g, pair);
 }
 
-// The widest channel tile that fits the registers beside R rows' accumulators.
-void rows(const Problem& p, int64_t m, int R, int64_t n_begin, int64_t n_end) {
+// The widest channel tile whose accumulators fit the registers beside R rows'.
+void rows(const Problem& p, int64_t m, int R, int64_t g_begin, int64_t g_end) {
   switch (R) {
-    case 1: return row_tile<1, 12>(p, m, n_begin, n_end);
-    case 2: return row_tile<2, 6>(p, m, n_begin, n_end);
-    case 3: return row_tile<3, 4>(p, m, n_begin, n_end);
-    default: return row_tile<4, 3>(p, m, n_begin, n_end);
+    case 1: return row_tile<1, 6>(p, m, g_begin, g_end);
+    case 2: return row_tile<2, 3>(p, m, g_begin, g_end);
+    case 3: return row_tile<3, 2>(p, m, g_begin, g_end);
+    default: return row_tile<4, 2>(p, m, g_begin, g_end);
   }
 }
 
@@ -193,18 +286,29 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   }
   auto out = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
-  const Problem p{x.data_ptr<float>(), x.stride(0),  codes.data_ptr<int8_t>(),
-                  scales.data_ptr<float>(), has_bias ? bias->data_ptr<float>() : nullptr,
-                  out.data_ptr<float>(), K, N, k_blocks};
-  const int64_t macs_per_group = std::max<int64_t>(1, kGroup * K * M);
+  auto xq = at::empty({M, k_blocks * kBlockInts}, x.options().dtype(at::kShort));
+  auto x_scales = at::empty({M}, x.options());
+  const float* xp = x.data_ptr<float>();
+  int16_t* xqp = xq.data_ptr<int16_t>();
+  float* sp = x_scales.data_ptr<float>();
+  const int64_t ldx = x.stride(0);
+  const int64_t row_grain = std::max<int64_t>(1, kTaskValues / std::max<int64_t>(K, 1));
+  at::parallel_for(0, M, row_grain, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m)
+      sp[m] = quantize_row(xp + m * ldx, K, k_blocks, xqp + m * k_blocks * kBlockInts);
+  });
+  const Problem p{xqp, sp, codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
+                  has_bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
+                  N, k_blocks};
+  const int64_t macs_per_group = std::max<int64_t>(1, kGroup * k_blocks * kLanes * M);
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
-  const int64_t block = std::max<int64_t>(1, kBlockBytes / (kGroup * std::max<int64_t>(K, 1)));
-  // Split over output channels: each thread reads its own weights, once per row tile.
+  const int64_t block = std::max<int64_t>(1, kBlockBytes / (kGroup * k_blocks * kLanes));
+  // Split over output channel groups: each thread reads its own weights, once per row tile.
   at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; g += block) {
-      const int64_t n_begin = g * kGroup, n_end = std::min(N, std::min(end, g + block) * kGroup);
+      const int64_t g_end = std::min(end, g + block);
       for (int64_t m = 0; m < M; m += kMaxRowTile) {
-        rows(p, m, static_cast<int>(std::min<int64_t>(kMaxRowTile, M - m)), n_begin, n_end);
+        rows(p, m, static_cast<int>(std::min<int64_t>(kMaxRowTile, M - m)), g, g_end);
       }
     }
   });
