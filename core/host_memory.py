@@ -1,8 +1,11 @@
 """The host's memory as the operating system reports it: sizes as users write them, what is
-available to size the CPU's KV cache from, and this process's resident set."""
+available to size the CPU's KV cache from, and this process's resident set (and handing back
+what the loader freed)."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import re
 import resource
@@ -119,3 +122,19 @@ def resident_set() -> ResidentSet:
     current = pages * os.sysconf("SC_PAGE_SIZE")
     # The kernel folds per-thread counters into the peak lazily: it can trail the present.
     return ResidentSet(current, max(peak, current))
+
+
+def release_freed_heap() -> bool:
+    """Return the C heap's free pages to the system (glibc's `malloc_trim`); whether it could.
+
+    Loading frees each float weight once it is packed or quantized, but glibc keeps freed
+    blocks of up to its (raised) mmap threshold inside the heap, resident, until trimmed.
+    """
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    if trim is None:  # not glibc
+        return False
+    trim(0)
+    return True

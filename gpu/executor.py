@@ -12,6 +12,7 @@ import torch
 
 from core.batch import Batch, ExecutorOutput, ScheduledSequence
 from core.config import EngineConfig
+from core.host_memory import release_freed_heap
 from core.model_config import ModelConfig
 from core.sampling_params import SamplingParams
 from gpu.cpu_decode import CpuDecodeLayers
@@ -156,6 +157,8 @@ class TorchExecutor:
             model_config, self.num_kv_blocks, self.block_size, self.dtype, self.device
         )
         self._log_kv_capacity()
+        if self.device.type == "cpu":
+            release_freed_heap()
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not engine_config.enforce_eager:
             if model_config.model_impl == "native" and self.model.graph_capturable:
