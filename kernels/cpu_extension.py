@@ -95,7 +95,7 @@ def build_key() -> str:
     """What a build depends on: the sources, the flags, torch and Python. torch's own check
     (a ninja run, after importing setuptools) costs a cold start more than loading the kernels."""
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in sorted(SOURCES[0].parent.iterdir()):  # the sources and their headers
         digest.update(source.read_bytes())
     digest.update(" ".join(FLAGS).encode())
     digest.update(f"{torch.__version__} {sys.version}".encode())

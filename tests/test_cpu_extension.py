@@ -8,7 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernels.cpu_extension import STAMP, cached_build, cpu_kernels_available, record_build
+import kernels.cpu_extension
+from kernels.cpu_extension import (
+    STAMP,
+    build_key,
+    cached_build,
+    cpu_kernels_available,
+    record_build,
+)
 
 
 def test_a_recorded_build_is_found_only_for_the_same_sources_flags_torch_and_file(
@@ -31,6 +38,19 @@ def test_a_recorded_build_is_found_only_for_the_same_sources_flags_torch_and_fil
     assert cached_build(tmp_path) is None
     library.unlink()
     assert cached_build(tmp_path) is None
+
+
+def test_the_build_key_covers_the_headers_beside_the_sources(tmp_path, monkeypatch) -> None:
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    (csrc / "kernel.cpp").write_text('#include "shared.h"\n')
+    (csrc / "shared.h").write_text("// one schedule\n")
+    monkeypatch.setattr(kernels.cpu_extension, "SOURCES", [csrc / "kernel.cpp"])
+    before = build_key()
+
+    (csrc / "shared.h").write_text("// another schedule\n")
+
+    assert build_key() != before
 
 
 def test_a_cached_build_loads_without_torchs_extension_builder() -> None:

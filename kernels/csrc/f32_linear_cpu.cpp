@@ -18,6 +18,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "channel_blocks.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -171,15 +173,10 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
   const int64_t panel_bytes = kGroup * std::max<int64_t>(K, 1) * sizeof(float);
   const int64_t block = std::max<int64_t>(1, kBlockBytes / panel_bytes);
-  // Split over output channels: each thread reads its own panels, once per row tile.
-  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; g += block) {
-      const int64_t g_end = std::min(end, g + block);
-      for (int64_t m = 0; m < M; m += kMaxRowTile) {
-        rows(p, m, static_cast<int>(std::min<int64_t>(kMaxRowTile, M - m)), g, g_end);
-      }
-    }
-  });
+  baton::over_channel_blocks(groups, grain, block, M, kMaxRowTile,
+                             [&](int64_t m, int r, int64_t g, int64_t g_end) {
+                               rows(p, m, r, g, g_end);
+                             });
   return out;
 }
 

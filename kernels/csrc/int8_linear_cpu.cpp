@@ -27,6 +27,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "channel_blocks.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -303,15 +305,10 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * k_blocks * kLanes * M);
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
   const int64_t block = std::max<int64_t>(1, kBlockBytes / (kGroup * k_blocks * kLanes));
-  // Split over output channel groups: each thread reads its own weights, once per row tile.
-  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; g += block) {
-      const int64_t g_end = std::min(end, g + block);
-      for (int64_t m = 0; m < M; m += kMaxRowTile) {
-        rows(p, m, static_cast<int>(std::min<int64_t>(kMaxRowTile, M - m)), g, g_end);
-      }
-    }
-  });
+  baton::over_channel_blocks(groups, grain, block, M, kMaxRowTile,
+                             [&](int64_t m, int r, int64_t g, int64_t g_end) {
+                               rows(p, m, r, g, g_end);
+                             });
   return out;
 }
 
