@@ -26,6 +26,7 @@ from gpu.kv_cache import (
     kv_cache_bytes_per_block,
 )
 from gpu.loader import load_model
+from gpu.model import uses_f32_kernel
 from gpu.prompt_logprobs import prompt_logprobs
 from gpu.quantization import check_quantization, quantize_decoder_layers, quantize_lm_head
 from gpu.sampler import Sampler
@@ -134,7 +135,10 @@ class TorchExecutor:
                     "but runs slower than float32; use float32 where speed matters"
                 )
         if self.model.pack_linear_weights(rows_hint=engine_config.max_num_seqs):
-            logger.info("float linear layers run through oneDNN over packed weights")
+            logger.info(
+                "float linear layers run over weights packed at load, in %s",
+                "Baton's float32 kernel" if uses_f32_kernel(self.model.norm.weight) else "oneDNN",
+            )
         self.cpu_decode: CpuDecodeLayers | None = None
         if model_config.model_impl == "native" and self.device.type == "cpu":
             self.cpu_decode = CpuDecodeLayers.of(self.model)

@@ -18,7 +18,7 @@ class SparseMoE(nn.Module):
     """`gate` is the router ([E, hidden]); every expert's gate and up projections are stacked
     in `gate_up_proj` [E, 2I, hidden] and its down projection in `down_proj` [E, hidden, I].
 
-    On the CPU the float experts run through oneDNN over packed weights, as the dense layers
+    On the CPU the float experts run through oneDNN over packed weights, as bfloat16 dense layers
     do (`pack`); the stacked float weights are then dropped (left as meta tensors). Quantized
     (gpu.quantization), both stacks are int8 codes (each expert's packed for the C++ kernel
     where it runs them) with scales per output row in `gate_up_scales` [E, 2I] and

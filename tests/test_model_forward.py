@@ -84,7 +84,7 @@ def prompt(seed: int, length: int = PROMPT_LENGTH) -> tuple[int, ...]:
 class PagedModel:
     """Baton's model with its own KV cache, fed step by step as the engine would, with block
     tables drawn from a shuffled pool so no sequence's blocks are contiguous. `packed`: its
-    linear layers run through oneDNN over packed weights, as the executor runs them on the CPU."""
+    linear layers run over packed weights, as the executor runs them on the CPU."""
 
     def __init__(self, path: Path, packed: bool = False) -> None:
         self.config = ModelConfig.from_pretrained(path)
