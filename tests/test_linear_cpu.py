@@ -1,5 +1,7 @@
-"""Linear layers through oneDNN over packed weights (kernels.linear), as the CPU executor runs
-them: F.linear's results up to float rounding, and a row's bits independent of its batch."""
+"""Linear layers over weights packed once: through oneDNN (kernels.linear, bfloat16's path and
+float32's where the C++ kernels did not build), F.linear's results up to float rounding and a
+row's bits independent of its batch; and the model's packing, where float32 takes Baton's own
+kernel (tests/test_f32_linear_cpu.py tests the kernel itself)."""
 
 from __future__ import annotations
 
@@ -67,6 +69,9 @@ def test_model_packs_every_linear_and_a_tied_lm_head(make_checkpoint) -> None:
 
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     assert linears and all(m.packed_weight is not None for m in linears)
+    # float32: Baton's kernel's layout, [ceil(out / 16), in, 16], not oneDNN's opaque tensor.
+    assert not any(m.packed_weight.is_mkldnn for m in linears)
+    assert linears[0].packed_weight.shape[-1] == 16
     # The embedding table stays for lookups; the LM head reads its own packed copy.
     assert not model.embed_tokens.weight.is_meta
     assert sum(p.numel() for p in model.parameters()) == num_params
