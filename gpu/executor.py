@@ -135,9 +135,12 @@ class TorchExecutor:
                     "but runs slower than float32; use float32 where speed matters"
                 )
         if self.model.pack_linear_weights(rows_hint=engine_config.max_num_seqs):
+            native_f32 = model_config.model_impl == "native" and uses_f32_kernel(
+                self.model.embed_tokens.weight
+            )
             logger.info(
                 "float linear layers run over weights packed at load, in %s",
-                "Baton's float32 kernel" if uses_f32_kernel(self.model.norm.weight) else "oneDNN",
+                "Baton's float32 kernel" if native_f32 else "oneDNN",
             )
         self.cpu_decode: CpuDecodeLayers | None = None
         if model_config.model_impl == "native" and self.device.type == "cpu":
