@@ -228,14 +228,9 @@ def anchored_nnls(
     best, best_value = [0.0] * n, 0.0
     for size in range(1, n):
         for support in itertools.combinations(range(n), size):
-            solved = _solve(
-                [[matrix[i][j] for j in support] for i in support], [target[i] for i in support]
-            )
-            if solved is None or min(solved) < 0:
+            theta = _solution_on(matrix, target, support)
+            if theta is None:
                 continue
-            theta = [0.0] * n
-            for i, value in zip(support, solved, strict=True):
-                theta[i] = value
             # At the optimum on its support the objective is −θᵀ·target.
             value = -sum(theta[i] * target[i] for i in range(n))
             if value < best_value:
@@ -243,22 +238,32 @@ def anchored_nnls(
     return best
 
 
-def _optimum_on(
+def _solution_on(
     matrix: list[list[float]], target: list[float], support: tuple[int, ...]
 ) -> list[float] | None:
-    """θ solving the problem on `support` with zeros elsewhere, if it is the optimum: θ ≥ 0 and
-    the gradient Mθ − t is ≥ 0 off the support (no zero coefficient wants to grow)."""
-    if not support:
-        return None
+    """θ solving the problem on `support`, zeros elsewhere, if it is feasible (θ ≥ 0)."""
     solved = _solve(
         [[matrix[i][j] for j in support] for i in support], [target[i] for i in support]
     )
     if solved is None or min(solved) < 0:
         return None
-    n = len(target)
-    theta = [0.0] * n
+    theta = [0.0] * len(target)
     for i, value in zip(support, solved, strict=True):
         theta[i] = value
+    return theta
+
+
+def _optimum_on(
+    matrix: list[list[float]], target: list[float], support: tuple[int, ...]
+) -> list[float] | None:
+    """`_solution_on(support)` if it is the optimum: the gradient Mθ − t is ≥ 0 off the
+    support (no zero coefficient wants to grow)."""
+    if not support:
+        return None
+    theta = _solution_on(matrix, target, support)
+    if theta is None:
+        return None
+    n = len(target)
     for i in range(n):
         if i not in support and sum(matrix[i][j] * theta[j] for j in range(n)) < target[i]:
             return None

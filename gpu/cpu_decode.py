@@ -38,17 +38,18 @@ class CpuDecodeLayers:
     their final form (quantized and packed)."""
 
     def __init__(self, model: CausalLM, weights: list[torch.Tensor | None]) -> None:
-        config = model.config
+        config, first = model.config, model.layers[0]
         self.embed_tokens = model.embed_tokens
         self.weights = weights
         self.final_norm = model.norm.weight
-        self.cos_sin_cache = model.layers[0].self_attn.cos_sin_cache
+        self.cos_sin_cache = first.self_attn.cos_sin_cache
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.intermediate_size = config.intermediate_size
-        self.scale = model.layers[0].self_attn.scale
+        self.scale = first.self_attn.scale
         self.eps = config.rms_norm_eps
-        self.gelu = config.hidden_act != "silu"
+        # The gate the MLP was built with (ops.gated_activation: SiLU or GeLU-tanh).
+        self.gelu = first.mlp.act_and_mul is ops.gelu_tanh_and_mul
 
     @classmethod
     def of(cls, model: CausalLM) -> CpuDecodeLayers | None:
@@ -61,7 +62,6 @@ class CpuDecodeLayers:
             or config.gemma
             or config.qk_norm
             or config.attn_logit_softcap is not None
-            or config.hidden_act not in ("silu", "gelu_pytorch_tanh", "gelu_tanh")
             or not cpu_kernels_available()
         ):
             return None
@@ -70,16 +70,16 @@ class CpuDecodeLayers:
             attn, mlp = layer.self_attn, layer.mlp
             if config.layer_window(i) is not None or not isinstance(mlp, MLP):
                 return None
-            linears = [_linear_slots(m) for m in (attn.qkv_proj, attn.o_proj)]
-            linears += [_linear_slots(m) for m in (mlp.gate_up_proj, mlp.down_proj)]
-            if any(slots is None for slots in linears):
-                return None
-            (qkv, qkv_scales), (o, o_scales), (gate_up, gate_up_scales), (down, down_scales) = (
-                linears  # type: ignore[misc]
-            )
-            weights += [layer.input_layernorm.weight, qkv, qkv_scales, attn.qkv_proj.bias]
-            weights += [o, o_scales, attn.o_proj.bias, layer.post_attention_layernorm.weight]
-            weights += [gate_up, gate_up_scales, down, down_scales]
+            slots = []
+            for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+                linear_slots = _linear_slots(linear)
+                if linear_slots is None:
+                    return None
+                slots.append(linear_slots)
+            qkv, o, gate_up, down = slots
+            weights += [layer.input_layernorm.weight, *qkv, attn.qkv_proj.bias]
+            weights += [*o, attn.o_proj.bias, layer.post_attention_layernorm.weight]
+            weights += [*gate_up, *down]
         return cls(model, weights)
 
     def takes(self, input_ids: torch.Tensor, attn_metadata: AttentionMetadata) -> bool:

@@ -199,7 +199,8 @@ class TorchExecutor:
         if not batch.sequences:
             return ExecutorOutput(sampled_token_ids=[])
         start = time.perf_counter()
-        mask = self._start_grammar_mask(batch)
+        to_sample = [seq for seq in batch.sequences if seq.sample]
+        mask = self._start_grammar_mask(to_sample)
         padded_size = self.graphs.padded_size(batch) if self.graphs is not None else None
         inputs = self.buffers.prepare(batch, pad_to=padded_size)
         self.host_time_s += time.perf_counter() - start
@@ -217,7 +218,7 @@ class TorchExecutor:
             hidden = self.model(
                 inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_caches
             )
-        output = self._sample(batch, hidden, inputs.logits_indices, mask)
+        output = self._sample(to_sample, hidden, inputs.logits_indices, mask)
         if batch.num_prompt_logprobs:
             output.prompt_logprobs = prompt_logprobs(
                 batch,
@@ -245,8 +246,9 @@ class TorchExecutor:
                 )
             return self._grammar_compiler
 
-    def _start_grammar_mask(self, batch: Batch) -> Future[GrammarMask | None] | None:
-        to_sample = [seq for seq in batch.sequences if seq.sample]
+    def _start_grammar_mask(
+        self, to_sample: list[ScheduledSequence]
+    ) -> Future[GrammarMask | None] | None:
         if not any(seq.sampling_params.structured_output is not None for seq in to_sample):
             return None
         if self._grammar_matchers is None:
@@ -257,12 +259,11 @@ class TorchExecutor:
 
     def _sample(
         self,
-        batch: Batch,
+        to_sample: list[ScheduledSequence],
         hidden: torch.Tensor,
         logits_indices: torch.Tensor,
         mask: Future[GrammarMask | None] | None,
     ) -> ExecutorOutput:
-        to_sample = [seq for seq in batch.sequences if seq.sample]
         if not to_sample:
             return ExecutorOutput(sampled_token_ids=[])
         # As many rows sampled as there are means one token a sequence, each sampled, in order.

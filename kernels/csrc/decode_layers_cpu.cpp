@@ -96,6 +96,8 @@ at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& position
               "weights hold ", static_cast<int64_t>(kSlotsPerLayer), " entries per layer");
   TORCH_CHECK(hidden_in.dim() == 2 && rows.numel() == hidden_in.size(0),
               "every row of hidden is a decode");
+  // paged_decode reads int64 lengths: converted once here rather than in every layer's call.
+  const at::Tensor lens = seq_lens.to(at::kLong);
   const int64_t num_tokens = hidden_in.size(0), hidden_size = hidden_in.size(1);
   const int64_t head_dim = cos_sin.size(1);
   const int64_t qkv_size = (num_heads + 2 * num_kv_heads) * head_dim;
@@ -116,7 +118,7 @@ at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& position
     const at::Tensor q = rotary.call(qkv, positions, cos_sin, kv_cache, slot_mapping, num_heads,
                                      num_kv_heads);
     const at::Tensor attended = at::empty(q.sizes(), q.options());
-    attend.call(attended, q, kv_cache, block_tables, seq_lens, rows, seqs, scale, 0, 0.0);
+    attend.call(attended, q, kv_cache, block_tables, lens, rows, seqs, scale, 0, 0.0);
     const at::Tensor o = linear(attended.view({num_tokens, -1}), weights, base + kO,
                                 base + kOScales, weights.get(base + kOBias), hidden_size);
     std::tie(normed, residual) = add_norm.call(o, residual, *weights.get(base + kPostNorm), eps);
