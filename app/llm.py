@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,48 @@ def build_engine(
     tokenizer, or is a config file alone (a small tokenizer is made for it).
     `profile_step_cost` runs a few synthetic steps first to seed the step-cost model (a server
     wants its first scheduling decisions informed; offline runs learn as they go).
+
+    The loading runs on a thread of its own that ends with it. Loading runs torch's large
+    parallel ops (copies, quantizing, packing), and libgomp keeps an OpenMP thread pool for
+    every thread that ran one, for as long as that thread lives. A pool left on the caller
+    beside the step thread's makes libgomp count more threads than CPUs, and it then spins 100
+    times instead of 300,000 before sleeping at a barrier: each parallel region of a decode
+    step ended in a futex sleep and a wake-up, 0.5-1.5 ms a step on two cores
+    (docs/benchmarks.md, "The OpenMP pool the loader left behind").
     """
+    return _on_own_thread(
+        lambda: _load_engine(model, config, device, dtype, load_format, profile_step_cost)
+    )
+
+
+def _on_own_thread(build: Callable[[], Engine]) -> Engine:
+    """`build()` on a thread that has ended when this returns; its exception, if any, raised
+    here. A daemon, so an interrupt during a long load ends the process."""
+    built: list[Engine] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            built.append(build())
+        except BaseException as error:  # handed to the caller's thread, raised there
+            failed.append(error)
+
+    thread = threading.Thread(target=run, name="baton-load", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return built[0]
+
+
+def _load_engine(
+    model: str | Path,
+    config: EngineConfig,
+    device: str,
+    dtype: str,
+    load_format: str,
+    profile_step_cost: bool,
+) -> Engine:
     if load_format == "dummy" and Path(model).is_file():
         from gpu.config_folder import write_config_folder
 

@@ -1,0 +1,59 @@
+"""`app.llm.build_engine` loads on a thread of its own, so the caller keeps no OpenMP thread pool
+from the loader's parallel ops: with one beside the step thread's, libgomp manages more threads
+than CPUs and cuts every barrier's spin short (the docstring of `build_engine` says more)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.llm import build_engine
+from core.checkpoint_check import CheckpointFormatError
+from core.config import EngineConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Threads that are not Python's (OpenMP workers, BLAS servers), before and after a load. The
+# loader thread's pool ends a moment after the thread, so the count is polled for a while.
+NATIVE_THREADS_AFTER_LOAD = """
+import os, sys, threading, time
+import torch
+from app.llm import build_engine
+from core.config import EngineConfig
+
+def native_threads():
+    return len(os.listdir("/proc/self/task")) - threading.active_count()
+
+before = native_threads()
+build_engine(sys.argv[1], EngineConfig(), "cpu")
+deadline = time.monotonic() + 10
+while native_threads() > before and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(native_threads() - before)
+"""
+
+
+def test_loading_leaves_no_openmp_pool_on_the_callers_thread(llama_checkpoint):
+    env = os.environ | {
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "2",  # a pool of one worker beside the caller, whatever the machine
+        "TOKENIZERS_PARALLELISM": "false",  # no Rust thread pool to count
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", NATIVE_THREADS_AFTER_LOAD, str(llama_checkpoint)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-1] == "0", result.stdout
+
+
+def test_a_failed_load_raises_its_own_error_in_the_caller(tmp_path):
+    with pytest.raises(CheckpointFormatError, match="missing"):
+        build_engine(tmp_path / "missing", EngineConfig(), "cpu")
