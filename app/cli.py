@@ -15,7 +15,7 @@ from app.replica_settings import ReplicaModel, add_replica_args, replica_setting
 from app.settings import METRICS_STYLES, ServerSettings
 from app.simulate import add_simulate_parser
 from app.tool_parsers import PARSERS
-from core.config import MODEL_IMPLS, POLICIES, QUANTIZATIONS, EngineConfig
+from core.config import KV_CACHE_DTYPES, MODEL_IMPLS, POLICIES, QUANTIZATIONS, EngineConfig
 from core.host_memory import parse_memory_size
 from core.sampling_params import InvalidRequestError, SamplingParams
 
@@ -52,6 +52,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=defaults.quantization,
         help="int8: weight-only int8 with per-channel scales, quantized at load from the float "
         "checkpoint (native model on the CPU only)",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default=defaults.kv_cache_dtype,
+        help="auto: the KV cache in the model's dtype; float16: keys and values stored in "
+        "float16, half the memory and half the bytes each decode step reads (CPU only; outputs "
+        "may differ slightly from float32's)",
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument(
@@ -132,6 +140,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         seed=args.seed,
         model_impl=args.model_impl,
         quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
 
 

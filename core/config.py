@@ -10,6 +10,9 @@ from core.policy_registry import POLICIES
 MODEL_IMPLS = ("auto", "native", "transformers")
 # How the native CPU model stores its linear weights (gpu.quantization): as loaded, or int8.
 QUANTIZATIONS = ("none", "int8")
+# What the KV cache holds: the model's dtype (auto), or float16 on the CPU, where the cache read
+# is a decode step's largest cost at long contexts and llama.cpp's default is float16 too.
+KV_CACHE_DTYPES = ("auto", "float16")
 
 
 @dataclass(slots=True)
@@ -47,6 +50,9 @@ class EngineConfig:
     # int8: the native model's linear layers over int8 weights with per-channel scales,
     # quantized at load (CPU only).
     quantization: str = "none"
+    # float16: keys and values rounded to float16 as they are stored, half the bytes to read
+    # and to hold (CPU only); auto: the model's dtype.
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -80,6 +86,11 @@ class EngineConfig:
             raise ValueError(
                 f"--quantization must be one of {', '.join(QUANTIZATIONS)}, "
                 f"got {self.quantization!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
             )
         if not self.slo_admission_factor >= 0:
             raise ValueError(

@@ -53,6 +53,22 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def resolve_kv_cache_dtype(
+    kv_cache_dtype: str, device: torch.device, model_dtype: torch.dtype
+) -> torch.dtype:
+    """`auto` is the model's dtype; float16 is taken on the CPU only, where attention widens
+    what it reads (the GPU kernels read the cache in the model's dtype)."""
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    dtype = DTYPES[kv_cache_dtype]
+    if device.type != "cpu" and dtype != model_dtype:
+        raise ValueError(
+            f"--kv-cache-dtype {kv_cache_dtype} is for the CPU; on {device.type} the KV cache "
+            "is in the model's dtype (--kv-cache-dtype auto, or set --dtype)"
+        )
+    return dtype
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """`auto` is float32 on the CPU (the exact reference path) and bfloat16 on CUDA."""
     if dtype == "auto":
@@ -86,6 +102,9 @@ class TorchExecutor:
         self.engine_config = engine_config
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(
+            engine_config.kv_cache_dtype, self.device, self.dtype
+        )
         self.quantization = engine_config.quantization
         check_quantization(self.quantization, model_config.model_impl, self.device)
         if self.device.type == "cpu" and self.dtype == torch.bfloat16 and not cpu_has_native_bf16():
@@ -161,7 +180,7 @@ class TorchExecutor:
         )
         self.num_kv_blocks = engine_config.num_kv_blocks or self._fitting_num_kv_blocks()
         self.kv_caches = allocate_kv_caches(
-            model_config, self.num_kv_blocks, self.block_size, self.dtype, self.device
+            model_config, self.num_kv_blocks, self.block_size, self.kv_cache_dtype, self.device
         )
         self._log_kv_capacity()
         if self.device.type == "cpu":
@@ -277,7 +296,7 @@ class TorchExecutor:
 
     def _log_kv_capacity(self) -> None:
         num_bytes = self.num_kv_blocks * kv_cache_bytes_per_block(
-            self.model_config, self.block_size, self.dtype
+            self.model_config, self.block_size, self.kv_cache_dtype
         )
         logger.info(
             "KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB (%s)",
@@ -285,7 +304,7 @@ class TorchExecutor:
             self.block_size,
             self.num_kv_blocks * self.block_size,
             num_bytes / 2**30,
-            self.dtype,
+            self.kv_cache_dtype,
         )
 
     def _captured_graphs(self) -> DecodeGraphs:
@@ -308,7 +327,7 @@ class TorchExecutor:
         budget = self.engine_config.kv_cache_memory_bytes
         if budget is not None:
             return budget_num_kv_blocks(
-                self.model_config, budget, self.max_model_len, self.block_size, self.dtype
+                self.model_config, budget, self.max_model_len, self.block_size, self.kv_cache_dtype
             )
         if self.device.type == "cpu":
             return cpu_num_kv_blocks(
@@ -316,13 +335,13 @@ class TorchExecutor:
                 self.max_model_len,
                 self.engine_config.max_num_seqs,
                 self.block_size,
-                self.dtype,
+                self.kv_cache_dtype,
             )
         self._profile_forward()
         return cuda_num_kv_blocks(
             self.model_config,
             self.block_size,
-            self.dtype,
+            self.kv_cache_dtype,
             self.engine_config.gpu_memory_utilization,
             self.device,
         )
@@ -336,7 +355,7 @@ class TorchExecutor:
         batch = self._largest_batch()
         num_blocks = sum(len(seq.block_table) for seq in batch.sequences)
         kv_caches = allocate_kv_caches(
-            self.model_config, num_blocks, self.block_size, self.dtype, self.device
+            self.model_config, num_blocks, self.block_size, self.kv_cache_dtype, self.device
         )
         inputs = prepare_inputs(batch, self.block_size, self.device, self.dtype)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata, kv_caches)

@@ -11,8 +11,10 @@ def write_kv_cache_ref(
     """Store token t's `key[t]`/`value[t]` [T, Hkv, D] at slot `slot_mapping[t]` of the cache.
 
     `kv_cache` is [2, num_blocks, block_size, Hkv, D]; a slot is `block_id * block_size +
-    offset`; negative slots mark padding tokens, which are not stored.
+    offset`; negative slots mark padding tokens, which are not stored. Keys and values are
+    rounded to the cache's dtype where it differs (a float16 cache under a float32 model).
     """
+    key, value = key.to(kv_cache.dtype), value.to(kv_cache.dtype)
     if bool((slot_mapping < 0).any()):
         stored = slot_mapping >= 0
         key, value, slot_mapping = key[stored], value[stored], slot_mapping[stored]

@@ -156,11 +156,17 @@ def paged_attention_cpu(
         plan = cpu_attention_plan(
             block_tables, query_start_loc, seq_lens, kv_cache.shape[2], q.dtype
         )
-    if not q.dtype == kv_cache.dtype == plan.dtype or kv_cache.shape[2] != plan.block_size:
+    cache_dtypes = (q.dtype, torch.float16) if q.dtype == torch.float32 else (q.dtype,)
+    if (
+        q.dtype != plan.dtype
+        or kv_cache.dtype not in cache_dtypes
+        or kv_cache.shape[2] != plan.block_size
+    ):
         raise ValueError(
             f"the attention plan is for {plan.dtype} and blocks of {plan.block_size} tokens, "
             f"but q is {q.dtype} and the cache {kv_cache.dtype} with blocks of "
-            f"{kv_cache.shape[2]}: build the step's inputs with the model's dtype and block size"
+            f"{kv_cache.shape[2]}: build the step's inputs with the model's dtype and block size "
+            "(the cache is in that dtype, or float16 under float32)"
         )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     for i, start, end in plan.prefills:
@@ -295,8 +301,9 @@ def _attend_sequence(
     # Rows of 2-d views: CPU index_select is fastest along dim 0 of a 2-d tensor.
     k = kv_cache[0].view(num_blocks, -1).index_select(0, used)
     v = kv_cache[1].view(num_blocks, -1).index_select(0, used)
-    k = k.view(1, -1, num_kv_heads, head_dim)[:, : seq_len - first_key]
-    v = v.view(1, -1, num_kv_heads, head_dim)[:, : seq_len - first_key]
+    # A float16 cache under a float32 model is widened once gathered (a no-op otherwise).
+    k = k.view(1, -1, num_kv_heads, head_dim)[:, : seq_len - first_key].to(q.dtype)
+    v = v.view(1, -1, num_kv_heads, head_dim)[:, : seq_len - first_key].to(q.dtype)
     mask = None
     if query_len > 1 or window is not None:
         # Query j sits at position seq_len - query_len + j: a causal mask aligned to the end.
@@ -356,8 +363,8 @@ def _attend_decode_group(
     shape = (num_seqs, group.padded_len, num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(
         q.index_select(0, group.rows).view(num_seqs, num_kv_heads, -1, head_dim),
-        k.view(shape).transpose(1, 2),
-        v.view(shape).transpose(1, 2),
+        k.view(shape).transpose(1, 2).to(q.dtype),
+        v.view(shape).transpose(1, 2).to(q.dtype),
         attn_mask=group.key_bias,
         scale=scale,
     )

@@ -9,7 +9,8 @@
 // Layouts as in the references (kernels/rms_norm.py, kernels/activation.py, kernels/rotary.py,
 // kernels/kv_cache.py): x [T, H]; qkv [T, (Hq + 2 Hkv) D] with q, k, v side by side;
 // cos_sin [positions, D] with cos in the first half and sin in the second; kv_cache [2,
-// num_blocks, block_size, Hkv, D]; slot_mapping [T], negative for tokens not stored.
+// num_blocks, block_size, Hkv, D], float32 or float16 (keys and values are rounded to it as
+// they are stored); slot_mapping [T], negative for tokens not stored.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -19,6 +20,10 @@
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "half_convert.h"
 
 namespace {
 
@@ -116,6 +121,42 @@ inline void rotate(const float* x, const float* cos, const float* sin, int64_t h
   }
 }
 
+// Rotates token t's queries into q and its keys, with its values, into its cache slot.
+template <typename Elem>
+void rotate_and_store(const at::Tensor& qkv, const int64_t* pp, const at::Tensor& cos_sin,
+                      at::Tensor& kv_cache, const int64_t* sp, int64_t num_heads,
+                      int64_t num_kv_heads, at::Tensor& q) {
+  const int64_t D = cos_sin.size(1), half = D / 2, T = qkv.size(0);
+  const int64_t num_slots = kv_cache.size(1) * kv_cache.size(2), row = num_kv_heads * D;
+  const float *src = qkv.data_ptr<float>(), *table = cos_sin.data_ptr<float>();
+  float* qp = q.data_ptr<float>();
+  Elem* keys = kv_cache.data_ptr<Elem>();
+  Elem* values = keys + num_slots * row;
+  const int64_t ld = qkv.stride(0);
+  at::parallel_for(0, T, kRowGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> rotated(std::is_same_v<Elem, float> ? 0 : D);
+    for (int64_t t = begin; t < end; ++t) {
+      const float* cos = table + pp[t] * D;
+      const float* sin = cos + half;
+      const float* token = src + t * ld;
+      for (int64_t h = 0; h < num_heads; ++h) rotate(token + h * D, cos, sin, half, qp + (t * num_heads + h) * D);
+      if (sp[t] < 0) continue;
+      const float* k = token + num_heads * D;
+      Elem* key_slot = keys + sp[t] * row;
+      if constexpr (std::is_same_v<Elem, float>) {
+        for (int64_t h = 0; h < num_kv_heads; ++h) rotate(k + h * D, cos, sin, half, key_slot + h * D);
+        std::memcpy(values + sp[t] * row, k + row, row * sizeof(float));
+      } else {
+        for (int64_t h = 0; h < num_kv_heads; ++h) {
+          rotate(k + h * D, cos, sin, half, rotated.data());
+          baton::narrow_to_half(rotated.data(), key_slot + h * D, D);
+        }
+        baton::narrow_to_half(k + row, values + sp[t] * row, row);
+      }
+    }
+  });
+}
+
 // The rotated queries [T, Hq, D]; rotated keys and the values go straight to their cache slots.
 at::Tensor rotary_and_cache_kv(const at::Tensor& qkv, const at::Tensor& positions,
                                const at::Tensor& cos_sin, at::Tensor& kv_cache,
@@ -124,39 +165,28 @@ at::Tensor rotary_and_cache_kv(const at::Tensor& qkv, const at::Tensor& position
   check_rows(qkv, "qkv");
   TORCH_CHECK(cos_sin.scalar_type() == at::kFloat && cos_sin.is_contiguous() && cos_sin.dim() == 2,
               "cos_sin is a contiguous float32 [positions, head_dim]");
-  const int64_t D = cos_sin.size(1), half = D / 2, T = qkv.size(0);
+  const int64_t D = cos_sin.size(1), T = qkv.size(0);
   TORCH_CHECK(qkv.size(1) == (num_heads + 2 * num_kv_heads) * D, "qkv is [T, (Hq + 2 Hkv) D]");
-  TORCH_CHECK(kv_cache.scalar_type() == at::kFloat && kv_cache.is_contiguous() &&
-                  kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.size(3) == num_kv_heads &&
-                  kv_cache.size(4) == D,
-              "kv_cache is a contiguous float32 [2, blocks, block_size, Hkv, D]");
+  TORCH_CHECK((kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kHalf) &&
+                  kv_cache.is_contiguous() && kv_cache.dim() == 5 && kv_cache.size(0) == 2 &&
+                  kv_cache.size(3) == num_kv_heads && kv_cache.size(4) == D,
+              "kv_cache is a contiguous float32 or float16 [2, blocks, block_size, Hkv, D]");
   const auto pos = positions.to(at::kLong).contiguous();
   const auto slots = slot_mapping.to(at::kLong).contiguous();
   TORCH_CHECK(pos.numel() == T && slots.numel() == T, "one position and one slot per token");
   const int64_t* pp = pos.data_ptr<int64_t>();
   const int64_t* sp = slots.data_ptr<int64_t>();
-  const int64_t num_slots = kv_cache.size(1) * kv_cache.size(2), row = num_kv_heads * D;
+  const int64_t num_slots = kv_cache.size(1) * kv_cache.size(2);
   for (int64_t t = 0; t < T; ++t) {
     TORCH_CHECK(pp[t] >= 0 && pp[t] < cos_sin.size(0), "a position is outside the rotary cache");
     TORCH_CHECK(sp[t] < num_slots, "a slot is outside the KV cache");
   }
   auto q = at::empty({T, num_heads, D}, qkv.options());
-  const float *src = qkv.data_ptr<float>(), *table = cos_sin.data_ptr<float>();
-  float *qp = q.data_ptr<float>(), *keys = kv_cache.data_ptr<float>();
-  float* values = keys + num_slots * row;
-  const int64_t ld = qkv.stride(0);
-  at::parallel_for(0, T, kRowGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float* cos = table + pp[t] * D;
-      const float* sin = cos + half;
-      const float* token = src + t * ld;
-      for (int64_t h = 0; h < num_heads; ++h) rotate(token + h * D, cos, sin, half, qp + (t * num_heads + h) * D);
-      if (sp[t] < 0) continue;
-      const float* k = token + num_heads * D;
-      for (int64_t h = 0; h < num_kv_heads; ++h) rotate(k + h * D, cos, sin, half, keys + sp[t] * row + h * D);
-      std::memcpy(values + sp[t] * row, k + row, row * sizeof(float));
-    }
-  });
+  if (kv_cache.scalar_type() == at::kHalf) {
+    rotate_and_store<c10::Half>(qkv, pp, cos_sin, kv_cache, sp, num_heads, num_kv_heads, q);
+  } else {
+    rotate_and_store<float>(qkv, pp, cos_sin, kv_cache, sp, num_heads, num_kv_heads, q);
+  }
   return q;
 }
 

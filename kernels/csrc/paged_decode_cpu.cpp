@@ -15,7 +15,9 @@
 // [num_seqs]. `rows[i]` is the row of q (and of out) of the decode of sequence `seqs[i]`, which
 // attends to the first seq_lens[seqs[i]] tokens of its blocks, or with `window` > 0 to the last
 // `window` of them (blocks wholly before the window are not read). With `softcap` > 0 each
-// scaled score s becomes softcap * tanh(s / softcap) (Gemma 2).
+// scaled score s becomes softcap * tanh(s / softcap) (Gemma 2). The cache is float32, or
+// float16 (`--kv-cache-dtype float16`): then each head's slice of a block is widened to float32
+// before it is used, and the arithmetic is the float32 cache's on the same values.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -26,13 +28,17 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#include "half_convert.h"
 
 namespace {
 
+template <typename Elem>
 struct CacheView {
-  const float* keys;
-  const float* values;
+  const Elem* keys;
+  const Elem* values;
   int64_t block_size;
   int64_t num_kv_heads;
   int64_t head_dim;
@@ -87,8 +93,8 @@ struct RowState {
 // One sequence, KV heads [first_head, end_head): each head's `group` query rows at
 // q + head * group * D, results to out at the same offsets. Block by block, every head of the
 // block in turn, so each block is read once, front to back.
-template <typename Index>
-void attend_sequence(const CacheView& cache, const Index* table, int64_t seq_len,
+template <typename Index, typename Elem>
+void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t seq_len,
                      const float* q, float* out, int64_t group, int64_t first_head,
                      int64_t end_head, float scale, int64_t window, float softcap) {
   const int64_t D = cache.head_dim;
@@ -98,6 +104,8 @@ void attend_sequence(const CacheView& cache, const Index* table, int64_t seq_len
   std::vector<float> acc(num_rows * D, 0.0f);
   std::vector<RowState> state(num_rows);
   std::vector<float> scores(bs);
+  // A float16 cache's head slice of a block, widened: [n, D] keys, then values.
+  std::vector<float> widened(std::is_same_v<Elem, float> ? 0 : 2 * bs * D);
 
   const int64_t first_key = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;
   for (int64_t first = first_key / bs * bs; first < seq_len; first += bs) {
@@ -111,7 +119,7 @@ void attend_sequence(const CacheView& cache, const Index* table, int64_t seq_len
     // took 8 layers of attention at 8 sequences from 4.1 to 3.3-3.6 ms (docs/benchmarks.md).
     if (first + bs < seq_len) {
       const int64_t next = static_cast<int64_t>(table[first / bs + 1]);
-      const int64_t bytes = bs * stride * static_cast<int64_t>(sizeof(float));
+      const int64_t bytes = bs * stride * static_cast<int64_t>(sizeof(Elem));
       const char* nk = reinterpret_cast<const char*>(cache.keys + next * bs * stride);
       const char* nv = reinterpret_cast<const char*>(cache.values + next * bs * stride);
       for (int64_t b = 0; b < bytes; b += 64) {
@@ -121,20 +129,36 @@ void attend_sequence(const CacheView& cache, const Index* table, int64_t seq_len
     }
     for (int64_t head = first_head; head < end_head; ++head) {
       const int64_t offset = (block * bs + skip) * stride + head * D;
-      const float* k = cache.keys + offset;
-      const float* v = cache.values + offset;
+      const float* k;
+      const float* v;
+      int64_t step;  // from one token's key (or value) to the next
+      if constexpr (std::is_same_v<Elem, float>) {
+        k = cache.keys + offset;
+        v = cache.values + offset;
+        step = stride;
+      } else {
+        float* wk = widened.data();
+        float* wv = wk + bs * D;
+        for (int64_t t = 0; t < n; ++t) {
+          baton::widen_half(cache.keys + offset + t * stride, wk + t * D, D);
+          baton::widen_half(cache.values + offset + t * stride, wv + t * D, D);
+        }
+        k = wk;
+        v = wv;
+        step = D;
+      }
       for (int64_t g = 0; g < group; ++g) {
         const int64_t row = (head - first_head) * group + g;
         const float* qr = q + (head * group + g) * D;
         float* s = scores.data();
         int64_t t = 0;
         for (; t + 4 <= n; t += 4) {
-          dot4(qr, k + t * stride, k + (t + 1) * stride, k + (t + 2) * stride,
-               k + (t + 3) * stride, D, s + t);
+          dot4(qr, k + t * step, k + (t + 1) * step, k + (t + 2) * step,
+               k + (t + 3) * step, D, s + t);
         }
         for (; t < n; ++t) {
           float dot = 0.0f;
-          for (int64_t d = 0; d < D; ++d) dot += qr[d] * k[t * stride + d];
+          for (int64_t d = 0; d < D; ++d) dot += qr[d] * k[t * step + d];
           s[t] = dot;
         }
         float block_max = -std::numeric_limits<float>::infinity();
@@ -160,17 +184,17 @@ void attend_sequence(const CacheView& cache, const Index* table, int64_t seq_len
         }
         st.sum += block_sum;
         for (t = 0; t + 4 <= n; t += 4) {
-          const float* v0 = v + t * stride;
-          const float* v1 = v0 + stride;
-          const float* v2 = v1 + stride;
-          const float* v3 = v2 + stride;
+          const float* v0 = v + t * step;
+          const float* v1 = v0 + step;
+          const float* v2 = v1 + step;
+          const float* v3 = v2 + step;
           const float p0 = s[t], p1 = s[t + 1], p2 = s[t + 2], p3 = s[t + 3];
           for (int64_t d = 0; d < D; ++d) {
             a[d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d];
           }
         }
         for (; t < n; ++t) {
-          const float* vt = v + t * stride;
+          const float* vt = v + t * step;
           for (int64_t d = 0; d < D; ++d) a[d] += s[t] * vt[d];
         }
       }
@@ -201,15 +225,15 @@ void check_block_ids(const at::Tensor& block_tables, const std::vector<int64_t>&
   }
 }
 
-template <typename Index>
+template <typename Index, typename Elem>
 void run(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
          const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens,
          const at::Tensor& rows, const at::Tensor& seqs, double scale, int64_t window,
          double softcap) {
   const int64_t num_blocks = kv_cache.size(1);
   const int64_t num_heads = q.size(1);
-  CacheView cache{kv_cache.data_ptr<float>(), nullptr, kv_cache.size(2), kv_cache.size(3),
-                  kv_cache.size(4)};
+  CacheView<Elem> cache{kv_cache.data_ptr<Elem>(), nullptr, kv_cache.size(2), kv_cache.size(3),
+                        kv_cache.size(4)};
   cache.values = cache.keys + num_blocks * cache.block_size * cache.num_kv_heads * cache.head_dim;
   const int64_t group = num_heads / cache.num_kv_heads;
   const Index* tables = block_tables.data_ptr<Index>();
@@ -232,7 +256,7 @@ void run(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
       const int64_t i = task / tasks_per_seq;
       const int64_t first_head = (task % tasks_per_seq) * heads_per_task;
       const int64_t seq = seq_ids[i];
-      attend_sequence<Index>(cache, tables + seq * width, seq_lens[seq],
+      attend_sequence<Index, Elem>(cache, tables + seq * width, seq_lens[seq],
                              q_data + row_ids[i] * q_row_stride,
                              out_data + row_ids[i] * out_row_stride, group, first_head,
                              first_head + heads_per_task, static_cast<float>(scale), window,
@@ -247,9 +271,10 @@ void paged_decode(const at::Tensor& out, const at::Tensor& q, const at::Tensor& 
                   double softcap) {
   TORCH_CHECK(window >= 0 && softcap >= 0.0, "window and softcap are >= 0 (0: none)");
   TORCH_CHECK(q.device().is_cpu() && kv_cache.device().is_cpu(), "CPU tensors only");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && kv_cache.scalar_type() == at::kFloat &&
-                  out.scalar_type() == at::kFloat,
-              "float32 only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
+              "q and out are float32");
+  TORCH_CHECK(kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kHalf,
+              "the KV cache is float32 or float16");
   TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes(), "q and out are [T, Hq, D]");
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2), "q rows must be contiguous");
   TORCH_CHECK(out.stride(2) == 1 && out.stride(1) == out.size(2), "out rows must be contiguous");
@@ -278,13 +303,16 @@ void paged_decode(const at::Tensor& out, const at::Tensor& q, const at::Tensor& 
                 "a decode names no sequence");
     TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < q.size(0), "a decode names no row of q");
   }
+  const bool half = kv_cache.scalar_type() == at::kHalf;
   if (block_tables.scalar_type() == at::kInt) {
     check_block_ids<int32_t>(block_tables, seq_len_list, seqs, kv_cache.size(1), kv_cache.size(2));
-    run<int32_t>(out, q, kv_cache, block_tables, seq_len_list, rows, seqs, scale, window, softcap);
+    (half ? run<int32_t, c10::Half> : run<int32_t, float>)(
+        out, q, kv_cache, block_tables, seq_len_list, rows, seqs, scale, window, softcap);
   } else {
     TORCH_CHECK(block_tables.scalar_type() == at::kLong, "block_tables are int32 or int64");
     check_block_ids<int64_t>(block_tables, seq_len_list, seqs, kv_cache.size(1), kv_cache.size(2));
-    run<int64_t>(out, q, kv_cache, block_tables, seq_len_list, rows, seqs, scale, window, softcap);
+    (half ? run<int64_t, c10::Half> : run<int64_t, float>)(
+        out, q, kv_cache, block_tables, seq_len_list, rows, seqs, scale, window, softcap);
   }
 }
 
