@@ -4,6 +4,8 @@ converted by llama.cpp's own converter), both driven by the same client, `baton 
     PYTHONPATH=$PWD python benchmarks/vs_llama_cpp.py --preset bench \
         --prompt-len 40 256 --streams 1 8 32 --rounds 2 --json out.json --markdown out.md
     ... --baton-args "--quantization int8"    # a second Baton, its ratios against Q8_0
+    ... --gguf q8_0 --baton-args "--quantization int8 --kv-cache-dtype float16"  # llama.cpp's
+                                              # cache is float16 by default, Baton's the model's
 
 One server runs at a time, started afresh for every shape (prompt length, streams) and sized
 for it alike on both sides: as many sequences (llama.cpp slots) as streams, a context per

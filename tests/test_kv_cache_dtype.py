@@ -123,11 +123,13 @@ def test_cpu_attention_over_float16_is_float32_attention_over_the_widened_cache(
     assert torch.equal(outputs[0], outputs[1])
 
 
-def test_greedy_output_with_a_float16_cache_agrees_with_float32_for_most_prompts() -> None:
+@pytest.mark.parametrize("model_impl", ["native", "transformers"])
+def test_greedy_output_with_a_float16_cache_agrees_with_float32_for_most_prompts(model_impl):
     params = SamplingParams(max_tokens=NUM_NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=2)
     # A prefill budget smaller than the prompts with the template's tokens: chunked prefills
-    # read the float16 cache through the prefill path too.
-    config = {"num_kv_blocks": 256, "max_num_batched_tokens": 8}
+    # read the float16 cache through the prefill path too. The generic path writes the cache
+    # from Python, the native one from C++.
+    config = {"num_kv_blocks": 256, "max_num_batched_tokens": 8, "model_impl": model_impl}
     reference = LLM(DEMO_MODEL, device="cpu", **config).generate(PROMPTS, params)
     half = LLM(DEMO_MODEL, device="cpu", kv_cache_dtype="float16", **config).generate(
         PROMPTS, params
