@@ -20,15 +20,16 @@ from gpu.executor import TorchExecutor, resolve_kv_cache_dtype
 from gpu.kv_cache import kv_cache_bytes_per_block
 from kernels.kv_cache import write_kv_cache_ref
 from kernels.paged_attention import cpu_attention_plan, paged_attention_cpu, plain_torch_decodes
-from tests.test_quantization import NEAR_TIE, NUM_NEW_TOKENS, PROMPTS
+from tests.greedy_agreement import NUM_NEW_TOKENS, PROMPTS, assert_greedy_agreement
 
 needs_kernels = pytest.mark.skipif(
     not cpu_extension.cpu_kernels_available(), reason="Baton's C++ CPU kernels did not build"
 )
 
 NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 2, 64, 16, 64
-# Measured on the demo model over the 16 prompts of tests/test_quantization.py (16 greedy
-# tokens): see docs/benchmarks.md, "A float16 KV cache on the CPU".
+# Measured on this VM (docs/benchmarks.md, issue 20's sixth round, "Decode attention: the cache
+# read"): all 16 prompts identical, with float32 and with int8 weights. Two may part at near
+# ties on another CPU's rounding.
 MIN_IDENTICAL_PROMPTS = 14
 
 
@@ -135,16 +136,7 @@ def test_greedy_output_with_a_float16_cache_agrees_with_float32_for_most_prompts
         PROMPTS, params
     )
 
-    identical = sum(a.token_ids == b.token_ids for a, b in zip(reference, half, strict=True))
-    assert identical >= MIN_IDENTICAL_PROMPTS, f"{identical} of {len(PROMPTS)} identical"
-    for prompt, a, b in zip(PROMPTS, reference, half, strict=True):
-        parted = next(
-            (i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=True)) if x != y),
-            None,
-        )
-        if parted is not None:
-            (_, first), (_, second) = a.logprobs[parted].top
-            assert first - second < NEAR_TIE, (prompt, parted, first - second)
+    assert_greedy_agreement(reference, half, MIN_IDENTICAL_PROMPTS)
 
 
 def test_a_float16_cache_holds_twice_the_tokens_of_a_budget(make_checkpoint) -> None:
