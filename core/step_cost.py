@@ -221,7 +221,8 @@ def anchored_nnls(
     n = len(moment)
     matrix = [[gram[i][j] + (weight if i == j else 0.0) for j in range(n)] for i in range(n)]
     target = [moment[i] + weight * anchor[i] for i in range(n)]
-    for support in (hint, tuple(range(n))):
+    # The hint is usually the full support already: each is tried once.
+    for support in dict.fromkeys((hint, tuple(range(n)))):
         theta = _optimum_on(matrix, target, support)
         if theta is not None:
             return theta

@@ -116,7 +116,7 @@ def _takes_argmax(seq: ScheduledSequence) -> bool:
         and params.logprobs is None
         and params.logit_bias is None
         and not params.uses_penalties
-        and (params.min_tokens == 0 or seq.num_output_tokens >= params.min_tokens)
+        and seq.num_output_tokens >= params.min_tokens  # else mask_stop_tokens would act
     )
 
 

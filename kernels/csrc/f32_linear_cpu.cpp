@@ -18,7 +18,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "channel_blocks.h"
+#include "linear_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -29,14 +29,8 @@
 #include <immintrin.h>
 #endif
 
-// Each sum below is ordered by hand: the build's -fassociative-math would let the compiler
-// reorder the plain-C++ path's sums differently per tile shape, and a row's bits would then
-// depend on the tile it ran in; so not in this file.
-#if defined(__clang__)
-#pragma clang fp reassociate(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("no-associative-math")
-#endif
+// Each sum below is ordered by hand.
+#include "ordered_sums.h"
 
 namespace {
 
@@ -150,8 +144,7 @@ void rows(const Problem& p, int64_t m, int R, int64_t g_begin, int64_t g_end) {
 
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
                       const c10::optional<at::Tensor>& bias, int64_t out_features) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, "x is float32 on the CPU");
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x is [rows, in], contiguous rows");
+  baton::check_linear_input(x);
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
   const int64_t groups = (N + kGroup - 1) / kGroup;
   TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous(),
@@ -160,15 +153,11 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
                   weight.size(2) == kGroup,
               "the weight is packed [ceil(out / 16), in, 16] with in = x's columns and out = "
               "out_features");
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == N,
-                "bias is a contiguous float32 [out]");
-  }
+  const float* bias_data = baton::checked_bias(bias, N);
   auto out = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
   const Problem p{x.data_ptr<float>(), x.stride(0), weight.data_ptr<float>(),
-                  has_bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(), K, N};
+                  bias_data, out.data_ptr<float>(), K, N};
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * K * M);
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
   const int64_t panel_bytes = kGroup * std::max<int64_t>(K, 1) * sizeof(float);

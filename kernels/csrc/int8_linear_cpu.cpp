@@ -27,7 +27,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "channel_blocks.h"
+#include "linear_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -38,14 +38,8 @@
 #include <immintrin.h>
 #endif
 
-// Each float sum below is ordered by hand. The build's -fassociative-math would let the compiler
-// reorder the plain-C++ path's sums differently in each tile shape, and a row's bits would then
-// depend on the tile it ran in; so not in this file.
-#if defined(__clang__)
-#pragma clang fp reassociate(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("no-associative-math")
-#endif
+// Each float sum below is ordered by hand.
+#include "ordered_sums.h"
 
 namespace {
 
@@ -269,8 +263,7 @@ void rows(const Problem& p, int64_t m, int R, int64_t g_begin, int64_t g_end) {
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                        const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, "x is float32 on the CPU");
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x is [rows, in], contiguous rows");
+  baton::check_linear_input(x);
   const int64_t M = x.size(0), K = x.size(1), N = scales.numel();
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous(),
               "scales are a contiguous float32 [out]");
@@ -281,11 +274,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
                   codes.size(2) == kGroup && codes.size(3) == kLanes,
               "codes are packed [ceil(out / 12), ceil(in / 8), 12, 8] with in = x's columns and "
               "out = the scales' length");
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == N,
-                "bias is a contiguous float32 [out]");
-  }
+  const float* bias_data = baton::checked_bias(bias, N);
   auto out = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
   auto xq = at::empty({M, k_blocks * kBlockInts}, x.options().dtype(at::kShort));
@@ -300,7 +289,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
       sp[m] = quantize_row(xp + m * ldx, K, k_blocks, xqp + m * k_blocks * kBlockInts);
   });
   const Problem p{xqp, sp, codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
-                  has_bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
+                  bias_data, out.data_ptr<float>(),
                   N, k_blocks};
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * k_blocks * kLanes * M);
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);

@@ -116,7 +116,8 @@ void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t s
     // The next block's keys and values are asked for now: blocks lie wherever the table puts
     // them, so the hardware prefetcher, which follows addresses, cannot start on them before
     // the loads do. At 350 tokens a sequence (46 MB of cache read a step, more than L3) this
-    // took 8 layers of attention at 8 sequences from 4.1 to 3.3-3.6 ms (docs/benchmarks.md).
+    // took 8 layers of attention at 8 sequences from 4.1 to 3.3-3.6 ms in two interleaved
+    // pairs (docs/benchmarks.md).
     if (first + bs < seq_len) {
       const int64_t next = static_cast<int64_t>(table[first / bs + 1]);
       const int64_t bytes = bs * stride * static_cast<int64_t>(sizeof(Elem));

@@ -1,14 +1,31 @@
-// The parallel schedule Baton's CPU linear kernels share: output-channel groups split over
+// What Baton's CPU linear kernels (f32_linear_cpu.cpp, int8_linear_cpu.cpp) share: the checks of
+// the activations and the bias, and the parallel schedule: output-channel groups split over
 // torch's threads, each thread walking its share a block of groups at a time (a block's
 // weights stay in L2) and passing every row tile over the block before the next.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
 
 namespace baton {
+
+// x is the activations [rows, in]: float32 on the CPU, each row contiguous.
+inline void check_linear_input(const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, "x is float32 on the CPU");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x is [rows, in], contiguous rows");
+}
+
+// The bias's data, checked to be a contiguous float32 [out_features], or nullptr without one.
+inline const float* checked_bias(const c10::optional<at::Tensor>& bias, int64_t out_features) {
+  if (!bias.has_value() || !bias->defined()) return nullptr;
+  TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
+                  bias->numel() == out_features,
+              "bias is a contiguous float32 [out]");
+  return bias->data_ptr<float>();
+}
 
 // `row_tile(first_row, rows, group_begin, group_end)` for every tile of up to `max_tile` of
 // the `num_rows` rows and every block of up to `block` of the `groups` channel groups.
