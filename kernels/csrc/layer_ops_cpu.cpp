@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fast_exp.h"
 #include "half_convert.h"
 
 namespace {
@@ -102,7 +103,7 @@ at::Tensor gated(const at::Tensor& x, Act act) {
 }
 
 at::Tensor silu_and_mul(const at::Tensor& x) {
-  return gated(x, [](float g) { return g / (1.0f + std::exp(-g)); });
+  return gated(x, [](float g) { return baton::silu(g); });
 }
 
 at::Tensor gelu_tanh_and_mul(const at::Tensor& x) {

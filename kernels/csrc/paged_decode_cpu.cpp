@@ -16,11 +16,16 @@
 // attends to the first seq_lens[seqs[i]] tokens of its blocks, or with `window` > 0 to the last
 // `window` of them (blocks wholly before the window are not read). With `softcap` > 0 each
 // scaled score s becomes softcap * tanh(s / softcap) (Gemma 2). The cache is float32, or
-// float16 (`--kv-cache-dtype float16`): then each head's slice of a block is widened to float32
-// before it is used, and the arithmetic is the float32 cache's on the same values.
+// float16 (`--kv-cache-dtype float16`): then each cached value is widened to float32 as it is
+// loaded, and the arithmetic is the float32 cache's on the same values.
+//
+// With AVX2, FMA and F16C (and a head_dim that is a multiple of 8) the scores and the weighted
+// values are written in vector intrinsics: eight keys' dot products in eight registers reduced
+// together, and the values accumulated in registers across a block. Otherwise, plain loops.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -28,10 +33,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
-#include "half_convert.h"
+#include "fast_exp.h"
 
 namespace {
 
@@ -44,44 +48,100 @@ struct CacheView {
   int64_t head_dim;
 };
 
-// e^x for x <= 0 (the softmax's exponents, taken after subtracting the maximum), within a few
-// parts in 1e8: x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^7, 2^n built in
-// the exponent bits. Plain arithmetic, so the compiler vectorizes a loop of them, which it
-// cannot do with calls to expf.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);  // e^-87 is near the smallest normal float; below, 0 is as good
-  const float n = std::floor(x * 1.44269504f + 0.5f);
-  // ln2 split in two so n * ln2_hi is exact in float (Cody-Waite).
-  const float r = (x - n * 0.693145751953125f) - n * 1.42860677e-6f;
-  float p = 1.98412698e-4f;
-  p = p * r + 1.38888889e-3f;
-  p = p * r + 8.33333333e-3f;
-  p = p * r + 4.16666667e-2f;
-  p = p * r + 1.66666667e-1f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define BATON_ATTENTION_VECTORS 1
+#include <immintrin.h>
+
+// Eight lanes of a cached row: float32 as it is, float16 widened on the way into the register.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// q . k over D floats for four keys at once: four independent sums the compiler keeps in four
-// vector registers, instead of one dependent chain of fused multiply-adds per key.
-inline void dot4(const float* q, const float* k0, const float* k1, const float* k2,
-                 const float* k3, int64_t D, float* out) {
-  float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-  for (int64_t d = 0; d < D; ++d) {
-    s0 += q[d] * k0[d];
-    s1 += q[d] * k1[d];
-    s2 += q[d] * k2[d];
-    s3 += q[d] * k3[d];
+// The scores of 8 keys, q . k_j with k_j at k + j * step, D a multiple of 8: one accumulator a
+// key, then the eight reduced together, so every key's sum is taken in the same order whichever
+// lane it is in. With `count` < 8 keys the spare lanes repeat the last key.
+template <typename Elem>
+inline __m256 scores8(const float* q, const Elem* k, int64_t step, int64_t count, int64_t D) {
+  const int64_t last = count - 1;
+  const Elem* k0 = k;
+  const Elem* k1 = k + std::min<int64_t>(1, last) * step;
+  const Elem* k2 = k + std::min<int64_t>(2, last) * step;
+  const Elem* k3 = k + std::min<int64_t>(3, last) * step;
+  const Elem* k4 = k + std::min<int64_t>(4, last) * step;
+  const Elem* k5 = k + std::min<int64_t>(5, last) * step;
+  const Elem* k6 = k + std::min<int64_t>(6, last) * step;
+  const Elem* k7 = k + std::min<int64_t>(7, last) * step;
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 qd = _mm256_loadu_ps(q + d);
+    a0 = _mm256_fmadd_ps(qd, load8(k0 + d), a0);
+    a1 = _mm256_fmadd_ps(qd, load8(k1 + d), a1);
+    a2 = _mm256_fmadd_ps(qd, load8(k2 + d), a2);
+    a3 = _mm256_fmadd_ps(qd, load8(k3 + d), a3);
+    a4 = _mm256_fmadd_ps(qd, load8(k4 + d), a4);
+    a5 = _mm256_fmadd_ps(qd, load8(k5 + d), a5);
+    a6 = _mm256_fmadd_ps(qd, load8(k6 + d), a6);
+    a7 = _mm256_fmadd_ps(qd, load8(k7 + d), a7);
   }
-  out[0] = s0;
-  out[1] = s1;
-  out[2] = s2;
-  out[3] = s3;
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  // Lanes 0-3 of s0123 are keys 0-3 over the low half of each vector, lanes 4-7 the high half.
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                       _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+#endif
+
+// s[t] = q . k_t for the block's n keys, k_t at k + t * step.
+template <typename Elem>
+void block_scores(const float* q, const Elem* k, int64_t step, int64_t n, int64_t D, float* s) {
+#ifdef BATON_ATTENTION_VECTORS
+  if (D % 8 == 0) {
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8) _mm256_storeu_ps(s + t, scores8(q, k + t * step, step, 8, D));
+    if (t < n) {
+      const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - t)), lanes);
+      _mm256_maskstore_ps(s + t, keep, scores8(q, k + t * step, step, n - t, D));
+    }
+    return;
+  }
+#endif
+  for (int64_t t = 0; t < n; ++t) {
+    float dot = 0.0f;
+    for (int64_t d = 0; d < D; ++d) dot += q[d] * static_cast<float>(k[t * step + d]);
+    s[t] = dot;
+  }
+}
+
+// a[d] += sum over the block's n keys of p[t] * v_t[d], v_t at v + t * step, t in order.
+template <typename Elem>
+void accumulate_values(const float* p, const Elem* v, int64_t step, int64_t n, int64_t D,
+                       float* a) {
+  int64_t d0 = 0;
+#ifdef BATON_ATTENTION_VECTORS
+  // 64 columns at a time in eight registers, then 8 at a time.
+  for (; d0 + 64 <= D; d0 += 64) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_loadu_ps(a + d0 + 8 * i);
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 pt = _mm256_set1_ps(p[t]);
+      const Elem* vt = v + t * step + d0;
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(pt, load8(vt + 8 * i), acc[i]);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(a + d0 + 8 * i, acc[i]);
+  }
+  for (; d0 + 8 <= D; d0 += 8) {
+    __m256 acc = _mm256_loadu_ps(a + d0);
+    for (int64_t t = 0; t < n; ++t) {
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), load8(v + t * step + d0), acc);
+    }
+    _mm256_storeu_ps(a + d0, acc);
+  }
+#endif
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t d = d0; d < D; ++d) a[d] += p[t] * static_cast<float>(v[t * step + d]);
+  }
 }
 
 // The online softmax of one query row: its running maximum, sum and weighted values.
@@ -104,8 +164,6 @@ void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t s
   std::vector<float> acc(num_rows * D, 0.0f);
   std::vector<RowState> state(num_rows);
   std::vector<float> scores(bs);
-  // A float16 cache's head slice of a block, widened: [n, D] keys, then values.
-  std::vector<float> widened(std::is_same_v<Elem, float> ? 0 : 2 * bs * D);
 
   const int64_t first_key = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;
   for (int64_t first = first_key / bs * bs; first < seq_len; first += bs) {
@@ -130,40 +188,15 @@ void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t s
     }
     for (int64_t head = first_head; head < end_head; ++head) {
       const int64_t offset = (block * bs + skip) * stride + head * D;
-      const float* k;
-      const float* v;
-      int64_t step;  // from one token's key (or value) to the next
-      if constexpr (std::is_same_v<Elem, float>) {
-        k = cache.keys + offset;
-        v = cache.values + offset;
-        step = stride;
-      } else {
-        float* wk = widened.data();
-        float* wv = wk + bs * D;
-        for (int64_t t = 0; t < n; ++t) {
-          baton::widen_half(cache.keys + offset + t * stride, wk + t * D, D);
-          baton::widen_half(cache.values + offset + t * stride, wv + t * D, D);
-        }
-        k = wk;
-        v = wv;
-        step = D;
-      }
+      const Elem* k = cache.keys + offset;
+      const Elem* v = cache.values + offset;
       for (int64_t g = 0; g < group; ++g) {
         const int64_t row = (head - first_head) * group + g;
         const float* qr = q + (head * group + g) * D;
         float* s = scores.data();
-        int64_t t = 0;
-        for (; t + 4 <= n; t += 4) {
-          dot4(qr, k + t * step, k + (t + 1) * step, k + (t + 2) * step,
-               k + (t + 3) * step, D, s + t);
-        }
-        for (; t < n; ++t) {
-          float dot = 0.0f;
-          for (int64_t d = 0; d < D; ++d) dot += qr[d] * k[t * step + d];
-          s[t] = dot;
-        }
+        block_scores(qr, k, stride, n, D, s);
         float block_max = -std::numeric_limits<float>::infinity();
-        for (t = 0; t < n; ++t) {
+        for (int64_t t = 0; t < n; ++t) {
           s[t] *= scale;
           if (softcap > 0.0f) s[t] = softcap * std::tanh(s[t] / softcap);
           block_max = std::max(block_max, s[t]);
@@ -171,7 +204,7 @@ void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t s
         // Rescale what is accumulated when this block raises the maximum.
         RowState& st = state[row];
         const float new_max = std::max(st.max, block_max);
-        const float correction = exp_nonpositive(st.max - new_max);
+        const float correction = baton::exp_nonpositive(st.max - new_max);
         float* a = acc.data() + row * D;
         if (correction != 1.0f) {
           for (int64_t d = 0; d < D; ++d) a[d] *= correction;
@@ -179,25 +212,12 @@ void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t s
         }
         st.max = new_max;
         float block_sum = 0.0f;
-        for (t = 0; t < n; ++t) {
-          s[t] = exp_nonpositive(s[t] - new_max);
+        for (int64_t t = 0; t < n; ++t) {
+          s[t] = baton::exp_nonpositive(s[t] - new_max);
           block_sum += s[t];
         }
         st.sum += block_sum;
-        for (t = 0; t + 4 <= n; t += 4) {
-          const float* v0 = v + t * step;
-          const float* v1 = v0 + step;
-          const float* v2 = v1 + step;
-          const float* v3 = v2 + step;
-          const float p0 = s[t], p1 = s[t + 1], p2 = s[t + 2], p3 = s[t + 3];
-          for (int64_t d = 0; d < D; ++d) {
-            a[d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d];
-          }
-        }
-        for (; t < n; ++t) {
-          const float* vt = v + t * step;
-          for (int64_t d = 0; d < D; ++d) a[d] += s[t] * vt[d];
-        }
+        accumulate_values(s, v, stride, n, D, a);
       }
     }
   }
