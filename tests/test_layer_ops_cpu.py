@@ -131,5 +131,9 @@ def test_silu_at_the_ends_of_the_float_range_is_torchs():
     gate = torch.cat([gate, torch.tensor([float("inf"), float("-inf")])])
     x = torch.cat([gate, torch.ones_like(gate)]).view(1, -1)
     torch.testing.assert_close(
-        torch.ops.baton_cpu.silu_and_mul(x), silu_and_mul_ref(x), atol=1e-30, rtol=1e-6, equal_nan=True
+        torch.ops.baton_cpu.silu_and_mul(x),
+        silu_and_mul_ref(x),
+        atol=1e-30,
+        rtol=1e-6,
+        equal_nan=True,
     )
