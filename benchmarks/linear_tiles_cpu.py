@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -55,16 +56,10 @@ def main() -> None:
         for rows in args.rows:
             x = torch.randn(rows, in_features)
             macs = rows * in_features * out_features
-            f32 = pace(
-                lambda: torch.ops.baton_cpu.f32_linear(x, packed, None, out_features),
-                macs,
-                args.iters,
-            )
-            int8 = pace(
-                lambda: torch.ops.baton_cpu.int8_linear(x, packed_codes, scales, None),
-                macs,
-                args.iters,
-            )
+            f32_call = partial(torch.ops.baton_cpu.f32_linear, x, packed, None, out_features)
+            int8_call = partial(torch.ops.baton_cpu.int8_linear, x, packed_codes, scales, None)
+            f32 = pace(f32_call, macs, args.iters)
+            int8 = pace(int8_call, macs, args.iters)
             print(
                 f"{in_features}->{out_features}, {rows} rows: float32 {f32:.1f}, "
                 f"int8 {int8:.1f} G multiply-adds/s"
