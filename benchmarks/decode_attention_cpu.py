@@ -13,9 +13,9 @@ TORCH_EXTENSIONS_DIR per tree), alternating: the machine is shared and drifts.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from kernel_timing import cpu_times_ms
 
 from kernels.cpu_extension import cpu_kernels_available
 
@@ -42,14 +42,7 @@ def time_step(length: int, dtype: torch.dtype, iters: int) -> tuple[float, float
         for cache in caches:
             op(out, q, cache, tables, lens, rows, rows, HEAD_DIM**-0.5, 0, 0.0)
 
-    for _ in range(3):
-        step()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1e3)
-    times.sort()
+    times = cpu_times_ms(step, iters)
     return times[len(times) // 2], times[0]
 
 

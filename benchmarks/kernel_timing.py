@@ -15,17 +15,25 @@ from collections.abc import Callable
 import torch
 
 
-def time_ms(fn: Callable[[], object], device: torch.device, iters: int, warmup: int = 3) -> float:
-    """Median milliseconds per call of `fn` over `iters` calls (after `warmup` unmeasured)."""
+def cpu_times_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> list[float]:
+    """Milliseconds of each of `iters` calls of `fn` on the CPU (after `warmup` unmeasured),
+    fastest first."""
     for _ in range(warmup):
         fn()
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return sorted(samples)
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, iters: int, warmup: int = 3) -> float:
+    """Median milliseconds per call of `fn` over `iters` calls (after `warmup` unmeasured)."""
     if device.type != "cuda":
-        samples = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(samples)
+        return statistics.median(cpu_times_ms(fn, iters, warmup))
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize(device)
     events = [
         (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))

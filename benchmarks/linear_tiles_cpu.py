@@ -13,11 +13,11 @@ of `--iters`, the pace when nothing preempts it. To compare two trees, run it fr
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from functools import partial
 
 import torch
+from kernel_timing import cpu_times_ms
 
 from kernels.cpu_extension import cpu_kernels_available
 from kernels.f32_linear import pack_weight
@@ -27,15 +27,9 @@ SHAPES = [(512, 2816), (1408, 512)]  # (in, out): gate_up and down
 
 
 def pace(call: Callable[[], torch.Tensor], macs: int, iters: int) -> float:
-    for _ in range(20):
-        call()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return macs / times[len(times) // 10] / 1e9
+    """G multiply-adds a second at the 10th-percentile call."""
+    times = cpu_times_ms(call, iters, warmup=20)
+    return macs / times[len(times) // 10] / 1e6
 
 
 def main() -> None:
