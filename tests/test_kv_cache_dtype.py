@@ -33,35 +33,40 @@ NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 2, 64, 16, 64
 MIN_IDENTICAL_PROMPTS = 14
 
 
-def random_cache(generator: torch.Generator) -> torch.Tensor:
-    shape = (2, NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+def random_cache(generator: torch.Generator, head_dim: int = HEAD_DIM) -> torch.Tensor:
+    shape = (2, NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, head_dim)
     return torch.randn(shape, generator=generator).to(torch.float16)
 
 
-def random_batch(generator: torch.Generator, index_dtype: torch.dtype):
+def random_batch(generator: torch.Generator, index_dtype: torch.dtype, head_dim: int = HEAD_DIM):
     """Six decoding sequences of 1-150 tokens over shuffled blocks, and their queries."""
     seq_lens = [1, 5, 17, 64, 99, 150]
     width = -(-max(seq_lens) // BLOCK_SIZE)
     blocks = torch.randperm(NUM_BLOCKS, generator=generator)[: len(seq_lens) * width]
     tables = blocks.view(len(seq_lens), width).to(index_dtype)
-    q = torch.randn(len(seq_lens), 2 * NUM_KV_HEADS, HEAD_DIM, generator=generator)
+    q = torch.randn(len(seq_lens), 2 * NUM_KV_HEADS, head_dim, generator=generator)
     return q, tables, seq_lens
 
 
 @needs_kernels
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (40, 0.0), (0, 30.0)])
-def test_the_decode_kernel_reads_float16_as_its_float32_widening(index_dtype, window, softcap):
+# 20: not a multiple of 8, so the scores take the plain loops and the values a vector part and
+# a plain tail.
+@pytest.mark.parametrize("head_dim", [HEAD_DIM, 20])
+def test_the_decode_kernel_reads_float16_as_its_float32_widening(
+    index_dtype, window, softcap, head_dim
+):
     generator = torch.Generator().manual_seed(0)
-    cache = random_cache(generator)
-    q, tables, seq_lens = random_batch(generator, index_dtype)
+    cache = random_cache(generator, head_dim)
+    q, tables, seq_lens = random_batch(generator, index_dtype, head_dim)
     rows = torch.arange(len(seq_lens))
     lens = torch.tensor(seq_lens)
     outputs = []
     for kv in (cache, cache.float()):
         out = torch.empty_like(q)
         torch.ops.baton_cpu.paged_decode(
-            out, q, kv, tables, lens, rows, rows, HEAD_DIM**-0.5, window, softcap
+            out, q, kv, tables, lens, rows, rows, head_dim**-0.5, window, softcap
         )
         outputs.append(out)
 

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "fast_exp.h"
+#include "half_convert.h"
 
 namespace {
 
@@ -92,9 +93,20 @@ inline __m256 scores8(const float* q, const Elem* k, int64_t step, int64_t count
 }
 #endif
 
-// s[t] = q . k_t for the block's n keys, k_t at k + t * step.
+// A cached row as float32 for the plain loops: the row itself, or a float16 row widened into
+// `buffer` (D floats). Both dtypes then run the same float loop over the same values, so a
+// float16 cache's result stays the float32 kernel's over the widened cache, bit for bit,
+// whatever the compiler makes of each loop.
+inline const float* as_float(const float* row, int64_t, float*) { return row; }
+inline const float* as_float(const c10::Half* row, int64_t D, float* buffer) {
+  baton::widen_half(row, buffer, D);
+  return buffer;
+}
+
+// s[t] = q . k_t for the block's n keys, k_t at k + t * step; `buffer` holds D floats.
 template <typename Elem>
-void block_scores(const float* q, const Elem* k, int64_t step, int64_t n, int64_t D, float* s) {
+void block_scores(const float* q, const Elem* k, int64_t step, int64_t n, int64_t D, float* s,
+                  float* buffer) {
 #ifdef BATON_ATTENTION_VECTORS
   if (D % 8 == 0) {
     int64_t t = 0;
@@ -108,16 +120,18 @@ void block_scores(const float* q, const Elem* k, int64_t step, int64_t n, int64_
   }
 #endif
   for (int64_t t = 0; t < n; ++t) {
+    const float* kt = as_float(k + t * step, D, buffer);
     float dot = 0.0f;
-    for (int64_t d = 0; d < D; ++d) dot += q[d] * static_cast<float>(k[t * step + d]);
+    for (int64_t d = 0; d < D; ++d) dot += q[d] * kt[d];
     s[t] = dot;
   }
 }
 
-// a[d] += sum over the block's n keys of p[t] * v_t[d], v_t at v + t * step, t in order.
+// a[d] += sum over the block's n keys of p[t] * v_t[d], v_t at v + t * step, t in order;
+// `buffer` holds D floats.
 template <typename Elem>
 void accumulate_values(const float* p, const Elem* v, int64_t step, int64_t n, int64_t D,
-                       float* a) {
+                       float* a, float* buffer) {
   int64_t d0 = 0;
 #ifdef BATON_ATTENTION_VECTORS
   // 64 columns at a time in eight registers, then 8 at a time.
@@ -139,8 +153,10 @@ void accumulate_values(const float* p, const Elem* v, int64_t step, int64_t n, i
     _mm256_storeu_ps(a + d0, acc);
   }
 #endif
+  if (d0 == D) return;
   for (int64_t t = 0; t < n; ++t) {
-    for (int64_t d = d0; d < D; ++d) a[d] += p[t] * static_cast<float>(v[t * step + d]);
+    const float* vt = as_float(v + t * step, D, buffer);
+    for (int64_t d = d0; d < D; ++d) a[d] += p[t] * vt[d];
   }
 }
 
@@ -164,6 +180,7 @@ void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t s
   std::vector<float> acc(num_rows * D, 0.0f);
   std::vector<RowState> state(num_rows);
   std::vector<float> scores(bs);
+  std::vector<float> buffer(D);  // a float16 row widened, for the plain loops
 
   const int64_t first_key = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;
   for (int64_t first = first_key / bs * bs; first < seq_len; first += bs) {
@@ -194,7 +211,7 @@ void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t s
         const int64_t row = (head - first_head) * group + g;
         const float* qr = q + (head * group + g) * D;
         float* s = scores.data();
-        block_scores(qr, k, stride, n, D, s);
+        block_scores(qr, k, stride, n, D, s, buffer.data());
         float block_max = -std::numeric_limits<float>::infinity();
         for (int64_t t = 0; t < n; ++t) {
           s[t] *= scale;
@@ -217,7 +234,7 @@ void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t s
           block_sum += s[t];
         }
         st.sum += block_sum;
-        accumulate_values(s, v, stride, n, D, a);
+        accumulate_values(s, v, stride, n, D, a, buffer.data());
       }
     }
   }
