@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
+from kernel_timing import cpu_times_ms
 
 from core.batch import ScheduledSequence
 from core.sampling_params import SamplingParams
@@ -28,13 +28,7 @@ from gpu.sampler import Sampler
 
 
 def median_ms(run: Callable[[], object], iters: int) -> float:
-    run()
-    samples = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        run()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+    return statistics.median(cpu_times_ms(run, iters, warmup=1))
 
 
 def sequences(batch: int, biased: int) -> list[ScheduledSequence]:
