@@ -1,4 +1,5 @@
-// e^x in plain arithmetic, for loops the compiler should vectorize: a call to expf stops it.
+// e^x in plain arithmetic, for loops the compiler should vectorize: a call to expf (or tanhf)
+// stops it; and the gates built on it.
 #pragma once
 
 #include <algorithm>
@@ -37,6 +38,17 @@ inline float silu(float x) {
   const float a = -std::fabs(x);
   const float e = a < -87.0f ? 0.0f : exp_nonpositive(a);
   return x * (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+}
+
+// GeLU with the tanh approximation, 0.5 x (1 + tanh(u)) with u = sqrt(2 / pi) (x + 0.044715 x^3).
+// With e = e^(-2|u|) (the exponent kept <= 0), 1 + tanh(u) is 2 / (1 + e) for u >= 0 and
+// 2e / (1 + e) below, which for large negative x keeps the digits that 1 + tanh(u) would cancel.
+// Past 2|u| = 87, e is 0; at -inf, -inf * 0 is NaN, as torch's is.
+inline float gelu_tanh(float x) {
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  const float a = -2.0f * std::fabs(u);
+  const float e = a < -87.0f ? 0.0f : exp_nonpositive(a);
+  return x * (u >= 0.0f ? 1.0f : e) / (1.0f + e);
 }
 
 }  // namespace baton

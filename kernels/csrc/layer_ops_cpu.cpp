@@ -107,10 +107,7 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
 }
 
 at::Tensor gelu_tanh_and_mul(const at::Tensor& x) {
-  return gated(x, [](float g) {
-    const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);  // sqrt(2 / pi)
-    return 0.5f * g * (1.0f + std::tanh(inner));
-  });
+  return gated(x, [](float g) { return baton::gelu_tanh(g); });
 }
 
 // Rotate-half: dim i pairs with dim i + D/2.
