@@ -31,24 +31,22 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
-// x * sigmoid(x) = x / (1 + e^-x), with the exponent kept <= 0: for x < 0 it is x e^x / (1 + e^x).
-// Past |x| = 87 e^-|x| is taken as 0, so silu is x above and -0 below, as torch's is (its NaN at
-// -inf too: -inf * 0).
-inline float silu(float x) {
-  const float a = -std::fabs(x);
+// 1 / (1 + e^-z) with the exponent kept <= 0: e^z / (1 + e^z) below zero. Past |z| = 87, e^-|z| is
+// taken as 0: the sigmoid is 1 above and 0 below.
+inline float sigmoid(float z) {
+  const float a = -std::fabs(z);
   const float e = a < -87.0f ? 0.0f : exp_nonpositive(a);
-  return x * (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+  return (z >= 0.0f ? 1.0f : e) / (1.0f + e);
 }
 
-// GeLU with the tanh approximation, 0.5 x (1 + tanh(u)) with u = sqrt(2 / pi) (x + 0.044715 x^3).
-// With e = e^(-2|u|) (the exponent kept <= 0), 1 + tanh(u) is 2 / (1 + e) for u >= 0 and
-// 2e / (1 + e) below, which for large negative x keeps the digits that 1 + tanh(u) would cancel.
-// Past 2|u| = 87, e is 0; at -inf, -inf * 0 is NaN, as torch's is.
+// x * sigmoid(x). Far below zero it is -0 and at -inf NaN (-inf * 0), as torch's is.
+inline float silu(float x) { return x * sigmoid(x); }
+
+// GeLU with the tanh approximation, 0.5 x (1 + tanh(u)) with u = sqrt(2 / pi) (x + 0.044715 x^3),
+// which is x * sigmoid(2u): for large negative x this keeps the digits that 1 + tanh(u) cancels
+// in float.
 inline float gelu_tanh(float x) {
-  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-  const float a = -2.0f * std::fabs(u);
-  const float e = a < -87.0f ? 0.0f : exp_nonpositive(a);
-  return x * (u >= 0.0f ? 1.0f : e) / (1.0f + e);
+  return x * sigmoid(1.5957691216057308f * (x + 0.044715f * x * x * x));  // 2 sqrt(2 / pi)
 }
 
 }  // namespace baton
