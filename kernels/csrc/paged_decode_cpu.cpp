@@ -179,8 +179,10 @@ void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t s
   const int64_t num_rows = (end_head - first_head) * group;
   std::vector<float> acc(num_rows * D, 0.0f);
   std::vector<RowState> state(num_rows);
-  std::vector<float> scores(bs);
-  std::vector<float> buffer(D);  // a float16 row widened, for the plain loops
+  // A block's scores, then room for one cached row widened (the plain loops' `buffer`): one
+  // allocation a task, not two.
+  std::vector<float> scratch(bs + D);
+  float* const buffer = scratch.data() + bs;
 
   const int64_t first_key = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;
   for (int64_t first = first_key / bs * bs; first < seq_len; first += bs) {
@@ -210,8 +212,8 @@ void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t s
       for (int64_t g = 0; g < group; ++g) {
         const int64_t row = (head - first_head) * group + g;
         const float* qr = q + (head * group + g) * D;
-        float* s = scores.data();
-        block_scores(qr, k, stride, n, D, s, buffer.data());
+        float* s = scratch.data();
+        block_scores(qr, k, stride, n, D, s, buffer);
         float block_max = -std::numeric_limits<float>::infinity();
         for (int64_t t = 0; t < n; ++t) {
           s[t] *= scale;
@@ -234,7 +236,7 @@ void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t s
           block_sum += s[t];
         }
         st.sum += block_sum;
-        accumulate_values(s, v, stride, n, D, a, buffer.data());
+        accumulate_values(s, v, stride, n, D, a, buffer);
       }
     }
   }
