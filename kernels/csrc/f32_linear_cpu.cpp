@@ -6,8 +6,9 @@
 // packed layout, [ceil(N / 16), K, 16], stores a panel of 16 output channels per group, k by k:
 // a tile walks its group's panel as one sequential stream (one cache line per k), and each
 // weight vector loaded feeds every row of the tile, whose activations are broadcast one k at a
-// time. At prefill sizes a block of panels stays in L2 while every row tile passes over it.
-// Padding channels are zeros.
+// time. At decode sizes every row tile passes over a chunk of a panel while it is in L1, so the
+// weights stream from DRAM once whatever the rows; at prefill sizes a block of panels stays in
+// L2 while every row tile passes over it. Padding channels are zeros.
 //
 // Batch invariance: each output lane is one float32 accumulator fed by fused multiply-adds in
 // k order, then the same bias add; whatever the tile shape, the number of rows or the thread
@@ -43,8 +44,23 @@ constexpr int kVecs = kGroup / kLanes;
 constexpr int kMaxRowTile = 6;
 // Multiply-adds per parallel task: below this a fork costs more than the work.
 constexpr int64_t kTaskMacs = 1 << 16;
-// Weight bytes one task's block of panels keeps in L2 while every row tile passes over it.
+// Weight bytes one task's block of panels keeps in L2 while every row tile passes over it
+// (prefill).
 constexpr int64_t kBlockBytes = 256 * 1024;
+// Up to this many rows (a decode step's), the row tiles pass over a group's panel a chunk of
+// kChunkSteps k steps at a time (2 KiB, in L1) instead of block by block (linear_kernels.h's
+// over_weight_chunks); past it the multiply-adds, not DRAM, are the step, and a tile's
+// activations stay in L1 across a block.
+constexpr int64_t kChunkRows = 32;
+constexpr int64_t kChunkSteps = 32;
+// How far ahead of its stream a lead tile prefetches: 128 k steps, 8 KiB. The hardware
+// prefetcher alone kept too few lines in flight once the multiply-adds of several rows slowed
+// the stream (docs/benchmarks.md, "Issue 20, eighth round").
+constexpr int64_t kPrefetchSteps = 128;
+// Where a tile keeps its accumulators between chunks: a group's outputs for every row.
+struct Carry {
+  float acc[kChunkRows * kGroup];
+};
 
 #if defined(__AVX2__) && defined(__FMA__)
 using Vec = __m256;
@@ -93,31 +109,59 @@ struct Problem {
   int64_t K, N;
 };
 
-// R rows from `m` over group `g`'s panel: each weight vector loaded feeds R rows. The 12
-// accumulators are named variables, not an array: GCC kept an array of them on the stack and
-// stored all 12 every k (docs/benchmarks.md, "A float32 linear kernel for decode rows").
+// R rows from `m` over steps [k0, k1) of group `g`'s panel: each weight vector loaded feeds R
+// rows. A tile that starts past k = 0 takes its accumulators from `carry` (the tile's rows of
+// it), one that stops short of K leaves them there; the one that reaches K writes the outputs.
+// Carried through memory, the sums are the same floats as kept in registers. A `lead` tile
+// prefetches its stream kPrefetchSteps ahead. The 12 accumulators are named variables, not an
+// array: GCC kept an array of them on the stack and stored all 12 every k (docs/benchmarks.md,
+// "A float32 linear kernel for decode rows").
 template <int R>
-void tile(const Problem& p, int64_t m, int64_t g) {
+void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float* carry,
+          bool lead) {
   static_assert(R >= 1 && R <= kMaxRowTile && kVecs == 2, "a tile is 1-6 rows x 2 vectors");
   Vec a0 = zero(), b0 = zero(), a1 = zero(), b1 = zero(), a2 = zero(), b2 = zero();
   Vec a3 = zero(), b3 = zero(), a4 = zero(), b4 = zero(), a5 = zero(), b5 = zero();
+  float* c = carry ? carry + m * kGroup : nullptr;
+  // Rows past R are dropped at compile time.
+#define BATON_ROWS(ROW) ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
+#define BATON_TAKE(r)                        \
+  if (R > r) {                               \
+    a##r = load(c + r * kGroup);             \
+    b##r = load(c + r * kGroup + kLanes);    \
+  }
+  if (k0 > 0) {
+    BATON_ROWS(BATON_TAKE)
+  }
+#undef BATON_TAKE
   const float* x = p.x + m * p.ldx;
-  const float* w = p.weight + g * p.K * kGroup;
-  const int64_t K = p.K, ldx = p.ldx;
-  for (int64_t k = 0; k < K; ++k, w += kGroup) {
+  const float* w = p.weight + (g * p.K + k0) * kGroup;
+  const int64_t ldx = p.ldx;
+  for (int64_t k = k0; k < k1; ++k, w += kGroup) {
+    if (lead) __builtin_prefetch(w + kPrefetchSteps * kGroup);
     Vec lo = load(w), hi = load(w + kLanes);
     if constexpr (R <= 4) pin(lo, hi);
     const float* xk = x + k;
-    // Rows past R are dropped at compile time.
-#define BATON_ROW(r)                      \
+#define BATON_ROW(r)                        \
   if (R > r) {                              \
     const Vec xv = broadcast(xk + r * ldx); \
     a##r = fma(xv, lo, a##r);               \
     b##r = fma(xv, hi, b##r);               \
   }
-    BATON_ROW(0) BATON_ROW(1) BATON_ROW(2) BATON_ROW(3) BATON_ROW(4) BATON_ROW(5)
+    BATON_ROWS(BATON_ROW)
 #undef BATON_ROW
   }
+  if (k1 < p.K) {
+#define BATON_LEAVE(r)                       \
+  if (R > r) {                               \
+    store(c + r * kGroup, a##r);             \
+    store(c + r * kGroup + kLanes, b##r);    \
+  }
+    BATON_ROWS(BATON_LEAVE)
+#undef BATON_LEAVE
+    return;
+  }
+#undef BATON_ROWS
   const Vec acc[kMaxRowTile][kVecs] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}, {a4, b4}, {a5, b5}};
   const int64_t n = g * kGroup, width = std::min<int64_t>(kGroup, p.N - n);
   for (int r = 0; r < R; ++r) {
@@ -132,20 +176,22 @@ void tile(const Problem& p, int64_t m, int64_t g) {
   }
 }
 
-// Groups [g_begin, g_end) for R rows.
+// R rows over steps [k0, k1) of groups [g_begin, g_end).
 template <int R>
-void row_tile(const Problem& p, int64_t m, int64_t g_begin, int64_t g_end) {
-  for (int64_t g = g_begin; g < g_end; ++g) tile<R>(p, m, g);
+void row_tile(const Problem& p, int64_t m, int64_t g_begin, int64_t g_end, int64_t k0,
+              int64_t k1, float* carry, bool lead) {
+  for (int64_t g = g_begin; g < g_end; ++g) tile<R>(p, m, g, k0, k1, carry, lead);
 }
 
-void rows(const Problem& p, int64_t m, int R, int64_t g_begin, int64_t g_end) {
+void rows(const Problem& p, int64_t m, int R, int64_t g_begin, int64_t g_end, int64_t k0,
+          int64_t k1, float* carry, bool lead) {
   switch (R) {
-    case 1: return row_tile<1>(p, m, g_begin, g_end);
-    case 2: return row_tile<2>(p, m, g_begin, g_end);
-    case 3: return row_tile<3>(p, m, g_begin, g_end);
-    case 4: return row_tile<4>(p, m, g_begin, g_end);
-    case 5: return row_tile<5>(p, m, g_begin, g_end);
-    default: return row_tile<6>(p, m, g_begin, g_end);
+    case 1: return row_tile<1>(p, m, g_begin, g_end, k0, k1, carry, lead);
+    case 2: return row_tile<2>(p, m, g_begin, g_end, k0, k1, carry, lead);
+    case 3: return row_tile<3>(p, m, g_begin, g_end, k0, k1, carry, lead);
+    case 4: return row_tile<4>(p, m, g_begin, g_end, k0, k1, carry, lead);
+    case 5: return row_tile<5>(p, m, g_begin, g_end, k0, k1, carry, lead);
+    default: return row_tile<6>(p, m, g_begin, g_end, k0, k1, carry, lead);
   }
 }
 
@@ -167,11 +213,21 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
                   bias_data, out.data_ptr<float>(), K, N};
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * K * M);
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
+  if (M <= kChunkRows) {
+    // One row tile needs no chunks: its single pass is already the only one.
+    const int64_t chunk = M <= kMaxRowTile ? std::max<int64_t>(K, 1) : kChunkSteps;
+    baton::over_weight_chunks<Carry>(
+        groups, grain, K, chunk, M, kMaxRowTile,
+        [&](Carry& carry, int64_t m, int r, int64_t g, int64_t k0, int64_t k1, bool lead) {
+          rows(p, m, r, g, g + 1, k0, k1, carry.acc, lead);
+        });
+    return out;
+  }
   const int64_t panel_bytes = kGroup * std::max<int64_t>(K, 1) * sizeof(float);
   const int64_t block = std::max<int64_t>(1, kBlockBytes / panel_bytes);
   baton::over_channel_blocks(groups, grain, block, M, kMaxRowTile,
                              [&](int64_t m, int r, int64_t g, int64_t g_end) {
-                               rows(p, m, r, g, g_end);
+                               rows(p, m, r, g, g_end, 0, K, nullptr, false);
                              });
   return out;
 }

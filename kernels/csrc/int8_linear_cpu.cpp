@@ -60,8 +60,15 @@ constexpr int64_t kChunkBlocks = 256;
 constexpr int kMaxRowTile = 4;
 // Multiply-adds per parallel task: below this a fork costs more than the work.
 constexpr int64_t kTaskMacs = 1 << 17;
-// Weight bytes one task's channel block keeps in L2 while every row tile passes over it.
+// Weight bytes one task's channel block keeps in L2 while every row tile passes over it
+// (prefill).
 constexpr int64_t kBlockBytes = 128 * 1024;
+// Up to this many rows (a decode step's), the row tiles pass over a group's weights a chunk of
+// kDecodeChunkBlocks k blocks at a time (3 KiB, in L1) instead of block by block
+// (linear_kernels.h's over_weight_chunks). It divides kChunkBlocks.
+constexpr int64_t kChunkRows = 32;
+constexpr int64_t kDecodeChunkBlocks = 32;
+static_assert(kChunkBlocks % kDecodeChunkBlocks == 0, "a decode chunk never spans a flush");
 // How far ahead of the tile its weight stream is prefetched: 16 blocks of a group. At one row
 // the hardware prefetcher alone left the stream short of DRAM's pace (docs/benchmarks.md).
 constexpr int64_t kPrefetchBytes = 16 * kGroup * kLanes;
@@ -197,25 +204,38 @@ struct Problem {
   int64_t k_blocks;  // ceil(K / kLanes)
 };
 
-// R rows from `m`, P channel pairs from pair `pair` of group `g`: every widened weight vector
-// feeds R accumulators.
+// Where a tile keeps its sums between chunks on the decode path: each row's float and
+// not-yet-flushed int32 sums of every channel pair of a group.
+struct Carry {
+  FVec acc[kChunkRows][kPairs];
+  IVec sum[kChunkRows][kPairs];
+};
+
+// R rows from `m`, P channel pairs from pair `pair` of group `g`, over k blocks [b0, b1): every
+// widened weight vector feeds R accumulators. A tile that starts past block 0 takes its sums
+// from `carry`, one that stops short of the end leaves them there; the one that reaches the end
+// writes the outputs. The int32 sums are flushed to the float ones at the same blocks whatever
+// the chunks (every kChunkBlocks-th and the last), so carried or not, the sums are the same.
+// A `lead` tile prefetches its stream.
 template <int R, int P>
-void tile(const Problem& p, int64_t m, int64_t g, int pair) {
+void tile(const Problem& p, int64_t m, int64_t g, int pair, int64_t b0, int64_t b1, Carry* carry,
+          bool lead) {
   constexpr int64_t kStride = kGroup * kLanes;
   const int8_t* w = p.codes + g * p.k_blocks * kStride + pair * 2 * kLanes;
   const int16_t* x = p.xq + m * p.k_blocks * kBlockInts;
   const int64_t ldx = p.k_blocks * kBlockInts;
   FVec acc[R][P];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < P; ++c) acc[r][c] = fzero();
-  for (int64_t b0 = 0; b0 < p.k_blocks; b0 += kChunkBlocks) {
-    const int64_t b1 = std::min(p.k_blocks, b0 + kChunkBlocks);
+    for (int c = 0; c < P; ++c) acc[r][c] = b0 > 0 ? carry->acc[m + r][pair + c] : fzero();
+  for (int64_t c0 = b0; c0 < b1;) {
+    const int64_t c1 = std::min(b1, (c0 / kChunkBlocks + 1) * kChunkBlocks);
+    const bool resumed = c0 % kChunkBlocks != 0;
     IVec sum[R][P];
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < P; ++c) sum[r][c] = izero();
-    for (int64_t b = b0; b < b1; ++b) {
+      for (int c = 0; c < P; ++c) sum[r][c] = resumed ? carry->sum[m + r][pair + c] : izero();
+    for (int64_t b = c0; b < c1; ++b) {
       const int8_t* wb = w + b * kStride;
-      __builtin_prefetch(wb + kPrefetchBytes);
+      if (lead) __builtin_prefetch(wb + kPrefetchBytes);
       for (int c = 0; c < P; ++c) {
         const IVec wv = load_pair(wb + c * 2 * kLanes);
         for (int r = 0; r < R; ++r) {
@@ -223,8 +243,19 @@ void tile(const Problem& p, int64_t m, int64_t g, int pair) {
         }
       }
     }
+    if (c1 % kChunkBlocks == 0 || c1 == p.k_blocks) {
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < P; ++c) acc[r][c] = flush(acc[r][c], sum[r][c]);
+    } else {
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < P; ++c) carry->sum[m + r][pair + c] = sum[r][c];
+    }
+    c0 = c1;
+  }
+  if (b1 < p.k_blocks) {
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < P; ++c) acc[r][c] = flush(acc[r][c], sum[r][c]);
+      for (int c = 0; c < P; ++c) carry->acc[m + r][pair + c] = acc[r][c];
+    return;
   }
   const int64_t n0 = g * kGroup + pair * 2;
   for (int r = 0; r < R; ++r) {
@@ -244,20 +275,22 @@ void tile(const Problem& p, int64_t m, int64_t g, int pair) {
   }
 }
 
-// Groups [g_begin, g_end) for R rows, P channel pairs a tile.
+// Groups [g_begin, g_end) for R rows over k blocks [b0, b1), P channel pairs a tile.
 template <int R, int P>
-void row_tile(const Problem& p, int64_t m, int64_t g_begin, int64_t g_end) {
+void row_tile(const Problem& p, int64_t m, int64_t g_begin, int64_t g_end, int64_t b0,
+              int64_t b1, Carry* carry, bool lead) {
   for (int64_t g = g_begin; g < g_end; ++g)
-    for (int pair = 0; pair < kPairs; pair += P) tile<R, P>(p, m, g, pair);
+    for (int pair = 0; pair < kPairs; pair += P) tile<R, P>(p, m, g, pair, b0, b1, carry, lead);
 }
 
 // The widest channel tile whose accumulators fit the registers beside R rows'.
-void rows(const Problem& p, int64_t m, int R, int64_t g_begin, int64_t g_end) {
+void rows(const Problem& p, int64_t m, int R, int64_t g_begin, int64_t g_end, int64_t b0,
+          int64_t b1, Carry* carry, bool lead) {
   switch (R) {
-    case 1: return row_tile<1, 6>(p, m, g_begin, g_end);
-    case 2: return row_tile<2, 3>(p, m, g_begin, g_end);
-    case 3: return row_tile<3, 2>(p, m, g_begin, g_end);
-    default: return row_tile<4, 2>(p, m, g_begin, g_end);
+    case 1: return row_tile<1, 6>(p, m, g_begin, g_end, b0, b1, carry, lead);
+    case 2: return row_tile<2, 3>(p, m, g_begin, g_end, b0, b1, carry, lead);
+    case 3: return row_tile<3, 2>(p, m, g_begin, g_end, b0, b1, carry, lead);
+    default: return row_tile<4, 2>(p, m, g_begin, g_end, b0, b1, carry, lead);
   }
 }
 
@@ -293,10 +326,20 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
                   N, k_blocks};
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * k_blocks * kLanes * M);
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
+  if (M <= kChunkRows) {
+    // One row tile needs no chunks: its single pass is already the only one.
+    const int64_t chunk = M <= kMaxRowTile ? k_blocks : kDecodeChunkBlocks;
+    baton::over_weight_chunks<Carry>(
+        groups, grain, k_blocks, chunk, M, kMaxRowTile,
+        [&](Carry& carry, int64_t m, int r, int64_t g, int64_t b0, int64_t b1, bool lead) {
+          rows(p, m, r, g, g + 1, b0, b1, &carry, lead);
+        });
+    return out;
+  }
   const int64_t block = std::max<int64_t>(1, kBlockBytes / (kGroup * k_blocks * kLanes));
   baton::over_channel_blocks(groups, grain, block, M, kMaxRowTile,
                              [&](int64_t m, int r, int64_t g, int64_t g_end) {
-                               rows(p, m, r, g, g_end);
+                               rows(p, m, r, g, g_end, 0, k_blocks, nullptr, true);
                              });
   return out;
 }

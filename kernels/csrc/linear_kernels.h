@@ -1,7 +1,8 @@
 // What Baton's CPU linear kernels (f32_linear_cpu.cpp, int8_linear_cpu.cpp) share: the checks of
 // the activations and the bias, and the parallel schedule: output-channel groups split over
-// torch's threads, each thread walking its share a block of groups at a time (a block's
-// weights stay in L2) and passing every row tile over the block before the next.
+// torch's threads, each thread passing every row tile over its share either a block of groups at
+// a time (prefill: a block's weights stay in L2) or a chunk of one group's weights at a time
+// (decode: a chunk stays in L1).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -27,25 +28,64 @@ inline const float* checked_bias(const c10::optional<at::Tensor>& bias, int64_t 
   return bias->data_ptr<float>();
 }
 
-// `row_tile(first_row, rows, group_begin, group_end)` for every row tile and every block of up
-// to `block` of the `groups` channel groups. The `num_rows` rows are cut into as few tiles of at
-// most `max_tile` as they need, as even as can be: 8 rows in tiles of 6 would leave a tile of
-// 2, whose few accumulators wait on the multiply-adds' latency; as 4 and 4 both tiles run at
-// the units' pace.
+// How `num_rows` rows are cut into row tiles: into as few tiles of at most `max_tile` as they
+// need, as even as can be. 8 rows in tiles of 6 would leave a tile of 2, whose few accumulators
+// wait on the multiply-adds' latency; as 4 and 4 both tiles run at the units' pace.
+struct RowTiles {
+  int64_t count, base, longer;  // `longer` tiles of base + 1 rows, then tiles of `base`
+
+  RowTiles(int64_t num_rows, int64_t max_tile)
+      : count((num_rows + max_tile - 1) / max_tile),
+        base(count > 0 ? num_rows / count : 0),
+        longer(count > 0 ? num_rows % count : 0) {}
+
+  // `each(tile_index, first_row, rows)` for every tile, in row order.
+  template <typename Each>
+  void for_each(const Each& each) const {
+    int64_t m = 0;
+    for (int64_t t = 0; t < count; ++t) {
+      const int64_t rows = base + (t < longer ? 1 : 0);
+      each(t, m, static_cast<int>(rows));
+      m += rows;
+    }
+  }
+};
+
+// Prefill-sized batches: `row_tile(first_row, rows, group_begin, group_end)` for every row tile
+// and every block of up to `block` of the `groups` channel groups. A block's weights stay in L2
+// while every row tile passes over it.
 template <typename RowTile>
 void over_channel_blocks(int64_t groups, int64_t grain, int64_t block, int64_t num_rows,
                          int64_t max_tile, const RowTile& row_tile) {
-  const int64_t num_tiles = (num_rows + max_tile - 1) / max_tile;
-  const int64_t base = num_tiles > 0 ? num_rows / num_tiles : 0;
-  const int64_t longer = num_tiles > 0 ? num_rows % num_tiles : 0;  // tiles of base + 1 rows
+  const RowTiles tiles(num_rows, max_tile);
   at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; g += block) {
       const int64_t g_end = std::min(end, g + block);
-      int64_t m = 0;
-      for (int64_t t = 0; t < num_tiles; ++t) {
-        const int64_t rows = base + (t < longer ? 1 : 0);
-        row_tile(m, static_cast<int>(rows), g, g_end);
-        m += rows;
+      tiles.for_each([&](int64_t, int64_t m, int rows) { row_tile(m, rows, g, g_end); });
+    }
+  });
+}
+
+// Decode-sized batches of a few row tiles: `chunk_tile(carry, first_row, rows, group, k_begin,
+// k_end, lead)` for every group, every chunk of `chunk` of the `k_len` steps of its weights, and
+// every row tile, the tiles in turn over one chunk while it is in L1. So the weights stream from
+// DRAM once, at the pace of every row's multiply-adds, where block by block they streamed at the
+// pace of one tile's and the other tiles then ran with DRAM idle (docs/benchmarks.md, "Issue 20,
+// eighth round"). `lead` is set for the first tile of a chunk, the one that meets the weights
+// first (it prefetches ahead of the stream); `carry` is one `Carry` per parallel task, where a
+// tile keeps its accumulators between the chunks.
+template <typename Carry, typename ChunkTile>
+void over_weight_chunks(int64_t groups, int64_t grain, int64_t k_len, int64_t chunk,
+                        int64_t num_rows, int64_t max_tile, const ChunkTile& chunk_tile) {
+  const RowTiles tiles(num_rows, max_tile);
+  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+    Carry carry;
+    for (int64_t g = begin; g < end; ++g) {
+      for (int64_t k = 0; k < k_len; k += chunk) {
+        const int64_t k_end = std::min(k_len, k + chunk);
+        tiles.for_each([&](int64_t t, int64_t m, int rows) {
+          chunk_tile(carry, m, rows, g, k, k_end, t == 0);
+        });
       }
     }
   });
