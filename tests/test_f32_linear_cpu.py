@@ -91,6 +91,13 @@ def test_a_rows_result_does_not_depend_on_the_batch_it_runs_in(k, n, with_bias):
     assert torch.equal(f32_linear(x[order], packed, bias, n), alone[order])
 
 
+@pytest.mark.parametrize("rows", [1, 9, 40])  # one row tile, the decode path's chunks, prefill
+def test_a_layer_with_no_inputs_gives_its_bias(rows):
+    weight, bias = torch.zeros(20, 0), torch.arange(20.0)
+
+    assert torch.equal(kernel(torch.zeros(rows, 0), weight, bias), bias.expand(rows, 20))
+
+
 def test_a_rows_result_does_not_depend_on_the_thread_count():
     x, weight, bias = problem(9, 512, 1024)
     packed = pack_weight(weight)

@@ -328,7 +328,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
   if (M <= kChunkRows) {
     // One row tile needs no chunks: its single pass is already the only one.
-    const int64_t chunk = M <= kMaxRowTile ? k_blocks : kDecodeChunkBlocks;
+    const int64_t chunk = M <= kMaxRowTile ? std::max<int64_t>(k_blocks, 1) : kDecodeChunkBlocks;
     baton::over_weight_chunks<Carry>(
         groups, grain, k_blocks, chunk, M, kMaxRowTile,
         [&](Carry& carry, int64_t m, int r, int64_t g, int64_t b0, int64_t b1, bool lead) {

@@ -81,12 +81,16 @@ void over_weight_chunks(int64_t groups, int64_t grain, int64_t k_len, int64_t ch
   at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
     Carry carry;
     for (int64_t g = begin; g < end; ++g) {
-      for (int64_t k = 0; k < k_len; k += chunk) {
+      // At least one chunk, empty when k_len is 0: the tile that reaches the end writes the
+      // outputs (the bias alone, then).
+      int64_t k = 0;
+      do {
         const int64_t k_end = std::min(k_len, k + chunk);
         tiles.for_each([&](int64_t t, int64_t m, int rows) {
           chunk_tile(carry, m, rows, g, k, k_end, t == 0);
         });
-      }
+        k = k_end;
+      } while (k < k_len);
     }
   });
 }
