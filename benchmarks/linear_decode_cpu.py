@@ -14,9 +14,9 @@ alternating: the machine is shared and drifts.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from kernel_timing import cpu_times_ms
 
 from kernels.cpu_extension import cpu_kernels_available
 from kernels.f32_linear import pack_weight
@@ -40,14 +40,7 @@ def layer_shapes(model: str) -> list[tuple[int, int]]:
 
 def pass_ms(run, iters: int) -> float:
     """The 25th-percentile ms of `iters` timed passes after 3 untimed ones."""
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - start) * 1e3)
-    times.sort()
+    times = cpu_times_ms(run, iters)
     return times[len(times) // 4]
 
 
