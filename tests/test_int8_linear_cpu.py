@@ -56,7 +56,9 @@ def kernel_model(x, codes, scales):
     every block of 8) over chunks of 256 blocks, each chunk's lanes added in float32, then the
     lanes summed as (l0 + l1) + (l2 + l3) and scaled by the row's scale, then the channel's."""
     top = x.abs().amax(dim=1, keepdim=True)
-    q = torch.round(x * (32767 / top)).to(torch.int64)
+    # A tensor over a tensor: `32767 / top` is torch's reciprocal of top times 32767, two
+    # roundings, which moves some rows' step by an ulp and so some of their values by one.
+    q = torch.round(x * (torch.tensor(32767.0) / top)).to(torch.int64)
     k = x.shape[1]
     blocks = -(-k // 8)
     q = F.pad(q, (0, blocks * 8 - k)).view(len(x), blocks, 4, 2)
@@ -85,9 +87,10 @@ def test_kernel_matches_the_dequantized_float32_matmul(rows, k, n, with_bias):
     assert_within_activation_rounding(out, x, codes, scales, bias)
 
 
-# One chunk of int32 sums, and (in 16,800) several, the last partial.
+# One chunk of int32 sums, and (in 16,800) several, the last partial; with 9 rows the row tiles
+# pass over the weights in chunks of k blocks, carrying their sums across the flushes.
 @pytest.mark.parametrize(
-    ("rows", "k", "n"), [(1, 13, 7), (5, 512, 40), (3, 1408, 12), (2, 16800, 5)]
+    ("rows", "k", "n"), [(1, 13, 7), (5, 512, 40), (3, 1408, 12), (2, 16800, 5), (9, 16800, 5)]
 )
 def test_kernel_computes_exactly_what_its_model_does(rows, k, n):
     x, codes, scales, _ = problem(rows, k, n, seed=k)
