@@ -1,4 +1,4 @@
-"""Decode attention on the CPU: the C++ kernel (`torch.ops.baton_cpu.paged_decode`) over the
+"""Decode attention on the CPU: the C++ kernel (`torch.ops.baton_cpu.paged_attention`) over the
 bench Llama's heads (8 query heads, 4 KV heads, head_dim 64, 16-token blocks), 8 sequences of
 one length, 8 layers each with its own cache, as one decode step reads them; a float32 and a
 float16 cache.
@@ -36,7 +36,7 @@ def time_step(length: int, dtype: torch.dtype, iters: int) -> tuple[float, float
     rows = torch.arange(SEQS)
     q = torch.randn(SEQS, HEADS, HEAD_DIM)
     out = torch.empty_like(q)
-    op = torch.ops.baton_cpu.paged_decode
+    op = torch.ops.baton_cpu.paged_attention
 
     def step() -> None:
         for cache in caches:

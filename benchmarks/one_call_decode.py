@@ -34,7 +34,7 @@ def measure(model: str, streams: int, rounds: int, serve_args: list[str]) -> dic
     serve = ["serve", "--model", model, "--max-num-seqs", str(streams), *serve_args]
     engine = serving_model(build_parser().parse_args(serve)).build_engine()
     executor = engine.executor
-    one_call = executor.cpu_decode
+    one_call = executor.cpu_layers
     if one_call is None:
         raise SystemExit("this model and these flags do not take the one-call decode path")
     rng = random.Random(0)
@@ -60,9 +60,9 @@ def measure(model: str, streams: int, rounds: int, serve_args: list[str]) -> dic
         for round_ in range(rounds):
             sides = ("one_call", "python") if round_ % 2 == 0 else ("python", "one_call")
             for side in sides:
-                executor.cpu_decode = one_call if side == "one_call" else None
+                executor.cpu_layers = one_call if side == "one_call" else None
                 samples[side].append(decode_step_ms())
-        executor.cpu_decode = one_call
+        executor.cpu_layers = one_call
 
     # A thread of its own, as the server's step loop: which thread calls torch matters.
     worker = threading.Thread(target=run)

@@ -15,7 +15,7 @@ from core.config import EngineConfig
 from core.host_memory import release_freed_heap
 from core.model_config import ModelConfig
 from core.sampling_params import SamplingParams
-from gpu.cpu_decode import CpuDecodeLayers
+from gpu.cpu_layers import CpuLayers
 from gpu.cuda_graph import DecodeGraphs, graph_batch_sizes
 from gpu.input_batch import InputBuffers, prepare_inputs
 from gpu.kv_cache import (
@@ -83,11 +83,11 @@ class TorchExecutor:
 
     `num_kv_blocks` and `block_size` describe the cache, which block ids in batches index.
     On CUDA, decode-only steps replay CUDA graphs (`graphs`; None on the CPU and with
-    `enforce_eager`); on the CPU they run the decoder layers in one C++ call (`cpu_decode`, for
-    the models it takes). Running totals for benchmarks: `num_steps`, `num_graph_steps`,
-    `num_cpu_decode_steps`,
-    `host_time_s` (building inputs, until the forward is enqueued) and `step_time_s` (whole
-    steps; a step that samples nothing returns without waiting for the GPU).
+    `enforce_eager`); on the CPU every step runs the decoder layers in one C++ call
+    (`cpu_layers`, for the models it takes). Running totals for benchmarks: `num_steps`,
+    `num_graph_steps`, `num_cpu_layer_steps`, `host_time_s` (building inputs, until the
+    forward is enqueued) and `step_time_s` (whole steps; a step that samples nothing returns
+    without waiting for the GPU).
     """
 
     def __init__(
@@ -161,10 +161,10 @@ class TorchExecutor:
                 "float linear layers run over weights packed at load, in %s",
                 "Baton's float32 kernel" if native_f32 else "oneDNN",
             )
-        self.cpu_decode: CpuDecodeLayers | None = None
+        self.cpu_layers: CpuLayers | None = None
         if model_config.model_impl == "native" and self.device.type == "cpu":
-            self.cpu_decode = CpuDecodeLayers.of(self.model)
-        if self.cpu_decode is not None:
+            self.cpu_layers = CpuLayers.of(self.model)
+        if self.cpu_layers is not None:
             logger.info("decode steps run the decoder layers in one C++ call")
         # Built (or loaded from the build cache) here, not inside the first step.
         if self.device.type == "cpu" and cpu_kernels_available():
@@ -206,7 +206,7 @@ class TorchExecutor:
         torch.manual_seed(engine_config.seed)
         self.num_steps = 0
         self.num_graph_steps = 0
-        self.num_cpu_decode_steps = 0
+        self.num_cpu_layer_steps = 0
         self.host_time_s = 0.0
         self.step_time_s = 0.0
 
@@ -226,13 +226,13 @@ class TorchExecutor:
         if self.graphs is not None and padded_size is not None:
             hidden = self.graphs.run(inputs)
             self.num_graph_steps += 1
-        elif self.cpu_decode is not None and self.cpu_decode.takes(
+        elif self.cpu_layers is not None and self.cpu_layers.takes(
             inputs.input_ids, inputs.attn_metadata
         ):
-            hidden = self.cpu_decode.forward(
+            hidden = self.cpu_layers.forward(
                 inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_caches
             )
-            self.num_cpu_decode_steps += 1
+            self.num_cpu_layer_steps += 1
         else:
             hidden = self.model(
                 inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_caches

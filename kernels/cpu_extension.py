@@ -26,11 +26,11 @@ NAME = "baton_cpu_kernels"
 SOURCES = [
     Path(__file__).parent / "csrc" / name
     for name in (
-        "paged_decode_cpu.cpp",
+        "paged_attention_cpu.cpp",
         "layer_ops_cpu.cpp",
         "int8_linear_cpu.cpp",
         "f32_linear_cpu.cpp",
-        "decode_layers_cpu.cpp",
+        "decoder_layers_cpu.cpp",
     )
 ]
 # Beside the build: which library the last build of which sources and flags made.

@@ -1,10 +1,11 @@
 """Paged attention over a packed batch of variable-length queries, in plain torch.
 
 `paged_attention_ref` is the reference the Triton kernels are tested against: one SDPA call per
-sequence. `paged_attention_cpu` is the CPU path: prefill chunks as the reference, a step's
-decodes in one call of the C++ kernel (kernels/csrc), or batched into a few padded SDPA calls
-where that kernel cannot build or the dtype is not float32. How a step splits is a
-`CpuAttentionPlan`, built once per step with the attention metadata. Every path takes a
+sequence. `paged_attention_cpu` is the CPU path: every row of the step, prefill chunks' and
+decodes', in one call of the C++ kernel (kernels/csrc), each row with its own causal length;
+where that kernel cannot build or the dtype is not float32, prefill chunks as the reference and
+decodes batched into a few padded SDPA calls. How a step splits is a `CpuAttentionPlan`, built
+once per step with the attention metadata. Every path takes a
 sliding window and Gemma 2's soft-capping of scores, per call (layers differ).
 """
 
@@ -57,19 +58,21 @@ class _DecodeGroup:
 
 @dataclass(slots=True)
 class CpuAttentionPlan:
-    """How one step's packed batch splits into prefill chunks and decodes for
-    `paged_attention_cpu`: the same for every layer, so the step's metadata carries one."""
+    """How one step's packed batch splits for `paged_attention_cpu`: the same for every layer,
+    so the step's metadata carries one."""
 
     block_size: int
     dtype: torch.dtype
-    prefills: list[tuple[int, int, int]]  # (sequence, first row, end row)
-    # Whether the C++ kernel serves the decodes; else `decode_groups` do.
+    # Whether the C++ kernel serves every row; else prefill chunks run one SDPA call each and
+    # `decode_groups` serve the decodes.
     use_kernel: bool
-    # For the C++ kernel: each decode's row of q and its sequence, and every sequence's length
-    # (int32 or int64).
-    decode_rows: torch.Tensor
-    decode_seqs: torch.Tensor
-    seq_lens: torch.Tensor
+    # Without the kernel: (sequence, first row, end row) of every prefill chunk.
+    prefills: list[tuple[int, int, int]]
+    # For the C++ kernel: each row of q it attends, that row's sequence, and how many tokens
+    # the row attends to, its position + 1 (int32 or int64).
+    kernel_rows: torch.Tensor
+    kernel_seqs: torch.Tensor
+    kernel_lens: torch.Tensor
     # For the padded-SDPA path (empty when the kernel serves the decodes), and the sequences
     # they hold, for layers whose window or soft-capping the groups' masks do not express.
     decode_groups: list[_DecodeGroup]
@@ -146,9 +149,9 @@ def paged_attention_cpu(
     window: int | None = None,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """`paged_attention_ref`'s contract: single-query sequences in one C++ kernel call (or
-    batched by length bucket into padded SDPA calls), prefill chunks one SDPA call each.
-    Without the kernel, windowed or soft-capped decodes run one sequence at a time.
+    """`paged_attention_ref`'s contract: every row in one C++ kernel call; without the kernel,
+    prefill chunks one SDPA call each and decodes batched by length bucket into padded SDPA
+    calls, or one sequence at a time where a window or soft-capping applies.
 
     `plan` is this batch's `cpu_attention_plan`; without one, a plan is made for this call.
     """
@@ -169,22 +172,24 @@ def paged_attention_cpu(
             "(the cache is in that dtype, or float16 under float32)"
         )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if plan.use_kernel:
+        if plan.kernel_rows.numel():
+            torch.ops.baton_cpu.paged_attention(
+                out,
+                q,
+                kv_cache,
+                block_tables,
+                plan.kernel_lens,
+                plan.kernel_rows,
+                plan.kernel_seqs,
+                scale,
+                window or 0,
+                softcap or 0.0,
+            )
+        return out
     for i, start, end in plan.prefills:
         out[start:end] = _attend_sequence(
             q[start:end], kv_cache, block_tables[i], seq_lens[i], scale, window, softcap
-        )
-    if plan.use_kernel and plan.decode_rows.numel():
-        torch.ops.baton_cpu.paged_decode(
-            out,
-            q,
-            kv_cache,
-            block_tables,
-            plan.seq_lens,
-            plan.decode_rows,
-            plan.decode_seqs,
-            scale,
-            window or 0,
-            softcap or 0.0,
         )
     if window is not None or softcap is not None:
         # The padded groups' masks are for plain causal attention.
@@ -211,6 +216,8 @@ def cpu_attention_plan(
     in `dtype` over a cache of `block_size`-token blocks. `seq_lens_tensor`, `seq_lens` already
     on the CPU (int32 or int64), saves making it."""
     use_kernel = _decode_kernel_allowed and dtype == torch.float32 and cpu_kernels_available()
+    if use_kernel:
+        return _kernel_plan(query_start_loc, seq_lens, block_size, dtype, seq_lens_tensor)
     # Both are powers of two, so the larger is a multiple of the smaller.
     bucket_tokens = max(DECODE_BUCKET_TOKENS, block_size)
     prefills, decodes, buckets = [], [], {}
@@ -218,8 +225,7 @@ def cpu_attention_plan(
         start, end = query_start_loc[i], query_start_loc[i + 1]
         if end - start == 1:
             decodes.append(i)
-            if not use_kernel:
-                buckets.setdefault(-(-seq_len // bucket_tokens), []).append(i)
+            buckets.setdefault(-(-seq_len // bucket_tokens), []).append(i)
         elif start < end:
             prefills.append((i, start, end))
     device = block_tables.device
@@ -240,41 +246,69 @@ def cpu_attention_plan(
             groups.append(
                 _DecodeGroup(rows, tables.reshape(-1), key_bias[:, None, None], padded_len)
             )
-    if len(decodes) == len(seq_lens):
-        # Decodes only: sequence i is row i, so both index lists are 0..n-1.
-        decode_rows = decode_seqs = _indices(len(decodes))
-    else:
-        decode_rows = torch.tensor([query_start_loc[i] for i in decodes], dtype=torch.int64)
-        decode_seqs = torch.tensor(decodes, dtype=torch.int64)
-    if seq_lens_tensor is None:
-        seq_lens_tensor = torch.tensor(seq_lens, dtype=torch.int64)
+    none = _indices(0)
     return CpuAttentionPlan(
         block_size,
         dtype,
-        prefills,
-        use_kernel,
-        decode_rows=decode_rows,
-        decode_seqs=decode_seqs,
-        seq_lens=seq_lens_tensor,
+        use_kernel=False,
+        prefills=prefills,
+        kernel_rows=none,
+        kernel_seqs=none,
+        kernel_lens=none,
         decode_groups=groups,
-        padded_decode_seqs=[] if use_kernel else decodes,
+        padded_decode_seqs=decodes,
+    )
+
+
+def _kernel_plan(
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    block_size: int,
+    dtype: torch.dtype,
+    seq_lens_tensor: torch.Tensor | None,
+) -> CpuAttentionPlan:
+    """Every row of the packed batch to the C++ kernel: rows are packed in sequence order, so
+    they are 0..T-1, and a sequence's chunk of n rows holds its last n positions."""
+    num_rows = query_start_loc[-1]
+    if query_start_loc == list(range(len(seq_lens) + 1)):
+        # Decodes only: sequence i is row i, and a row attends to its whole sequence.
+        rows = _indices(num_rows)
+        lens = seq_lens_tensor if seq_lens_tensor is not None else torch.tensor(seq_lens)
+        return CpuAttentionPlan(
+            block_size, dtype, True, [], rows, rows, lens, decode_groups=[], padded_decode_seqs=[]
+        )
+    seqs: list[int] = []
+    lens_list: list[int] = []
+    for i, seq_len in enumerate(seq_lens):
+        query_len = query_start_loc[i + 1] - query_start_loc[i]
+        seqs += [i] * query_len
+        lens_list += range(seq_len - query_len + 1, seq_len + 1)
+    return CpuAttentionPlan(
+        block_size,
+        dtype,
+        True,
+        [],
+        _indices(num_rows),
+        torch.tensor(seqs, dtype=torch.int64),
+        torch.tensor(lens_list, dtype=torch.int64),
+        decode_groups=[],
+        padded_decode_seqs=[],
     )
 
 
 class _Indices(threading.local):
-    """Per thread, 0..n-1 as an int64 CPU tensor for each n asked, made once: plans only read
-    them, and making one costs more than the dictionary lookup."""
+    """Per thread, 0..n-1 as an int64 CPU tensor for each n asked: a view of one arange kept at
+    the largest n yet, since plans only read them and making one costs more than a slice."""
 
     def __init__(self) -> None:
-        self.by_size: dict[int, torch.Tensor] = {}
+        self.indices = torch.arange(0, dtype=torch.int64)
 
     def take(self, n: int) -> torch.Tensor:
-        indices = self.by_size.get(n)
-        if indices is None:
+        if n > self.indices.numel():
             # A normal tensor, not an inference one, as `_GatherBuffer`'s.
             with torch.inference_mode(False):
-                indices = self.by_size[n] = torch.arange(n, dtype=torch.int64)
-        return indices
+                self.indices = torch.arange(max(n, 2 * self.indices.numel()), dtype=torch.int64)
+        return self.indices[:n]
 
 
 _indices = _Indices().take

@@ -116,17 +116,26 @@ def test_engine_seed_makes_unseeded_sampling_repeatable(checkpoint):
     assert run(1) != run(2)
 
 
-def test_cpu_logprobs_are_bitwise_the_same_alone_and_in_a_batch(checkpoint):
+def test_cpu_logprobs_are_bitwise_the_same_alone_batched_and_in_any_prefill_chunking(checkpoint):
     # Stronger than equal greedy tokens: on the CPU every kernel a request's rows pass through
-    # gives them the same bits whatever shares the step (oneDNN linears, the C++ decode
-    # attention, row-wise norms), so its logprobs match to the last bit. Prefill runs in one
-    # chunk per prompt both ways (its attention is SDPA over that chunk).
+    # gives them the same bits whatever shares the step (Baton's linears, the C++ attention
+    # kernel, row-wise norms), so its logprobs match to the last bit. That holds for the prefill
+    # too: the kernel attends each prompt row on its own, so a prompt in one chunk, in chunks of
+    # 16 tokens between other requests', or after a cached prefix gives the same bits.
     prompts, _ = workload(512, seed=3)
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=4)
-    llm = LLM(checkpoint, device="cpu", max_num_batched_tokens=8192, enable_prefix_caching=False)
     tracked = prompts[5]
-    alone = llm.generate([tracked], params)[0].logprobs
-    batched = llm.generate(prompts[:12], params)[5].logprobs
-    assert [(t.token_id, t.logprob, t.top) for t in batched] == [
-        (t.token_id, t.logprob, t.top) for t in alone
-    ]
+
+    def logprobs(llm: LLM, batch: list[list[int]], index: int) -> list:
+        result = llm.generate(batch, params)[index].logprobs
+        return [(t.token_id, t.logprob, t.top) for t in result]
+
+    one_chunk = LLM(checkpoint, device="cpu", max_num_batched_tokens=8192)
+    alone = logprobs(one_chunk, [tracked], 0)
+    assert logprobs(one_chunk, prompts[:12], 5) == alone
+    # The second time round the prompt's full blocks come from the prefix cache.
+    hits_before = one_chunk.engine.scheduler.prefix_cache_hits
+    assert logprobs(one_chunk, prompts[:12], 5) == alone
+    assert one_chunk.engine.scheduler.prefix_cache_hits > hits_before
+    chunked = LLM(checkpoint, device="cpu", max_num_batched_tokens=16, enable_prefix_caching=False)
+    assert logprobs(chunked, prompts[:12], 5) == alone

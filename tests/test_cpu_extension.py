@@ -60,7 +60,7 @@ def test_a_cached_build_loads_without_torchs_extension_builder() -> None:
         "import sys\n"
         "import torch\n"
         "from kernels.cpu_extension import cpu_kernels_available\n"
-        "assert cpu_kernels_available() and hasattr(torch.ops.baton_cpu, 'paged_decode')\n"
+        "assert cpu_kernels_available() and hasattr(torch.ops.baton_cpu, 'paged_attention')\n"
         "print('torch.utils.cpp_extension' in sys.modules, 'setuptools' in sys.modules)\n"
     )
     root = Path(__file__).parent.parent

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from core.batch import Batch, ScheduledSequence
 from core.sampling_params import SamplingParams
 from gpu.input_batch import InputBuffers, ModelInputs, prepare_inputs
+from kernels.paged_attention import plain_torch_decodes
 
 
 def scheduled(
@@ -54,10 +55,19 @@ def test_decode_and_prefill_chunks_pack_into_positions_slots_and_block_tables() 
     assert (metadata.max_query_len, metadata.max_seq_len) == (3, 6)
     # The mid-prompt chunk samples nothing, so only the decode's and the last chunk's rows.
     assert inputs.logits_indices.tolist() == [0, 5]
-    # On the CPU the step's attention plan comes with it: one decode, two prefill chunks.
-    assert metadata.cpu_plan is not None
-    assert metadata.cpu_plan.prefills == [(1, 1, 4), (2, 4, 6)]
-    assert metadata.cpu_plan.decode_seqs.tolist() == [0]
+    # On the CPU the step's attention plan comes with it: the kernel takes every row, each
+    # with its sequence and its own causal length (position + 1).
+    plan = metadata.cpu_plan
+    assert plan is not None and plan.use_kernel and plan.prefills == []
+    assert plan.kernel_rows.tolist() == [0, 1, 2, 3, 4, 5]
+    assert plan.kernel_seqs.tolist() == [0, 1, 1, 1, 2, 2]
+    assert plan.kernel_lens.tolist() == [6, 3, 4, 5, 1, 2]
+    # Without the kernel: the decode to the padded path, the two prefill chunks to SDPA.
+    with plain_torch_decodes():
+        plan = prepare_inputs(batch, block_size=4, device="cpu").attn_metadata.cpu_plan
+    assert plan is not None and not plan.use_kernel
+    assert plan.prefills == [(1, 1, 4), (2, 4, 6)]
+    assert plan.padded_decode_seqs == [0]
     assert inputs.input_ids.dtype == inputs.positions.dtype == torch.int64
     assert metadata.slot_mapping.dtype == torch.int64
     assert metadata.block_tables.dtype == metadata.seq_lens_tensor.dtype == torch.int32

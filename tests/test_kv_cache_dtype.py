@@ -65,7 +65,7 @@ def test_the_decode_kernel_reads_float16_as_its_float32_widening(
     outputs = []
     for kv in (cache, cache.float()):
         out = torch.empty_like(q)
-        torch.ops.baton_cpu.paged_decode(
+        torch.ops.baton_cpu.paged_attention(
             out, q, kv, tables, lens, rows, rows, head_dim**-0.5, window, softcap
         )
         outputs.append(out)
@@ -115,7 +115,8 @@ def test_cpu_attention_over_float16_is_float32_attention_over_the_widened_cache(
     generator = torch.Generator().manual_seed(3)
     cache = random_cache(generator)
     _, tables, seq_lens = random_batch(generator, torch.int32)
-    # One prefill chunk of 9 queries, then the decodes.
+    # One prefill chunk of 9 queries (the first sequence's first 9 tokens), then the decodes.
+    seq_lens[0] = 9
     query_start_loc = [0, 9, *range(10, 10 + len(seq_lens) - 1)]
     q = torch.randn(query_start_loc[-1], 2 * NUM_KV_HEADS, HEAD_DIM, generator=generator)
     outputs = []

@@ -27,10 +27,10 @@ def decode_path(request):
     if request.param == "kernel":
         # scripts/setup installs the compiler: a failed build is a failure here, not a skip.
         assert cpu_kernels_available()
-        yield
+        yield request.param
     else:
         with plain_torch_decodes():
-            yield
+            yield request.param
 
 
 def packed_batch(
@@ -96,6 +96,35 @@ def test_decode_output_is_bitwise_the_same_alone_and_in_a_batch() -> None:
     assert torch.equal(batched[row : row + 1], alone)
 
 
+def test_a_prompts_rows_have_the_same_bits_in_one_chunk_in_chunks_and_one_by_one(
+    decode_path: str,
+) -> None:
+    # The kernel attends each row on its own: bit for bit the same however the prompt is cut.
+    # The padded-SDPA path's prefill chunks depend on their length, so there only up to rounding.
+    def same(actual: torch.Tensor, expected: torch.Tensor) -> None:
+        if decode_path == "kernel":
+            assert torch.equal(actual, expected)
+        else:
+            torch.testing.assert_close(actual, expected)
+
+    # A 90-token prompt whose K/V is all cached: its rows attended as one chunk, as chunks of
+    # 7 beside another sequence's decode, and one at a time as decodes.
+    q, kv_cache, block_tables, _, _ = packed_batch([(90, 90), (50, 1)], 16, 8, 2, seed=11)
+    whole = paged_attention_cpu(q[:90], kv_cache, block_tables[:1], [0, 90], [90], 0.2)
+    for first in range(0, 90, 7):
+        end = min(90, first + 7)
+        rows = torch.cat([q[first:end], q[90:]])
+        chunk = paged_attention_cpu(
+            rows, kv_cache, block_tables, [0, end - first, end - first + 1], [end, 50], 0.2
+        )
+        same(chunk[: end - first], whole[first:end])
+    for position in (0, 45, 89):
+        one = paged_attention_cpu(
+            q[position : position + 1], kv_cache, block_tables[:1], [0, 1], [position + 1], 0.2
+        )
+        same(one, whole[position : position + 1])
+
+
 def test_cpu_path_runs_in_and_out_of_inference_mode_alike() -> None:
     # Longer than any other test's decodes, so the gather buffer is made inside inference mode.
     batch = packed_batch([(2000, 1)] * 4, 16, 4, 2, seed=3)
@@ -136,8 +165,11 @@ def test_a_decode_only_plan_reads_row_i_as_sequence_i_with_the_lengths_given() -
 
     plan = cpu_attention_plan(block_tables, query_start_loc, seq_lens, 16, torch.float32, lengths)
 
-    assert plan.decode_rows.tolist() == plan.decode_seqs.tolist() == [0, 1, 2]
-    assert plan.seq_lens is lengths
+    if plan.use_kernel:
+        assert plan.kernel_rows.tolist() == plan.kernel_seqs.tolist() == [0, 1, 2]
+        assert plan.kernel_lens is lengths
+    else:
+        assert plan.padded_decode_seqs == [0, 1, 2]
     batch = (q, kv_cache, block_tables, query_start_loc, seq_lens)
     torch.testing.assert_close(
         paged_attention_cpu(*batch, scale=0.25, plan=plan), paged_attention_ref(*batch, scale=0.25)
@@ -184,14 +216,18 @@ def test_kernel_refuses_a_length_past_its_block_table_with_a_clear_error() -> No
     q, kv_cache, block_tables, _, seq_lens = packed_batch([(40, 1), (20, 1)], 16, 4, 2, seed=2)
     out = torch.empty_like(q)
     rows = torch.tensor([0, 1])
-    with pytest.raises(RuntimeError, match="exceeds its block table"):
-        torch.ops.baton_cpu.paged_decode(
+    with pytest.raises(RuntimeError, match="past its block table"):
+        torch.ops.baton_cpu.paged_attention(
             out, q, kv_cache, block_tables, torch.tensor([40, 49]), rows, rows, 0.25
+        )
+    with pytest.raises(RuntimeError, match="one length a row"):
+        torch.ops.baton_cpu.paged_attention(
+            out, q, kv_cache, block_tables, torch.tensor([40]), rows, rows, 0.25
         )
     for bad_id in (kv_cache.shape[1], -1):
         block_tables[1, 0] = bad_id
         with pytest.raises(RuntimeError, match="outside the cache"):
-            torch.ops.baton_cpu.paged_decode(
+            torch.ops.baton_cpu.paged_attention(
                 out, q, kv_cache, block_tables, torch.tensor(seq_lens), rows, rows, 0.25
             )
 

@@ -1,12 +1,14 @@
 // What Baton's CPU linear kernels (f32_linear_cpu.cpp, int8_linear_cpu.cpp) share: the checks of
-// the activations and the bias, and the parallel schedule: output-channel groups split over
-// torch's threads, each thread passing every row tile over its share either a block of groups at
-// a time (prefill: a block's weights stay in L2) or a chunk of one group's weights at a time
-// (decode: a chunk stays in L1).
+// the activations and the bias, and the parallel schedule: output-channel groups handed to
+// torch's threads a share at a time, each thread passing every row tile over its share either a
+// block of groups at a time (prefill: a block's weights stay in L2) or a chunk of one group's
+// weights at a time (decode: a chunk stays in L1).
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+
+#include "parallel_shares.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -52,17 +54,15 @@ struct RowTiles {
 };
 
 // Prefill-sized batches: `row_tile(first_row, rows, group_begin, group_end)` for every row tile
-// and every block of up to `block` of the `groups` channel groups. A block's weights stay in L2
-// while every row tile passes over it.
+// and every block of up to `block` of the `groups` channel groups (fewer where that leaves too
+// few shares for the threads). A block's weights stay in L2 while every row tile passes over it.
 template <typename RowTile>
 void over_channel_blocks(int64_t groups, int64_t grain, int64_t block, int64_t num_rows,
                          int64_t max_tile, const RowTile& row_tile) {
   const RowTiles tiles(num_rows, max_tile);
-  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; g += block) {
-      const int64_t g_end = std::min(end, g + block);
-      tiles.for_each([&](int64_t, int64_t m, int rows) { row_tile(m, rows, g, g_end); });
-    }
+  const int64_t share = std::min(block, share_of(groups, grain));
+  parallel_shares(groups, grain, share, [&](int64_t g, int64_t g_end) {
+    tiles.for_each([&](int64_t, int64_t m, int rows) { row_tile(m, rows, g, g_end); });
   });
 }
 
@@ -72,13 +72,13 @@ void over_channel_blocks(int64_t groups, int64_t grain, int64_t block, int64_t n
 // DRAM once, at the pace of every row's multiply-adds, where block by block they streamed at the
 // pace of one tile's and the other tiles then ran with DRAM idle (docs/benchmarks.md, "Issue 20,
 // eighth round"). `lead` is set for the first tile of a chunk, the one that meets the weights
-// first (it prefetches ahead of the stream); `carry` is one `Carry` per parallel task, where a
-// tile keeps its accumulators between the chunks.
+// first (it prefetches ahead of the stream); `carry` is one `Carry` per share, where a tile
+// keeps its accumulators between the chunks.
 template <typename Carry, typename ChunkTile>
 void over_weight_chunks(int64_t groups, int64_t grain, int64_t k_len, int64_t chunk,
                         int64_t num_rows, int64_t max_tile, const ChunkTile& chunk_tile) {
   const RowTiles tiles(num_rows, max_tile);
-  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+  parallel_shares(groups, grain, share_of(groups, grain), [&](int64_t begin, int64_t end) {
     Carry carry;
     for (int64_t g = begin; g < end; ++g) {
       // At least one chunk, empty when k_len is 0: the tile that reaches the end writes the

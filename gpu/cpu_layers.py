@@ -1,10 +1,10 @@
-"""A decode step's decoder layers in one C++ call on the CPU (kernels/csrc/decode_layers_cpu.cpp).
+"""A step's decoder layers in one C++ call on the CPU (kernels/csrc/decoder_layers_cpu.cpp).
 
 The C++ side runs the kernels gpu/model.py's layers call, in the same order, so the hidden
 states are the Python forward's bit for bit; what it removes is the Python between them. It
 takes plain decoder layers only (Llama's shape: no q/k norms, no Gemma norms, no MoE, no
-sliding window or soft-capping), each linear int8 (gpu.quantization) or packed float32,
-and steps whose every token is a decode served by the C++ attention kernel. Anything else runs
+sliding window or soft-capping), each linear int8 (gpu.quantization) or packed float32, and
+steps whose every row, prefill or decode, the C++ attention kernel serves. Anything else runs
 the layers in Python as before.
 """
 
@@ -33,7 +33,7 @@ def _linear_slots(module: nn.Module) -> LinearSlots | None:
     return None
 
 
-class CpuDecodeLayers:
+class CpuLayers:
     """The model's decoder layers as the one C++ op takes them, built once the weights are in
     their final form (quantized and packed)."""
 
@@ -52,8 +52,8 @@ class CpuDecodeLayers:
         self.gelu = first.mlp.act_and_mul is ops.gelu_tanh_and_mul
 
     @classmethod
-    def of(cls, model: CausalLM) -> CpuDecodeLayers | None:
-        """The C++ decode path for `model`, or None where it does not apply."""
+    def of(cls, model: CausalLM) -> CpuLayers | None:
+        """The one-call path for `model`, or None where it does not apply."""
         config = model.config
         if (
             model.embed_tokens.weight.device.type != "cpu"
@@ -83,14 +83,13 @@ class CpuDecodeLayers:
         return cls(model, weights)
 
     def takes(self, input_ids: torch.Tensor, attn_metadata: AttentionMetadata) -> bool:
-        """Whether this step runs here: every token a decode for the C++ attention kernel, and
-        no kernel choice forced (tests force the references or Triton)."""
+        """Whether this step runs here: the C++ attention kernel serves every token, and no
+        kernel choice is forced (tests force the references or Triton)."""
         plan = attn_metadata.cpu_plan
         return (
             plan is not None
             and plan.use_kernel
-            and not plan.prefills
-            and plan.decode_rows.numel() == input_ids.shape[0]
+            and plan.kernel_rows.numel() == input_ids.shape[0]
             and ops.kernels_chosen_by_device()
         )
 
@@ -104,16 +103,16 @@ class CpuDecodeLayers:
         """The final-normed hidden state of every token, as `CausalLM.forward` returns it."""
         plan = attn_metadata.cpu_plan
         assert plan is not None
-        return torch.ops.baton_cpu.decode_layers(
+        return torch.ops.baton_cpu.decoder_layers(
             self.embed_tokens(input_ids),
             positions,
             self.cos_sin_cache,
             kv_caches,
             attn_metadata.slot_mapping,
             attn_metadata.block_tables,
-            plan.seq_lens,
-            plan.decode_rows,
-            plan.decode_seqs,
+            plan.kernel_lens,
+            plan.kernel_rows,
+            plan.kernel_seqs,
             self.weights,
             self.final_norm,
             self.num_heads,

@@ -1,13 +1,16 @@
-// A decode step's decoder layers in one call on the CPU: for a batch of single-token decodes,
+// A step's decoder layers in one call on the CPU: for a batch of prefill chunks and decodes,
 // every layer of a plain pre-norm decoder (Llama's shape: RMSNorm, fused qkv with rotary,
 // paged attention, o, RMSNorm, gated MLP) and the final norm, run back to back from C++.
 //
-// The kernels are Baton's own ops (layer_ops_cpu.cpp, paged_decode_cpu.cpp, int8_linear_cpu.cpp)
-// and oneDNN's packed linear, called through the dispatcher in the same order and with the same
-// arguments as gpu/model.py's forward, so the result is that forward's, bit for bit. What the
-// one call saves is the Python between the kernels: the module calls, the dispatch checks and
-// a Python-to-C++ crossing per op, paid per layer on every step, which at one stream cost as
-// much as a small layer's weights take to read; and the GIL, released for the whole step.
+// The kernels are Baton's own ops (layer_ops_cpu.cpp, paged_attention_cpu.cpp,
+// int8_linear_cpu.cpp, f32_linear_cpu.cpp) and oneDNN's packed linear, called through the
+// dispatcher in the same order and with the same arguments as gpu/model.py's forward, so the
+// result is that forward's, bit for bit. The attention kernel takes every row, each with its own
+// causal length, so a prefill chunk's keys are cached (rotary_and_cache_kv) before its rows
+// attend. What the one call saves is the Python between the kernels: the module calls, the
+// dispatch checks and a Python-to-C++ crossing per op, paid per layer on every step, which at
+// one stream cost as much as a small layer's weights take to read; and the GIL, released for the
+// whole step.
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -65,10 +68,10 @@ at::Tensor linear(const at::Tensor& x, const c10::List<OptTensor>& w, int64_t ba
   return stack[0].toTensor();
 }
 
-at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& positions,
+at::Tensor decoder_layers(const at::Tensor& hidden_in, const at::Tensor& positions,
                          const at::Tensor& cos_sin, at::TensorList kv_caches,
                          const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                         const at::Tensor& seq_lens, const at::Tensor& rows,
+                         const at::Tensor& row_lens, const at::Tensor& rows,
                          const at::Tensor& seqs, const c10::List<OptTensor>& weights,
                          const at::Tensor& final_norm, int64_t num_heads, int64_t num_kv_heads,
                          int64_t intermediate_size, double scale, double eps, bool gelu) {
@@ -83,7 +86,7 @@ at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& position
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                             at::Tensor&, const at::Tensor&, int64_t, int64_t)>();
   static const auto attend =
-      find("baton_cpu::paged_decode")
+      find("baton_cpu::paged_attention")
           .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                       const at::Tensor&, const at::Tensor&, const at::Tensor&,
                       const at::Tensor&, double, int64_t, double)>();
@@ -95,9 +98,9 @@ at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& position
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == num_layers * kSlotsPerLayer,
               "weights hold ", static_cast<int64_t>(kSlotsPerLayer), " entries per layer");
   TORCH_CHECK(hidden_in.dim() == 2 && rows.numel() == hidden_in.size(0),
-              "every row of hidden is a decode");
-  // paged_decode reads int64 lengths: converted once here rather than in every layer's call.
-  const at::Tensor lens = seq_lens.to(at::kLong);
+              "the attention kernel serves every row of hidden");
+  // paged_attention reads int64 lengths: converted once here rather than in every layer's call.
+  const at::Tensor lens = row_lens.to(at::kLong);
   const int64_t num_tokens = hidden_in.size(0), hidden_size = hidden_in.size(1);
   const int64_t head_dim = cos_sin.size(1);
   const int64_t qkv_size = (num_heads + 2 * num_kv_heads) * head_dim;
@@ -134,14 +137,14 @@ at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& position
 
 TORCH_LIBRARY_FRAGMENT(baton_cpu, m) {
   m.def(
-      "decode_layers(Tensor hidden, Tensor positions, Tensor cos_sin, Tensor(a!)[] kv_caches, "
-      "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, Tensor rows, Tensor seqs, "
+      "decoder_layers(Tensor hidden, Tensor positions, Tensor cos_sin, Tensor(a!)[] kv_caches, "
+      "Tensor slot_mapping, Tensor block_tables, Tensor lens, Tensor rows, Tensor seqs, "
       "Tensor?[] weights, Tensor final_norm, int num_heads, int num_kv_heads, "
       "int intermediate_size, float scale, float eps, bool gelu) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(baton_cpu, CPU, m) { m.impl("decode_layers", &decode_layers); }
+TORCH_LIBRARY_IMPL(baton_cpu, CPU, m) { m.impl("decoder_layers", &decoder_layers); }
 
 // oneDNN's packed weights are MkldnnCPU tensors, and the dispatcher picks the kernel by the
 // highest key among all arguments.
-TORCH_LIBRARY_IMPL(baton_cpu, MkldnnCPU, m) { m.impl("decode_layers", &decode_layers); }
+TORCH_LIBRARY_IMPL(baton_cpu, MkldnnCPU, m) { m.impl("decoder_layers", &decoder_layers); }

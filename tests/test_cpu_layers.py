@@ -1,6 +1,6 @@
-"""The decode step's decoder layers in one C++ call (gpu/cpu_decode.py): the same logprobs, bit
-for bit, as the layers run from Python, for float32 and int8 weights, alone and batched; and the
-models and steps it leaves to Python."""
+"""A step's decoder layers in one C++ call (gpu/cpu_layers.py): the same logprobs, bit for bit,
+as the layers run from Python, for float32 and int8 weights, alone and batched, prefills and
+decodes; and the models it leaves to Python."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from app.llm import LLM
 from core.model_config import ModelConfig
 from core.sampling_params import SamplingParams
-from gpu.cpu_decode import CpuDecodeLayers
+from gpu.cpu_layers import CpuLayers
 from gpu.loader import load_model
 from gpu.quantization import quantize_decoder_layers
 from kernels.cpu_extension import cpu_kernels_available
@@ -26,14 +26,14 @@ def kernels_built():
 
 def run(llm: LLM, fused: bool, prompts: list[list[int]]) -> list:
     executor = llm.engine.executor
-    saved = executor.cpu_decode
+    saved = executor.cpu_layers
     if not fused:
-        executor.cpu_decode = None
+        executor.cpu_layers = None
     try:
         params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=3)
         outputs = llm.generate(prompts, params)
     finally:
-        executor.cpu_decode = saved
+        executor.cpu_layers = saved
     return [[(t.token_id, t.logprob, t.top) for t in out.logprobs] for out in outputs]
 
 
@@ -50,17 +50,18 @@ def test_one_call_gives_the_python_layers_logprobs_bit_for_bit(
         enable_prefix_caching=False,
     )
     executor = llm.engine.executor
-    assert executor.cpu_decode is not None
+    assert executor.cpu_layers is not None
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in (5, 17, 40)]
 
-    before = executor.num_cpu_decode_steps
+    before, steps_before = executor.num_cpu_layer_steps, executor.num_steps
     fused = run(llm, True, prompts)
-    assert executor.num_cpu_decode_steps - before >= 10  # the decodes after the prefills
+    # Every step: the three prompts' prefill, then 11 decodes.
+    assert executor.num_cpu_layer_steps - before == executor.num_steps - steps_before == 12
     python = run(llm, False, prompts)
 
     assert fused == python
-    # One at a time as well: each decode then runs alone in the call.
+    # One at a time as well: each prompt and decode then runs alone in the call.
     assert run(llm, True, prompts[1:2]) == python[1:2]
 
 
@@ -78,14 +79,14 @@ def test_layers_it_does_not_take_stay_in_python(make_checkpoint, family, overrid
     model = load_model(config, "cpu", torch.float32)
     model.pack_linear_weights(rows_hint=4)
 
-    assert CpuDecodeLayers.of(model) is None
+    assert CpuLayers.of(model) is None
 
 
 def test_unpacked_float_weights_stay_in_python(make_checkpoint):
     # Only oneDNN-packed or int8-packed linears go to C++; F.linear stays where it is.
     config = ModelConfig.from_pretrained(make_checkpoint("llama"))
     model = load_model(config, "cpu", torch.float32)
-    assert CpuDecodeLayers.of(model) is None
+    assert CpuLayers.of(model) is None
 
     quantize_decoder_layers(model)  # int8 linears, packed for the kernel
-    assert CpuDecodeLayers.of(model) is not None
+    assert CpuLayers.of(model) is not None

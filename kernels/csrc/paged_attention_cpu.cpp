@@ -1,20 +1,24 @@
-// Decode attention read straight from the paged KV cache, for the CPU.
+// Attention read straight from the paged KV cache, for the CPU, one query row at a time.
 //
 // A decode step's attention is memory traffic: every cached key and value of every running
 // sequence is read once per layer, for a handful of flops each. The plain-torch path reads the
 // cache, writes a contiguous copy (index_select) and reads that copy again in SDPA; this kernel
-// reads each block where it lies, once. A task is one sequence (all its KV heads, block by
-// block, so each block is read front to back once), or one (sequence, KV head) when there are
-// too few sequences to keep every thread busy; each KV head's group of query heads runs while
-// the block's keys and values for that head sit in L1, with an online softmax. The work for a
-// head is the same whatever the task split or the rest of the batch, so a sequence's result
-// has the same bits alone and in any batch.
+// reads each block where it lies, once. A task is one query row (all its KV heads, block by
+// block, so each block is read front to back once), or one (row, KV head) when there are too
+// few rows to keep every thread busy; each KV head's group of query heads runs while the
+// block's keys and values for that head sit in L1, with an online softmax. A prefill chunk's
+// rows are tasks like any decode, each with its own causal length: the chunk's keys, cached
+// before the call, are read from L2 by its later rows, and up to 2,048 tokens this is as fast
+// as SDPA over a gathered copy (docs/benchmarks.md, "Issue 20, ninth round"). The work for a
+// head is the same whatever the task split, the rest of the batch or the prefill's chunking, so
+// a row's result has the same bits alone, in any batch, and whether it came as a prefill or a
+// decode.
 //
 // Layouts (as kernels/paged_attention.py documents): q [T, Hq, D]; kv_cache [2, num_blocks,
-// block_size, Hkv, D] contiguous; block_tables [num_seqs, width] int32 or int64; seq_lens
-// [num_seqs]. `rows[i]` is the row of q (and of out) of the decode of sequence `seqs[i]`, which
-// attends to the first seq_lens[seqs[i]] tokens of its blocks, or with `window` > 0 to the last
-// `window` of them (blocks wholly before the window are not read). With `softcap` > 0 each
+// block_size, Hkv, D] contiguous; block_tables [num_seqs, width] int32 or int64. `rows[i]` is a
+// row of q (and of out) of sequence `seqs[i]`, at position lens[i] - 1: it attends to the first
+// lens[i] tokens of its blocks, or with `window` > 0 to the last `window` of them (blocks wholly
+// before the window are not read). With `softcap` > 0 each
 // scaled score s becomes softcap * tanh(s / softcap) (Gemma 2). The cache is float32, or
 // float16 (`--kv-cache-dtype float16`): then each cached value is widened to float32 as it is
 // loaded, and the arithmetic is the float32 cache's on the same values.
@@ -37,6 +41,7 @@
 
 #include "fast_exp.h"
 #include "half_convert.h"
+#include "parallel_shares.h"
 
 namespace {
 
@@ -247,18 +252,18 @@ void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t s
   }
 }
 
-// Every block id a decode will read is inside the cache. Only the blocks its length covers: a
-// table's padding beyond them is never read. A loop over raw ids, not tensor reductions: this
-// runs once per layer, and at a decode step the reductions' calls cost more than the attention.
+// Every block id a row will read is inside the cache. Only the blocks the longest of its
+// sequence's rows covers (`reach`, per table row): a table's padding beyond them is never read.
+// A loop over raw ids, not tensor reductions: this runs once per layer, and at a decode step
+// the reductions' calls cost more than the attention.
 template <typename Index>
-void check_block_ids(const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens,
-                     const at::Tensor& seqs, int64_t num_blocks, int64_t block_size) {
+void check_block_ids(const at::Tensor& block_tables, const std::vector<int64_t>& reach,
+                     int64_t num_blocks, int64_t block_size) {
   const Index* tables = block_tables.data_ptr<Index>();
   const int64_t width = block_tables.size(1);
-  const int64_t* seq_ids = seqs.data_ptr<int64_t>();
-  for (int64_t i = 0; i < seqs.numel(); ++i) {
-    const Index* table = tables + seq_ids[i] * width;
-    const int64_t used = (seq_lens[seq_ids[i]] + block_size - 1) / block_size;
+  for (size_t seq = 0; seq < reach.size(); ++seq) {
+    const Index* table = tables + seq * width;
+    const int64_t used = (reach[seq] + block_size - 1) / block_size;
     for (int64_t j = 0; j < used; ++j) {
       TORCH_CHECK(table[j] >= 0 && table[j] < num_blocks, "a block id is outside the cache");
     }
@@ -267,9 +272,8 @@ void check_block_ids(const at::Tensor& block_tables, const std::vector<int64_t>&
 
 template <typename Index, typename Elem>
 void run(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
-         const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens,
-         const at::Tensor& rows, const at::Tensor& seqs, double scale, int64_t window,
-         double softcap) {
+         const at::Tensor& block_tables, const int64_t* lens, const at::Tensor& rows,
+         const at::Tensor& seqs, double scale, int64_t window, double softcap) {
   const int64_t num_blocks = kv_cache.size(1);
   const int64_t num_heads = q.size(1);
   CacheView<Elem> cache{kv_cache.data_ptr<Elem>(), nullptr, kv_cache.size(2), kv_cache.size(3),
@@ -284,19 +288,19 @@ void run(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
   float* out_data = out.data_ptr<float>();
   const int64_t q_row_stride = q.stride(0);
   const int64_t out_row_stride = out.stride(0);
-  // A task is a sequence's heads, or one head of it when there are too few sequences to keep
-  // every thread busy. Each head's result is computed the same way either way.
-  const int64_t num_seqs = rows.numel();
+  // A task is a row's heads, or one head of it when there are too few rows to keep every
+  // thread busy, handed to the threads one at a time (rows differ in length). Each head's
+  // result is computed the same way either way.
+  const int64_t num_rows = rows.numel();
   const int64_t heads_per_task =
-      num_seqs >= 4 * at::get_num_threads() ? cache.num_kv_heads : 1;
-  const int64_t tasks_per_seq = cache.num_kv_heads / heads_per_task;
+      num_rows >= 4 * at::get_num_threads() ? cache.num_kv_heads : 1;
+  const int64_t tasks_per_row = cache.num_kv_heads / heads_per_task;
 
-  at::parallel_for(0, num_seqs * tasks_per_seq, 1, [&](int64_t begin, int64_t end) {
+  baton::parallel_shares(num_rows * tasks_per_row, 1, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t i = task / tasks_per_seq;
-      const int64_t first_head = (task % tasks_per_seq) * heads_per_task;
-      const int64_t seq = seq_ids[i];
-      attend_sequence<Index, Elem>(cache, tables + seq * width, seq_lens[seq],
+      const int64_t i = task / tasks_per_row;
+      const int64_t first_head = (task % tasks_per_row) * heads_per_task;
+      attend_sequence<Index, Elem>(cache, tables + seq_ids[i] * width, lens[i],
                              q_data + row_ids[i] * q_row_stride,
                              out_data + row_ids[i] * out_row_stride, group, first_head,
                              first_head + heads_per_task, static_cast<float>(scale), window,
@@ -305,10 +309,9 @@ void run(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
   });
 }
 
-void paged_decode(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
-                  const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                  const at::Tensor& rows, const at::Tensor& seqs, double scale, int64_t window,
-                  double softcap) {
+void paged_attention(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
+                  const at::Tensor& block_tables, const at::Tensor& lens, const at::Tensor& rows,
+                  const at::Tensor& seqs, double scale, int64_t window, double softcap) {
   TORCH_CHECK(window >= 0 && softcap >= 0.0, "window and softcap are >= 0 (0: none)");
   TORCH_CHECK(q.device().is_cpu() && kv_cache.device().is_cpu(), "CPU tensors only");
   TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
@@ -325,34 +328,34 @@ void paged_decode(const at::Tensor& out, const at::Tensor& q, const at::Tensor& 
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.is_contiguous(),
               "block_tables is a contiguous [num_seqs, width]");
   TORCH_CHECK(rows.scalar_type() == at::kLong && seqs.scalar_type() == at::kLong &&
-                  rows.is_contiguous() && seqs.is_contiguous() && rows.numel() == seqs.numel(),
-              "rows and seqs are int64 of one length");
+                  rows.is_contiguous() && seqs.is_contiguous() && rows.numel() == seqs.numel() &&
+                  lens.numel() == rows.numel(),
+              "rows and seqs are int64 of one length, and lens has one length a row");
   // Checked once here so the tasks can trust every index they read.
-  const auto lens = seq_lens.to(at::kLong).contiguous();
-  std::vector<int64_t> seq_len_list(lens.data_ptr<int64_t>(),
-                                    lens.data_ptr<int64_t>() + lens.numel());
+  const auto row_lens = lens.to(at::kLong).contiguous();
+  const int64_t* len_data = row_lens.data_ptr<int64_t>();
   const int64_t capacity = block_tables.size(1) * kv_cache.size(2);
-  for (int64_t len : seq_len_list) {
-    TORCH_CHECK(len >= 1 && len <= capacity, "a seq_len exceeds its block table");
-  }
   const int64_t* seq_ids = seqs.data_ptr<int64_t>();
   const int64_t* row_ids = rows.data_ptr<int64_t>();
+  std::vector<int64_t> reach(block_tables.size(0), 0);
   for (int64_t i = 0; i < rows.numel(); ++i) {
-    TORCH_CHECK(seq_ids[i] >= 0 && seq_ids[i] < block_tables.size(0) &&
-                    seq_ids[i] < static_cast<int64_t>(seq_len_list.size()),
-                "a decode names no sequence");
-    TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < q.size(0), "a decode names no row of q");
+    TORCH_CHECK(len_data[i] >= 1 && len_data[i] <= capacity,
+                "a row's length is below 1 or past its block table");
+    TORCH_CHECK(seq_ids[i] >= 0 && seq_ids[i] < block_tables.size(0),
+                "a row names no sequence of the block tables");
+    TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < q.size(0), "a row is not a row of q");
+    reach[seq_ids[i]] = std::max(reach[seq_ids[i]], len_data[i]);
   }
   const bool half = kv_cache.scalar_type() == at::kHalf;
   if (block_tables.scalar_type() == at::kInt) {
-    check_block_ids<int32_t>(block_tables, seq_len_list, seqs, kv_cache.size(1), kv_cache.size(2));
+    check_block_ids<int32_t>(block_tables, reach, kv_cache.size(1), kv_cache.size(2));
     (half ? run<int32_t, c10::Half> : run<int32_t, float>)(
-        out, q, kv_cache, block_tables, seq_len_list, rows, seqs, scale, window, softcap);
+        out, q, kv_cache, block_tables, len_data, rows, seqs, scale, window, softcap);
   } else {
     TORCH_CHECK(block_tables.scalar_type() == at::kLong, "block_tables are int32 or int64");
-    check_block_ids<int64_t>(block_tables, seq_len_list, seqs, kv_cache.size(1), kv_cache.size(2));
+    check_block_ids<int64_t>(block_tables, reach, kv_cache.size(1), kv_cache.size(2));
     (half ? run<int64_t, c10::Half> : run<int64_t, float>)(
-        out, q, kv_cache, block_tables, seq_len_list, rows, seqs, scale, window, softcap);
+        out, q, kv_cache, block_tables, len_data, rows, seqs, scale, window, softcap);
   }
 }
 
@@ -360,9 +363,9 @@ void paged_decode(const at::Tensor& out, const at::Tensor& q, const at::Tensor& 
 
 TORCH_LIBRARY(baton_cpu, m) {
   m.def(
-      "paged_decode(Tensor(a!) out, Tensor q, Tensor kv_cache, Tensor block_tables, "
-      "Tensor seq_lens, Tensor rows, Tensor seqs, float scale, int window=0, "
+      "paged_attention(Tensor(a!) out, Tensor q, Tensor kv_cache, Tensor block_tables, "
+      "Tensor lens, Tensor rows, Tensor seqs, float scale, int window=0, "
       "float softcap=0.0) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(baton_cpu, CPU, m) { m.impl("paged_decode", &paged_decode); }
+TORCH_LIBRARY_IMPL(baton_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }
