@@ -165,10 +165,10 @@ class TorchExecutor:
         if model_config.model_impl == "native" and self.device.type == "cpu":
             self.cpu_layers = CpuLayers.of(self.model)
         if self.cpu_layers is not None:
-            logger.info("decode steps run the decoder layers in one C++ call")
+            logger.info("every step runs the decoder layers in one C++ call")
         # Built (or loaded from the build cache) here, not inside the first step.
         if self.device.type == "cpu" and cpu_kernels_available():
-            logger.info("decode attention runs in Baton's C++ CPU kernel")
+            logger.info("attention (prefill and decode) runs in Baton's C++ CPU kernel")
         # A padded graph batch may hold more tokens than the budget when max_num_seqs exceeds it.
         self.buffers = InputBuffers(
             max(engine_config.max_num_batched_tokens, engine_config.max_num_seqs),
