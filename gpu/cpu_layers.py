@@ -122,3 +122,18 @@ class CpuLayers:
             self.eps,
             self.gelu,
         )
+
+
+def streamed_weights(model: CausalLM) -> list[torch.Tensor]:
+    """What a CPU step reads in full, once per step: every linear weight packed for Baton's
+    kernels (float32 panels or int8 codes), the LM head's included. oneDNN's packed weights are
+    opaque tensors and are left out."""
+    weights = [
+        slots[0]
+        for module in model.modules()
+        if (slots := _linear_slots(module)) is not None and not slots[0].is_mkldnn
+    ]
+    logits = model.packed_logits_weight
+    if logits is not None and not logits.is_mkldnn:
+        weights.append(logits)
+    return weights

@@ -12,11 +12,12 @@ import torch
 
 from core.batch import Batch, ExecutorOutput, ScheduledSequence
 from core.config import EngineConfig
-from core.host_memory import release_freed_heap
+from core.host_memory import format_size, release_freed_heap
 from core.model_config import ModelConfig
 from core.sampling_params import SamplingParams
-from gpu.cpu_layers import CpuLayers
+from gpu.cpu_layers import CpuLayers, streamed_weights
 from gpu.cuda_graph import DecodeGraphs, graph_batch_sizes
+from gpu.huge_pages import huge_page_bytes, move_to_huge_pages
 from gpu.input_batch import InputBuffers, prepare_inputs
 from gpu.kv_cache import (
     allocate_kv_caches,
@@ -166,6 +167,14 @@ class TorchExecutor:
             self.cpu_layers = CpuLayers.of(self.model)
         if self.cpu_layers is not None:
             logger.info("every step runs the decoder layers in one C++ call")
+        if model_config.model_impl == "native" and self.device.type == "cpu":
+            moved = move_to_huge_pages(streamed_weights(self.model))
+            if moved:
+                logger.info(
+                    "packed weights: %s moved onto transparent huge pages (%s of them now)",
+                    format_size(moved),
+                    format_size(huge_page_bytes() or 0),
+                )
         # Built (or loaded from the build cache) here, not inside the first step.
         if self.device.type == "cpu" and cpu_kernels_available():
             logger.info("attention (prefill and decode) runs in Baton's C++ CPU kernel")
