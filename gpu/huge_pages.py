@@ -19,10 +19,16 @@ from pathlib import Path
 
 import torch
 
+from core.host_memory import release_freed_heap
+
 HUGE_PAGE = 2 * 1024**2
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 # Tensors start on cache-line boundaries in the mapping.
 ALIGN = 64
+# The C heap is trimmed after every this many bytes moved: the old copies of weights packed at
+# load mostly sit in the heap, which keeps freed memory resident until trimmed, and untrimmed
+# the move would peak at twice the weights.
+TRIM_EVERY = 32 * 1024**2
 
 
 def thp_mode() -> str | None:
@@ -64,6 +70,7 @@ def move_to_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
     # The tensors' storages keep `mapping` alive.
     arena = torch.frombuffer(mapping, dtype=torch.uint8)
     offset = -arena.data_ptr() % HUGE_PAGE  # the first huge-page boundary inside
+    untrimmed = 0
     with torch.no_grad():
         for group, size in zip(by_address.values(), sizes, strict=True):
             first = group[0]
@@ -72,6 +79,11 @@ def move_to_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
             for tensor in group:
                 tensor.set_(moved)
             offset += size
+            untrimmed += size
+            if untrimmed >= TRIM_EVERY:
+                release_freed_heap()
+                untrimmed = 0
+    release_freed_heap()
     return total
 
 
