@@ -165,9 +165,8 @@ class TorchExecutor:
         self.cpu_layers: CpuLayers | None = None
         if model_config.model_impl == "native" and self.device.type == "cpu":
             self.cpu_layers = CpuLayers.of(self.model)
-        if self.cpu_layers is not None:
-            logger.info("every step runs the decoder layers in one C++ call")
-        if model_config.model_impl == "native" and self.device.type == "cpu":
+            if self.cpu_layers is not None:
+                logger.info("every step runs the decoder layers in one C++ call")
             moved = move_to_huge_pages(streamed_weights(self.model))
             if moved:
                 logger.info(

@@ -269,30 +269,22 @@ def _kernel_plan(
 ) -> CpuAttentionPlan:
     """Every row of the packed batch to the C++ kernel: rows are packed in sequence order, so
     they are 0..T-1, and a sequence's chunk of n rows holds its last n positions."""
-    num_rows = query_start_loc[-1]
+    rows = _indices(query_start_loc[-1])
     if query_start_loc == list(range(len(seq_lens) + 1)):
         # Decodes only: sequence i is row i, and a row attends to its whole sequence.
-        rows = _indices(num_rows)
+        seqs = rows
         lens = seq_lens_tensor if seq_lens_tensor is not None else torch.tensor(seq_lens)
-        return CpuAttentionPlan(
-            block_size, dtype, True, [], rows, rows, lens, decode_groups=[], padded_decode_seqs=[]
-        )
-    seqs: list[int] = []
-    lens_list: list[int] = []
-    for i, seq_len in enumerate(seq_lens):
-        query_len = query_start_loc[i + 1] - query_start_loc[i]
-        seqs += [i] * query_len
-        lens_list += range(seq_len - query_len + 1, seq_len + 1)
+    else:
+        seq_list: list[int] = []
+        len_list: list[int] = []
+        for i, seq_len in enumerate(seq_lens):
+            query_len = query_start_loc[i + 1] - query_start_loc[i]
+            seq_list += [i] * query_len
+            len_list += range(seq_len - query_len + 1, seq_len + 1)
+        seqs = torch.tensor(seq_list, dtype=torch.int64)
+        lens = torch.tensor(len_list, dtype=torch.int64)
     return CpuAttentionPlan(
-        block_size,
-        dtype,
-        True,
-        [],
-        _indices(num_rows),
-        torch.tensor(seqs, dtype=torch.int64),
-        torch.tensor(lens_list, dtype=torch.int64),
-        decode_groups=[],
-        padded_decode_seqs=[],
+        block_size, dtype, True, [], rows, seqs, lens, decode_groups=[], padded_decode_seqs=[]
     )
 
 

@@ -47,11 +47,9 @@ constexpr int64_t kTaskMacs = 1 << 16;
 // Weight bytes one task's block of panels keeps in L2 while every row tile passes over it
 // (prefill).
 constexpr int64_t kBlockBytes = 256 * 1024;
-// Up to this many rows (a decode step's), the row tiles pass over a group's panel a chunk of
-// kChunkSteps k steps at a time (2 KiB, in L1) instead of block by block (linear_kernels.h's
-// over_weight_chunks); past it the multiply-adds, not DRAM, are the step, and a tile's
-// activations stay in L1 across a block.
-constexpr int64_t kChunkRows = 32;
+// Up to baton::kChunkRows rows (a decode step's), the row tiles pass over a group's panel a
+// chunk of kChunkSteps k steps at a time (2 KiB, in L1) instead of block by block
+// (linear_kernels.h's over_weight_chunks).
 constexpr int64_t kChunkSteps = 32;
 // How far ahead of its stream a lead tile prefetches: 128 k steps, 8 KiB. The hardware
 // prefetcher alone kept too few lines in flight once the multiply-adds of several rows slowed
@@ -59,7 +57,7 @@ constexpr int64_t kChunkSteps = 32;
 constexpr int64_t kPrefetchSteps = 128;
 // Where a tile keeps its accumulators between chunks: a group's outputs for every row.
 struct Carry {
-  float acc[kChunkRows * kGroup];
+  float acc[baton::kChunkRows * kGroup];
 };
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -213,22 +211,16 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
                   bias_data, out.data_ptr<float>(), K, N};
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * K * M);
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
-  if (M <= kChunkRows) {
-    // One row tile needs no chunks: its single pass is already the only one.
-    const int64_t chunk = M <= kMaxRowTile ? std::max<int64_t>(K, 1) : kChunkSteps;
-    baton::over_weight_chunks<Carry>(
-        groups, grain, K, chunk, M, kMaxRowTile,
-        [&](Carry& carry, int64_t m, int r, int64_t g, int64_t k0, int64_t k1, bool lead) {
-          rows(p, m, r, g, g + 1, k0, k1, carry.acc, lead);
-        });
-    return out;
-  }
   const int64_t panel_bytes = kGroup * std::max<int64_t>(K, 1) * sizeof(float);
   const int64_t block = std::max<int64_t>(1, kBlockBytes / panel_bytes);
-  baton::over_channel_blocks(groups, grain, block, M, kMaxRowTile,
-                             [&](int64_t m, int r, int64_t g, int64_t g_end) {
-                               rows(p, m, r, g, g_end, 0, K, nullptr, false);
-                             });
+  baton::over_rows<Carry>(
+      groups, grain, K, kChunkSteps, block, M, kMaxRowTile,
+      [&](Carry& carry, int64_t m, int r, int64_t g, int64_t k0, int64_t k1, bool lead) {
+        rows(p, m, r, g, g + 1, k0, k1, carry.acc, lead);
+      },
+      [&](int64_t m, int r, int64_t g, int64_t g_end) {
+        rows(p, m, r, g, g_end, 0, K, nullptr, false);
+      });
   return out;
 }
 

@@ -63,10 +63,9 @@ constexpr int64_t kTaskMacs = 1 << 17;
 // Weight bytes one task's channel block keeps in L2 while every row tile passes over it
 // (prefill).
 constexpr int64_t kBlockBytes = 128 * 1024;
-// Up to this many rows (a decode step's), the row tiles pass over a group's weights a chunk of
-// kDecodeChunkBlocks k blocks at a time (3 KiB, in L1) instead of block by block
+// Up to baton::kChunkRows rows (a decode step's), the row tiles pass over a group's weights a
+// chunk of kDecodeChunkBlocks k blocks at a time (3 KiB, in L1) instead of block by block
 // (linear_kernels.h's over_weight_chunks). It divides kChunkBlocks.
-constexpr int64_t kChunkRows = 32;
 constexpr int64_t kDecodeChunkBlocks = 32;
 static_assert(kChunkBlocks % kDecodeChunkBlocks == 0, "a decode chunk never spans a flush");
 // How far ahead of the tile its weight stream is prefetched: 16 blocks of a group. At one row
@@ -207,8 +206,8 @@ struct Problem {
 // Where a tile keeps its sums between chunks on the decode path: each row's float and
 // not-yet-flushed int32 sums of every channel pair of a group.
 struct Carry {
-  FVec acc[kChunkRows][kPairs];
-  IVec sum[kChunkRows][kPairs];
+  FVec acc[baton::kChunkRows][kPairs];
+  IVec sum[baton::kChunkRows][kPairs];
 };
 
 // R rows from `m`, P channel pairs from pair `pair` of group `g`, over k blocks [b0, b1): every
@@ -326,21 +325,15 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
                   N, k_blocks};
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * k_blocks * kLanes * M);
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
-  if (M <= kChunkRows) {
-    // One row tile needs no chunks: its single pass is already the only one.
-    const int64_t chunk = M <= kMaxRowTile ? std::max<int64_t>(k_blocks, 1) : kDecodeChunkBlocks;
-    baton::over_weight_chunks<Carry>(
-        groups, grain, k_blocks, chunk, M, kMaxRowTile,
-        [&](Carry& carry, int64_t m, int r, int64_t g, int64_t b0, int64_t b1, bool lead) {
-          rows(p, m, r, g, g + 1, b0, b1, &carry, lead);
-        });
-    return out;
-  }
   const int64_t block = std::max<int64_t>(1, kBlockBytes / (kGroup * k_blocks * kLanes));
-  baton::over_channel_blocks(groups, grain, block, M, kMaxRowTile,
-                             [&](int64_t m, int r, int64_t g, int64_t g_end) {
-                               rows(p, m, r, g, g_end, 0, k_blocks, nullptr, true);
-                             });
+  baton::over_rows<Carry>(
+      groups, grain, k_blocks, kDecodeChunkBlocks, block, M, kMaxRowTile,
+      [&](Carry& carry, int64_t m, int r, int64_t g, int64_t b0, int64_t b1, bool lead) {
+        rows(p, m, r, g, g + 1, b0, b1, &carry, lead);
+      },
+      [&](int64_t m, int r, int64_t g, int64_t g_end) {
+        rows(p, m, r, g, g_end, 0, k_blocks, nullptr, true);
+      });
   return out;
 }
 

@@ -15,6 +15,12 @@
 
 namespace baton {
 
+// Up to this many rows (a decode step's) a linear runs over_weight_chunks, past it (prefill)
+// over_channel_blocks: there the multiply-adds, not DRAM, are the pass, and a tile's activations
+// stay in L1 across a block. Chunks up to 64 rows were slower at 45 and 64 rows
+// (docs/benchmarks.md, "Issue 20, eighth round").
+constexpr int64_t kChunkRows = 32;
+
 // x is the activations [rows, in]: float32 on the CPU, each row contiguous.
 inline void check_linear_input(const at::Tensor& x) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, "x is float32 on the CPU");
@@ -93,6 +99,21 @@ void over_weight_chunks(int64_t groups, int64_t grain, int64_t k_len, int64_t ch
       } while (k < k_len);
     }
   });
+}
+
+// A linear's schedule by its row count: up to kChunkRows rows over_weight_chunks, in chunks of
+// `chunk` steps (or of all `k_len` where one row tile is all there is: its single pass is
+// already the only one), past it over_channel_blocks in blocks of up to `block` groups.
+template <typename Carry, typename ChunkTile, typename RowTile>
+void over_rows(int64_t groups, int64_t grain, int64_t k_len, int64_t chunk, int64_t block,
+               int64_t num_rows, int64_t max_tile, const ChunkTile& chunk_tile,
+               const RowTile& row_tile) {
+  if (num_rows <= kChunkRows) {
+    const int64_t steps = num_rows <= max_tile ? std::max<int64_t>(k_len, 1) : chunk;
+    over_weight_chunks<Carry>(groups, grain, k_len, steps, num_rows, max_tile, chunk_tile);
+  } else {
+    over_channel_blocks(groups, grain, block, num_rows, max_tile, row_tile);
+  }
 }
 
 }  // namespace baton

@@ -8,8 +8,9 @@
 // few rows to keep every thread busy; each KV head's group of query heads runs while the
 // block's keys and values for that head sit in L1, with an online softmax. A prefill chunk's
 // rows are tasks like any decode, each with its own causal length: the chunk's keys, cached
-// before the call, are read from L2 by its later rows, and up to 2,048 tokens this is as fast
-// as SDPA over a gathered copy (docs/benchmarks.md, "Issue 20, ninth round"). The work for a
+// before the call, are read from L2 by its later rows. Against SDPA over a gathered copy this
+// is faster up to a few hundred tokens and within 10% up to 2,048 (docs/benchmarks.md, "Issue
+// 20, ninth round"). The work for a
 // head is the same whatever the task split, the rest of the batch or the prefill's chunking, so
 // a row's result has the same bits alone, in any batch, and whether it came as a prefill or a
 // decode.
@@ -18,10 +19,10 @@
 // block_size, Hkv, D] contiguous; block_tables [num_seqs, width] int32 or int64. `rows[i]` is a
 // row of q (and of out) of sequence `seqs[i]`, at position lens[i] - 1: it attends to the first
 // lens[i] tokens of its blocks, or with `window` > 0 to the last `window` of them (blocks wholly
-// before the window are not read). With `softcap` > 0 each
-// scaled score s becomes softcap * tanh(s / softcap) (Gemma 2). The cache is float32, or
-// float16 (`--kv-cache-dtype float16`): then each cached value is widened to float32 as it is
-// loaded, and the arithmetic is the float32 cache's on the same values.
+// before the window are not read). With `softcap` > 0 each scaled score s becomes
+// softcap * tanh(s / softcap) (Gemma 2). The cache is float32, or float16
+// (`--kv-cache-dtype float16`): then each cached value is widened to float32 as it is loaded,
+// and the arithmetic is the float32 cache's on the same values.
 //
 // With AVX2, FMA and F16C (and a head_dim that is a multiple of 8) the scores and the weighted
 // values are written in vector intrinsics: eight keys' dot products in eight registers reduced
@@ -171,8 +172,9 @@ struct RowState {
   float sum = 0.0f;
 };
 
-// One sequence, KV heads [first_head, end_head): each head's `group` query rows at
-// q + head * group * D, results to out at the same offsets. Block by block, every head of the
+// One row of a sequence, attending to its first `seq_len` tokens, KV heads [first_head,
+// end_head): each head's `group` query heads at q + head * group * D, results to out at the
+// same offsets. Block by block, every head of the
 // block in turn, so each block is read once, front to back.
 template <typename Index, typename Elem>
 void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t seq_len,
