@@ -6,6 +6,7 @@ converted by llama.cpp's own converter), both driven by the same client, `baton 
     ... --baton-args "--quantization int8"    # a second Baton, its ratios against Q8_0
     ... --gguf q8_0 --baton-args "--quantization int8 --kv-cache-dtype float16"  # llama.cpp's
                                               # cache is float16 by default, Baton's the model's
+    ... --f32-baton-args "--kv-cache-dtype float16"   # the Baton measured against F32 likewise
 
 One server runs at a time, started afresh for every shape (prompt length, streams) and sized
 for it alike on both sides: as many sequences (llama.cpp slots) as streams, a context per
@@ -230,7 +231,7 @@ def checkpoint(preset: str) -> Path:
 
 def sides(args: argparse.Namespace) -> list[Side]:
     model = Path(args.checkpoint) if args.checkpoint else checkpoint(args.preset)
-    chosen = [Side(BATON, model)]
+    chosen = [Side(BATON, model, baton_args=tuple(shlex.split(args.f32_baton_args)))]
     if args.baton_args:
         chosen.append(Side(BATON_VARIANT, model, baton_args=tuple(shlex.split(args.baton_args))))
     for name, kind in ((LLAMA_F32, "f32"), (LLAMA_Q8, "q8_0")):
@@ -262,6 +263,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gguf", nargs="*", choices=["f32", "q8_0"], default=["f32", "q8_0"])
+    parser.add_argument(
+        "--f32-baton-args", default="", help="serve flags for the Baton measured against F32"
+    )
     parser.add_argument(
         "--baton-args", default="", help="a second Baton with these serve flags, against Q8_0"
     )

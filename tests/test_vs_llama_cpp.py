@@ -160,6 +160,20 @@ def test_both_servers_are_sized_alike_for_a_shape():
     assert vs_llama_cpp.child_env(2)["OMP_NUM_THREADS"] == "2"
 
 
+def test_each_baton_side_gets_its_own_serve_flags():
+    f32_flags, int8_flags = (
+        "--f32-baton-args=--kv-cache-dtype float16",
+        "--baton-args=--quantization int8",
+    )
+    args = vs_llama_cpp.parse_args(["--checkpoint", "ckpt", "--gguf", f32_flags, int8_flags])
+    baton, variant = vs_llama_cpp.sides(args)
+    assert baton.baton_args == ("--kv-cache-dtype", "float16")
+    assert variant.baton_args == ("--quantization", "int8")
+    assert vs_llama_cpp.sides(vs_llama_cpp.parse_args(["--checkpoint", "ckpt", "--gguf"]))[0] == (
+        vs_llama_cpp.Side("baton", Path("ckpt"))
+    )
+
+
 def test_every_side_gets_the_same_client_run():
     command = vs_llama_cpp.bench_command(vs_llama_cpp.Shape(40, 32, 128, 2), 8179, seed=3)
     assert flag(command, "--input-len") == "40" and flag(command, "--output-len") == "128"
