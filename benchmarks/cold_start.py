@@ -5,12 +5,17 @@ request, and the server's memory then (resident set, and its peak so far), over 
     python benchmarks/cold_start.py --runs 9 -- --kv-cache-memory 64MiB
     python benchmarks/cold_start.py --llama-server PATH --gguf FILE   # llama.cpp too, interleaved
     python benchmarks/cold_start.py --baton-root ../main               # another checkout's Baton
+    python benchmarks/cold_start.py --torch-floor                      # and `import torch` alone
 
 Arguments after `--` go to `baton serve`; `--llama-arg` (repeatable; `--llama-arg=-c
 --llama-arg=2048` for values that start with a dash) to llama-server. The client
 polls every 10 ms with a raw HTTP request (refused until the server listens, 503 while a
 llama-server loads) and stops the server with SIGINT once it has answered. Prints one JSON
 object: per server, min/median/max of each figure and every run's own.
+
+With `--torch-floor` each round also times a Python that only imports torch, to the moment the
+import is done, and reads its memory then: no torch server can start sooner or hold less. The
+report then gives Baton's own share too, each run's figures less the floor's of its round.
 """
 
 from __future__ import annotations
@@ -98,6 +103,39 @@ def one_run(
     return {"ready_s": ready_s, "rss_mib": rss / 2**20, "peak_rss_mib": peak / 2**20}
 
 
+# Starts Python, imports torch, and prints its resident set and that set's peak, in kB.
+FLOOR_SCRIPT = (
+    "import torch\n"
+    "from pathlib import Path\n"
+    "kb = dict(line.split()[:2] for line in Path('/proc/self/status').read_text().splitlines()"
+    " if line.startswith(('VmRSS:', 'VmHWM:')))\n"
+    "print(kb['VmRSS:'], kb['VmHWM:'], flush=True)\n"
+)
+
+
+def torch_floor(root: Path) -> dict[str, float]:
+    """Seconds from launching Python to `import torch` done, and the memory it then holds (the
+    same keys as a server's run)."""
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, "-c", FLOOR_SCRIPT], cwd=root, stdout=subprocess.PIPE, text=True
+    )
+    line = process.stdout.readline()
+    ready_s = time.perf_counter() - start
+    process.wait()
+    if process.returncode != 0 or not line:
+        raise RuntimeError(f"importing torch failed with {process.returncode}")
+    rss_kb, peak_kb = (int(field) for field in line.split())
+    return {"ready_s": ready_s, "rss_mib": rss_kb / 1024, "peak_rss_mib": peak_kb / 1024}
+
+
+def above(runs: list[dict[str, float]], floors: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Each run's figures less those of the floor measured in the same round."""
+    return [
+        {key: run[key] - floor[key] for key in run} for run, floor in zip(runs, floors, strict=True)
+    ]
+
+
 def summary(runs: list[dict[str, float]]) -> dict[str, object]:
     figures = {}
     for key in runs[0]:
@@ -132,6 +170,9 @@ def main() -> None:
     parser.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary")
     parser.add_argument("--gguf", default=None, help="the GGUF file llama-server loads")
     parser.add_argument("--llama-arg", action="append", default=[])
+    parser.add_argument(
+        "--torch-floor", action="store_true", help="time `import torch` alone in each round too"
+    )
     parser.add_argument("baton_args", nargs="*", help="after --: flags for baton serve")
     args = parser.parse_args()
     if (args.llama_server is None) != (args.gguf is None):
@@ -142,6 +183,8 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {"baton": []}
     if args.llama_server:
         results["llama.cpp"] = []
+    if args.torch_floor:
+        results["import torch"] = []
     # Interleaved, so a noisy neighbour on a shared machine weighs on both alike.
     for _ in range(args.runs):
         port = free_port()
@@ -151,6 +194,10 @@ def main() -> None:
             port = free_port()
             command = llama_command(args.llama_server, args.gguf, port, args.llama_arg)
             results["llama.cpp"].append(one_run(command, body, port, args.timeout, ROOT))
+        if args.torch_floor:
+            results["import torch"].append(torch_floor(args.baton_root))
+    if args.torch_floor:
+        results["baton above import torch"] = above(results["baton"], results["import torch"])
     print(json.dumps({name: summary(runs) for name, runs in results.items()}, indent=2))
 
 
