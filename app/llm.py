@@ -14,6 +14,7 @@ from core.batch import TokenLogprobs
 from core.config import EngineConfig
 from core.engine import Engine
 from core.executor import Executor
+from core.host_memory import release_freed_heap
 from core.model_impl import resolve_model_config
 from core.outputs import RequestOutput, RequestTiming
 from core.request import EngineRequest, FinishReason
@@ -118,6 +119,9 @@ def _load_engine(
             executor.max_model_len,
             model_config.vocab_size,
         )
+        # The profile's steps freed their activations; glibc would keep those pages resident
+        # (24 MiB of a 300 MiB int8 server on the bench Llama, docs/benchmarks.md).
+        release_freed_heap()
     return engine
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import app.llm
 from app.llm import build_engine
 from core.checkpoint_check import CheckpointFormatError
 from core.config import EngineConfig
@@ -57,3 +58,17 @@ def test_loading_leaves_no_openmp_pool_on_the_callers_thread(llama_checkpoint):
 def test_a_failed_load_raises_its_own_error_in_the_caller(tmp_path):
     with pytest.raises(CheckpointFormatError, match="missing"):
         build_engine(tmp_path / "missing", EngineConfig(), "cpu")
+
+
+def test_the_heap_is_trimmed_after_the_warm_up_profile(llama_checkpoint, monkeypatch):
+    # The profile's steps free their activations last; a trim before it would leave them
+    # resident for the server's whole life.
+    calls = []
+    profile = app.llm.profile_executor
+    monkeypatch.setattr(
+        app.llm, "profile_executor", lambda *a, **k: (calls.append("profile"), profile(*a, **k))
+    )
+    monkeypatch.setattr(app.llm, "release_freed_heap", lambda: calls.append("trim") or True)
+    config = EngineConfig(max_num_seqs=2, max_num_batched_tokens=64, num_kv_blocks=64)
+    build_engine(llama_checkpoint, config, "cpu", profile_step_cost=True)
+    assert calls == ["profile", "trim"]
