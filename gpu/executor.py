@@ -29,7 +29,7 @@ from gpu.kv_cache import (
 from gpu.loader import load_model
 from gpu.model import uses_f32_kernel
 from gpu.prompt_logprobs import prompt_logprobs
-from gpu.quantization import check_quantization, quantize_decoder_layers, quantize_lm_head
+from gpu.quantization import check_quantization, quantize_as_loaded, quantize_lm_head
 from gpu.sampler import Sampler
 from gpu.transformers_model import load_transformers_model
 from kernels.cpu_extension import cpu_kernels_available
@@ -123,6 +123,7 @@ class TorchExecutor:
         self.block_size = engine_config.block_size
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        int8_tensors: list[int] = []  # int8 weight tensors, per quantized decoder layer
         if model_config.model_impl == "transformers":
             self.model = load_transformers_model(model_config, self.device, self.dtype, load_format)
             # The KV shape transformers' code was seen to hand attention, however config.json
@@ -130,7 +131,14 @@ class TorchExecutor:
             self.model_config = model_config = self.model.config
         else:
             self.model = load_model(
-                model_config, self.device, self.dtype, self.max_model_len, load_format
+                model_config,
+                self.device,
+                self.dtype,
+                self.max_model_len,
+                load_format,
+                on_layer_loaded=quantize_as_loaded(int8_tensors)
+                if self.quantization == "int8"
+                else None,
             )
         logger.info(
             "model: %s on the %s path",
@@ -138,7 +146,7 @@ class TorchExecutor:
             "native" if model_config.model_impl == "native" else "generic (transformers' code)",
         )
         if self.quantization == "int8":
-            num_int8 = quantize_decoder_layers(self.model)
+            num_int8 = sum(int8_tensors)
             quantize_lm_head(self.model)
             logger.info(
                 "quantization int8: %d weight tensors of the decoder layers and the LM head in "

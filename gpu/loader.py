@@ -9,11 +9,14 @@ checkpoint without `lm_head.weight` gets tied embeddings.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from core.model_config import ModelConfig
 from gpu.model import CausalLM
@@ -33,6 +36,8 @@ EXPERT_PROJECTIONS = {
 MOE_BLOCK = {"mixtral": "block_sparse_moe", "qwen3_moe": "mlp"}
 # Buffers some older checkpoints saved that Baton recomputes.
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+# The decoder layer a checkpoint tensor belongs to.
+LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 class CheckpointError(ValueError):
@@ -94,11 +99,15 @@ def load_model(
     dtype: torch.dtype,
     max_positions: int | None = None,
     load_format: str = "auto",
+    on_layer_loaded: Callable[[nn.Module], object] | None = None,
 ) -> CausalLM:
     """Build the model on `device` in `dtype` with the weights of the checkpoint `config.path`.
 
     `load_format="dummy"` reads no weights: random ones from config.json alone, for benchmarking
-    an architecture's shape without downloading it.
+    an architecture's shape without downloading it. `on_layer_loaded(layer)` runs on each
+    decoder layer once all its weights are in (in whatever order the checkpoint holds them),
+    before the layers still to come touch their memory: `--quantization int8` quantizes there,
+    so the float weights are resident one layer at a time.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"--load-format must be one of {', '.join(LOAD_FORMATS)}")
@@ -117,8 +126,10 @@ def load_model(
     model.requires_grad_(False)
     if dummy:
         init_dummy_weights(model)
+        for layer in model.layers if on_layer_loaded is not None else ():
+            on_layer_loaded(layer)
     else:
-        load_weights(model, config, checkpoint_tensors(config.path))
+        load_weights(model, config, checkpoint_tensors(config.path), on_layer_loaded)
     return model.eval()
 
 
@@ -135,11 +146,21 @@ def init_dummy_weights(model: CausalLM, seed: int = 0) -> None:
 
 
 def load_weights(
-    model: CausalLM, config: ModelConfig, tensors: Iterator[tuple[str, torch.Tensor]]
+    model: CausalLM,
+    config: ModelConfig,
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    on_layer_loaded: Callable[[nn.Module], object] | None = None,
 ) -> None:
-    """Copy HF-named `tensors` into `model`; raise if one is unexpected or any is missing."""
+    """Copy HF-named `tensors` into `model`; raise if one is unexpected or any is missing.
+    `on_layer_loaded(layer)` runs on each decoder layer as its last tensor is copied."""
     slots = _weight_slots(model, config)
     unfilled = set(slots)
+    # Each decoder layer's slot names, and those of them still to come.
+    layer_slots: defaultdict[int, list[str]] = defaultdict(list)
+    for name in slots:
+        if match := LAYER_INDEX.match(name):
+            layer_slots[int(match.group(1))].append(name)
+    layer_waits = {index: set(names) for index, names in layer_slots.items()}
     for hf_name, tensor in tensors:
         if hf_name.endswith(IGNORED_SUFFIXES):
             continue
@@ -162,6 +183,15 @@ def load_weights(
                 # Gemma normalizes with (1 + w); stored so, its norms are Llama's.
                 target.add_(1.0)
         unfilled.discard(hf_name)
+        if on_layer_loaded is not None and (match := LAYER_INDEX.match(hf_name)):
+            index = int(match.group(1))
+            layer_waits[index].discard(hf_name)
+            if not layer_waits[index]:
+                # The slots would keep the layer's old parameters alive past the hook.
+                for name in layer_slots[index]:
+                    del slots[name]
+                del target
+                on_layer_loaded(model.layers[index])
     if unfilled:
         shown = ", ".join(sorted(unfilled)[:5])
         raise CheckpointError(f"{config.path} lacks {len(unfilled)} weight tensors: {shown}")

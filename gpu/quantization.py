@@ -11,9 +11,12 @@ at near ties (docs/benchmarks.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
+from core.host_memory import release_freed_heap
 from gpu.model import CausalLM, Linear
 from gpu.moe import SparseMoE
 from kernels.int8_linear import int8_linear, kernel_layout, quantize_per_channel
@@ -70,22 +73,41 @@ def quantize_lm_head(model: CausalLM) -> None:
 
 
 def quantize_decoder_layers(model: CausalLM) -> int:
-    """Quantize the weights of every linear layer and every MoE expert of the decoder layers,
-    freeing each float weight as it goes; returns how many int8 weight tensors there are now."""
+    """Quantize every decoder layer (`quantize_layer`); returns how many int8 weight tensors
+    there are now."""
+    return sum(quantize_layer(layer) for layer in model.layers)
+
+
+def quantize_layer(layer: nn.Module) -> int:
+    """Quantize the weights of one decoder layer's linear layers and MoE experts in place,
+    freeing each float weight as it goes; returns how many int8 weight tensors it made. The
+    loader calls it as each layer's last weight arrives, so a float copy of the whole model is
+    never resident at once."""
     quantized = 0
-    for layer in model.layers:
-        for name, module in list(layer.named_modules()):
-            if isinstance(module, Linear):
-                parent_name, _, child = name.rpartition(".")
-                layer.get_submodule(parent_name).register_module(
-                    child, Int8Linear.from_float(module)
-                )
-                quantized += 1
-            elif isinstance(module, SparseMoE):
-                module.gate_up_proj, module.gate_up_scales = _int8_stack(module.gate_up_proj)
-                module.down_proj, module.down_scales = _int8_stack(module.down_proj)
-                quantized += 2
+    for name, module in list(layer.named_modules()):
+        if isinstance(module, Linear):
+            parent_name, _, child = name.rpartition(".")
+            layer.get_submodule(parent_name).register_module(child, Int8Linear.from_float(module))
+            quantized += 1
+        elif isinstance(module, SparseMoE):
+            module.gate_up_proj, module.gate_up_scales = _int8_stack(module.gate_up_proj)
+            module.down_proj, module.down_scales = _int8_stack(module.down_proj)
+            quantized += 2
     return quantized
+
+
+def quantize_as_loaded(counts: list[int]) -> Callable[[nn.Module], None]:
+    """The loader's per-layer hook for `--quantization int8`: quantize the layer just loaded
+    (its int8 tensor count appended to `counts`) and return the freed float weights and the
+    quantizer's temporaries to the system, so the float model is never resident whole: the
+    0.4B Llama's server peaked at 810 MiB this way against 1,759 quantizing after the load
+    (docs/benchmarks.md, "Issue 20, tenth round")."""
+
+    def quantize(layer: nn.Module) -> None:
+        counts.append(quantize_layer(layer))
+        release_freed_heap()
+
+    return quantize
 
 
 def _int8_stack(stacked: torch.Tensor) -> tuple[nn.Parameter, nn.Parameter]:

@@ -4,6 +4,8 @@ flag and the errors that say where it runs; and `--dtype bfloat16` on a CPU with
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
@@ -20,6 +22,7 @@ from gpu.quantization import (
     Int8Linear,
     check_quantization,
     quantize_decoder_layers,
+    quantize_layer,
     quantize_lm_head,
 )
 from tests.greedy_agreement import NUM_NEW_TOKENS, PROMPTS, assert_greedy_agreement
@@ -48,6 +51,42 @@ def test_every_decoder_linear_becomes_int8_and_its_bytes_drop_about_4x(make_chec
     # Codes at one byte a weight plus one float32 scale per output row; norms stay float.
     assert float_layer_bytes / parameter_bytes(model.layers) > 3.6
     assert parameter_bytes(model) - parameter_bytes(model.layers) == float_rest
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_quantizing_each_layer_as_it_loads_equals_quantizing_after(make_checkpoint, family):
+    config = ModelConfig.from_pretrained(make_checkpoint(family))
+    after = load_model(config, "cpu", torch.float32)
+    quantize_decoder_layers(after)
+    counts = []
+    during = load_model(
+        config,
+        "cpu",
+        torch.float32,
+        on_layer_loaded=lambda layer: counts.append(quantize_layer(layer)),
+    )
+    assert len(counts) == config.num_hidden_layers and all(counts)
+    expected, actual = after.state_dict(), during.state_dict()
+    assert expected.keys() == actual.keys()
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+
+
+def test_the_float_weights_of_a_loaded_layer_are_freed_before_the_next_loads(make_checkpoint):
+    config = ModelConfig.from_pretrained(make_checkpoint("llama", num_hidden_layers=4))
+    float_weights = []  # weak references to each quantized layer's float weights
+    alive_at_each_hook = []
+
+    def quantize(layer: torch.nn.Module) -> None:
+        alive_at_each_hook.append(sum(ref() is not None for ref in float_weights))
+        float_weights.extend(
+            weakref.ref(m.weight) for m in layer.modules() if isinstance(m, Linear)
+        )
+        quantize_layer(layer)
+
+    load_model(config, "cpu", torch.float32, on_layer_loaded=quantize)
+    # When a layer is complete, no earlier layer's float weights are still held: the loader's
+    # slots let go of them, so a float copy is resident one layer at a time.
+    assert alive_at_each_hook == [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("tied", [False, True])
