@@ -105,9 +105,9 @@ def load_model(
 
     `load_format="dummy"` reads no weights: random ones from config.json alone, for benchmarking
     an architecture's shape without downloading it. `on_layer_loaded(layer)` runs on each
-    decoder layer once all its weights are in (in whatever order the checkpoint holds them),
-    before the layers still to come touch their memory: `--quantization int8` quantizes there,
-    so the float weights are resident one layer at a time.
+    decoder layer once all its weights are in (in whatever order the checkpoint holds them):
+    `--quantization int8` quantizes there, so with checkpoints saved layer by layer the float
+    weights are resident one layer at a time.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"--load-format must be one of {', '.join(LOAD_FORMATS)}")
@@ -161,12 +161,16 @@ def load_weights(
         if match := LAYER_INDEX.match(name):
             layer_slots[int(match.group(1))].append(name)
     layer_waits = {index: set(names) for index, names in layer_slots.items()}
+    # Names whose slots went to the hook with their layer: seen again, a tensor came twice.
+    hooked_names: set[str] = set()
     for hf_name, tensor in tensors:
         if hf_name.endswith(IGNORED_SUFFIXES):
             continue
         if hf_name == "lm_head.weight" and model.lm_head is None:
             continue  # tied: transformers ignores a saved head too
         target = slots.get(hf_name)
+        if target is None and hf_name in hooked_names:
+            raise CheckpointError(f"{config.path} holds the tensor {hf_name!r} twice")
         if target is None:
             raise CheckpointError(
                 f"{config.path} has a tensor {hf_name!r} that a {config.architecture} with this "
@@ -190,6 +194,7 @@ def load_weights(
                 # The slots would keep the layer's old parameters alive past the hook.
                 for name in layer_slots[index]:
                     del slots[name]
+                hooked_names.update(layer_slots[index])
                 del target
                 on_layer_loaded(model.layers[index])
     if unfilled:

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from core.model_config import ModelConfig
-from gpu.loader import CheckpointError, checkpoint_tensors, load_model
+from gpu.loader import CheckpointError, checkpoint_tensors, load_model, load_weights
 
 
 def copy_with_tensors(source: Path, out: Path, edit) -> Path:
@@ -111,6 +111,20 @@ def test_unexpected_tensor_is_refused_by_name(make_checkpoint, tmp_path: Path) -
 
     with pytest.raises(CheckpointError, match=re.escape("'model.layers.0.mlp.down_proj.bias'")):
         load(path)
+
+
+def test_a_tensor_met_again_after_its_layer_was_handed_on_is_refused_as_a_repeat(
+    make_checkpoint,
+) -> None:
+    config = ModelConfig.from_pretrained(make_checkpoint("llama"))
+    model = load_model(config, "cpu", torch.float32)
+    tensors = list(checkpoint_tensors(config.path))
+    repeated = next(item for item in tensors if item[0].startswith("model.layers.0."))
+    handed_on = []
+
+    with pytest.raises(CheckpointError, match=re.escape(f"the tensor {repeated[0]!r} twice")):
+        load_weights(model, config, iter([*tensors, repeated]), handed_on.append)
+    assert len(handed_on) == config.num_hidden_layers
 
 
 def test_tensor_of_the_wrong_shape_is_refused(make_checkpoint, tmp_path: Path) -> None:
