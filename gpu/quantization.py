@@ -81,8 +81,7 @@ def quantize_decoder_layers(model: CausalLM) -> int:
 def quantize_layer(layer: nn.Module) -> int:
     """Quantize the weights of one decoder layer's linear layers and MoE experts in place,
     freeing each float weight as it goes; returns how many int8 weight tensors it made. The
-    loader calls it as each layer's last weight arrives, so a float copy of the whole model is
-    never resident at once."""
+    loader calls it as each layer's last weight arrives (`quantize_as_loaded`)."""
     quantized = 0
     for name, module in list(layer.named_modules()):
         if isinstance(module, Linear):
@@ -99,9 +98,9 @@ def quantize_layer(layer: nn.Module) -> int:
 def quantize_as_loaded(counts: list[int]) -> Callable[[nn.Module], None]:
     """The loader's per-layer hook for `--quantization int8`: quantize the layer just loaded
     (its int8 tensor count appended to `counts`) and return the freed float weights and the
-    quantizer's temporaries to the system, so the float model is never resident whole: the
-    0.4B Llama's server peaked at 810 MiB this way against 1,759 quantizing after the load
-    (docs/benchmarks.md, "Issue 20, tenth round")."""
+    quantizer's temporaries to the system. With checkpoints saved layer by layer, the float
+    model is then never resident whole: the 0.4B Llama's server peaked at 810 MiB this way
+    against 1,759 quantizing after the load (docs/benchmarks.md, "Issue 20, tenth round")."""
 
     def quantize(layer: nn.Module) -> None:
         counts.append(quantize_layer(layer))
