@@ -7,12 +7,14 @@ converted by llama.cpp's own converter), both driven by the same client, `baton 
     ... --gguf q8_0 --baton-args "--quantization int8 --kv-cache-dtype float16"  # llama.cpp's
                                               # cache is float16 by default, Baton's the model's
     ... --f32-baton-args "--kv-cache-dtype float16"   # the Baton measured against F32 likewise
+    PYTHONPATH=$PWD python benchmarks/vs_llama_cpp.py --pool a.json b.json  # runs' rounds together
 
 One server runs at a time, started afresh for every shape (prompt length, streams) and sized
 for it alike on both sides: as many sequences (llama.cpp slots) as streams, a context per
 sequence that holds prompt and answer, the same CPU threads. Sides are interleaved within each
 shape, in reverse order on odd rounds, so slow drift on a shared machine falls on all of them.
-The JSON report goes to stdout, progress and the markdown table to stderr.
+Each ratio is of the sides' medians over rounds, with the spread of the rounds' own ratios. The
+JSON report goes to stdout, progress and the markdown table to stderr.
 """
 
 from __future__ import annotations
@@ -31,7 +33,15 @@ from pathlib import Path
 
 import httpx
 from llama_cpp_peer import build, convert, llama_server_command, peers_dir
-from vs_llama_cpp_report import Measurement, as_json, markdown, ratios, summarize, token_notes
+from vs_llama_cpp_report import (
+    Measurement,
+    as_json,
+    markdown,
+    ratios,
+    renumbered,
+    summarize,
+    token_notes,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 BATON, BATON_VARIANT = "baton", "baton+args"
@@ -275,6 +285,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=None, help="write the report here too")
     parser.add_argument("--markdown", type=Path, default=None, help="write the table here too")
     parser.add_argument("--log-dir", type=Path, default=None, help="server logs (default: cache)")
+    parser.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="REPORT",
+        help="measure nothing: the table of these earlier --json reports' rounds together",
+    )
     return parser.parse_args(argv)
 
 
@@ -303,8 +321,46 @@ def run_rounds(
     return measurements, failures
 
 
+def figures(measurements: list[Measurement], output_len: int) -> tuple[dict, str, list[str]]:
+    """The report's figures of `measurements`: its JSON part, the markdown table and the
+    notes on work the sides did not share."""
+    summaries = summarize(measurements)
+    ratio_rows = ratios(summaries, BATON, LLAMA_F32, measurements)
+    ratio_rows += ratios(summaries, BATON_VARIANT, LLAMA_Q8, measurements)
+    report = as_json(measurements, summaries) | {"ratios": ratio_rows}
+    return report, markdown(summaries, ratio_rows), token_notes(summaries, output_len)
+
+
+def pooled(paths: list[Path]) -> tuple[list[Measurement], int]:
+    """The measurements of several earlier reports as one run's, and their output length
+    (which they must share: their ratios would not be of the same work otherwise)."""
+    reports = [json.loads(path.read_text()) for path in paths]
+    lengths = {int(report["settings"]["output_len"]) for report in reports}
+    if len(lengths) != 1:
+        raise SystemExit(f"the reports measured different output lengths: {sorted(lengths)}")
+    runs = [[Measurement(**m) for m in report["measurements"]] for report in reports]
+    return renumbered(runs), lengths.pop()
+
+
+def write(report: dict, table: str, args: argparse.Namespace) -> None:
+    text = json.dumps(report, indent=2)
+    print(text)
+    print(table, *report["notes"], sep="\n", file=sys.stderr)
+    if args.json:
+        args.json.write_text(text + "\n")
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    report: dict = {"command": shlex.join(sys.argv)}
+    if args.pool:
+        measurements, output_len = pooled(args.pool)
+        report["pooled"] = [str(path) for path in args.pool]
+        figures_part, table, notes = figures(measurements, output_len)
+        write(report | figures_part | {"notes": notes}, table, args)
+        return
     args.log_dir = args.log_dir or peers_dir() / "logs"
     args.log_dir.mkdir(parents=True, exist_ok=True)
     chosen = sides(args)
@@ -314,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
         for prompt_len in args.prompt_len
         for streams in args.streams
     ]
-    report: dict = {"command": shlex.join(sys.argv), "machine": machine()}
+    report["machine"] = machine()
     report["settings"] = {key: str(value) for key, value in vars(args).items()}
     report["sides"] = {side.name: str(side.weights) for side in chosen}
     report["started"] = datetime.now(UTC).isoformat(timespec="seconds")
@@ -322,19 +378,8 @@ def main(argv: list[str] | None = None) -> None:
     measurements, failures = run_rounds(chosen, shapes, args)
     report["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     report["loadavg_after"] = Path("/proc/loadavg").read_text().strip()
-    summaries = summarize(measurements)
-    ratio_rows = ratios(summaries, BATON, LLAMA_F32) + ratios(summaries, BATON_VARIANT, LLAMA_Q8)
-    report |= as_json(measurements, summaries)
-    report["ratios"] = ratio_rows
-    report["notes"] = token_notes(summaries, args.output_len) + failures
-    table = markdown(summaries, ratio_rows)
-    text = json.dumps(report, indent=2)
-    print(text)
-    print(table, *report["notes"], sep="\n", file=sys.stderr)
-    if args.json:
-        args.json.write_text(text + "\n")
-    if args.markdown:
-        args.markdown.write_text(table + "\n")
+    figures_part, table, notes = figures(measurements, args.output_len)
+    write(report | figures_part | {"notes": notes + failures}, table, args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ their medians over rounds, the ratios of two sides, and the markdown table."""
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 # What is compared, and which way is better: throughput higher, latencies lower.
 METRICS = ("output_tok_s", "ttft_p50_ms", "tpot_p50_ms")
@@ -74,9 +74,17 @@ def summarize(measurements: list[Measurement]) -> list[Summary]:
     ]
 
 
-def ratios(summaries: list[Summary], numerator: str, denominator: str) -> list[dict]:
+def ratios(
+    summaries: list[Summary],
+    numerator: str,
+    denominator: str,
+    measurements: list[Measurement] = (),
+) -> list[dict]:
     """`numerator` over `denominator` for every shape both ran: above 1 is better for the
-    numerator in throughput, worse in TTFT and TPOT."""
+    numerator in throughput, worse in TTFT and TPOT. The ratios are of the rounds' medians;
+    `output_tok_s_by_round` also divides each round's two throughputs, measured minutes apart
+    (from `measurements`), so a drift of the machine's speed over the run moves both sides of
+    each of them alike."""
     by_shape = {(s.side, s.prompt_len, s.streams): s for s in summaries}
     rows = []
     for s in summaries:
@@ -88,8 +96,36 @@ def ratios(summaries: list[Summary], numerator: str, denominator: str) -> list[d
         for metric in METRICS:
             mine, theirs = getattr(s, metric), getattr(other, metric)
             row[metric] = mine / theirs if theirs else None
+        row["output_tok_s_by_round"] = _by_round(measurements, numerator, denominator, s)
         rows.append(row)
     return rows
+
+
+def _by_round(
+    measurements: list[Measurement], numerator: str, denominator: str, shape: Summary
+) -> list[float]:
+    """Each round's throughput of `numerator` over `denominator` at `shape`'s prompt length
+    and streams, in round order, for the rounds both ran."""
+    rounds: dict[int, dict[str, float]] = {}
+    for m in measurements:
+        if (m.prompt_len, m.streams) == (shape.prompt_len, shape.streams):
+            rounds.setdefault(m.round, {})[m.side] = m.output_tok_s
+    return [
+        sides[numerator] / sides[denominator]
+        for _, sides in sorted(rounds.items())
+        if sides.get(numerator) is not None and sides.get(denominator)
+    ]
+
+
+def renumbered(runs: list[list[Measurement]]) -> list[Measurement]:
+    """Several runs' measurements as one run's: each run's rounds follow the last run's, so a
+    round still pairs only measurements taken minutes apart."""
+    pooled: list[Measurement] = []
+    offset = 0
+    for run in runs:
+        pooled += [replace(m, round=m.round + offset) for m in run]
+        offset += max((m.round for m in run), default=-1) + 1
+    return pooled
 
 
 def token_notes(summaries: list[Summary], output_len: int) -> list[str]:
@@ -143,9 +179,12 @@ def markdown(summaries: list[Summary], ratio_rows: list[dict]) -> str:
 
 
 def _ratio_cell(row: dict) -> str:
-    """Throughput ratio in bold, then the TTFT and TPOT ratios."""
+    """Throughput ratio in bold, the rounds' own ratios where there are several, then the
+    TTFT and TPOT ratios."""
     parts = [f"{row[m]:.2f}×" if row[m] is not None else "–" for m in METRICS]
-    return f"**{parts[0]}** (TTFT {parts[1]}, TPOT {parts[2]})"
+    each = row.get("output_tok_s_by_round") or []
+    spread = f"rounds {min(each):.2f}–{max(each):.2f}, " if len(each) > 1 else ""
+    return f"**{parts[0]}** ({spread}TTFT {parts[1]}, TPOT {parts[2]})"
 
 
 def as_json(measurements: list[Measurement], summaries: list[Summary]) -> dict:

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,14 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import llama_cpp_peer  # noqa: E402
 import vs_llama_cpp  # noqa: E402
-from vs_llama_cpp_report import Measurement, markdown, ratios, summarize, token_notes  # noqa: E402
+from vs_llama_cpp_report import (  # noqa: E402
+    Measurement,
+    markdown,
+    ratios,
+    renumbered,
+    summarize,
+    token_notes,
+)
 
 DEMO_TOKENIZER = BENCHMARKS.parent / "app" / "demo_model" / "tokenizer.json"
 
@@ -198,6 +206,69 @@ def test_summary_takes_medians_over_rounds_and_ratios_divide_them():
     assert ratios([baton, llama], "baton+args", "llama.cpp Q8_0") == []
     table = markdown([baton, llama], [row])
     assert "| 40 | 8 | 320.0 (50 / 22.0) | 200.0 (90 / 11.0) | **1.60×** (TTFT 0.56×" in table
+
+
+def test_ratios_also_divide_each_rounds_own_pair():
+    # The machine slowed by half in round 1: both sides' figures fell alike.
+    runs = [
+        measurement("baton", 0, 300.0, 40.0, 20.0),
+        measurement("llama.cpp F32", 0, 200.0, 100.0, 10.0),
+        measurement("baton", 1, 100.0, 40.0, 20.0),
+        measurement("llama.cpp F32", 1, 100.0, 100.0, 10.0),
+        measurement("llama.cpp F32", 2, 100.0, 100.0, 10.0),  # baton's round 2 failed
+    ]
+    summaries = summarize(runs)
+    (row,) = ratios(summaries, "baton", "llama.cpp F32", runs)
+    assert row["output_tok_s"] == pytest.approx(200 / 100)
+    assert row["output_tok_s_by_round"] == pytest.approx([1.5, 1.0])
+    assert "**2.00×** (rounds 1.00–1.50, TTFT 0.40×" in markdown(summaries, [row])
+
+
+def test_pooled_runs_pair_rounds_only_within_their_own_run():
+    first = [
+        measurement("baton", 0, 300.0, 40.0, 20.0),
+        measurement("llama.cpp F32", 0, 200.0, 1, 1),
+    ]
+    second = [
+        measurement("llama.cpp F32", 0, 100.0, 1, 1),
+        measurement("baton", 1, 120.0, 1, 1),
+        measurement("llama.cpp F32", 1, 100.0, 1, 1),
+    ]
+    pooled = renumbered([first, second])
+    assert [m.round for m in pooled] == [0, 0, 1, 2, 2]
+    (row,) = ratios(summarize(pooled), "baton", "llama.cpp F32", pooled)
+    assert row["output_tok_s_by_round"] == pytest.approx([1.5, 1.2])
+
+
+def test_pool_reads_earlier_reports_and_measures_nothing(tmp_path, monkeypatch):
+    def report(path: Path, runs: list[Measurement], output_len: int = 128) -> Path:
+        body = {
+            "settings": {"output_len": str(output_len)},
+            "measurements": [asdict(m) for m in runs],
+        }
+        path.write_text(json.dumps(body))
+        return path
+
+    monkeypatch.setattr(vs_llama_cpp, "measure", lambda *a: pytest.fail("measured"))
+    a = report(
+        tmp_path / "a.json",
+        [measurement("baton", 0, 300.0, 40, 20), measurement("llama.cpp F32", 0, 200.0, 80, 10)],
+    )
+    b = report(
+        tmp_path / "b.json",
+        [measurement("baton", 0, 100.0, 40, 20), measurement("llama.cpp F32", 0, 100.0, 80, 10)],
+    )
+    out = tmp_path / "pooled.json"
+    vs_llama_cpp.main(["--pool", str(a), str(b), "--json", str(out)])
+    pooled = json.loads(out.read_text())
+    assert pooled["pooled"] == [str(a), str(b)]
+    assert [m["round"] for m in pooled["measurements"]] == [0, 0, 1, 1]
+    (row,) = pooled["ratios"]
+    assert row["output_tok_s"] == pytest.approx(200 / 150)
+    assert row["output_tok_s_by_round"] == pytest.approx([1.5, 1.0])
+    c = report(tmp_path / "c.json", [measurement("baton", 0, 1.0, 1, 1)], output_len=64)
+    with pytest.raises(SystemExit, match="different output lengths"):
+        vs_llama_cpp.main(["--pool", str(a), str(c)])
 
 
 def test_notes_name_short_answers_failures_and_prompt_length_differences():
