@@ -358,6 +358,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.pool:
         measurements, output_len = pooled(args.pool)
         report["pooled"] = [str(path) for path in args.pool]
+        # What `pooled` reads back: a pooled report can be pooled again.
+        report["settings"] = {"output_len": str(output_len)}
         figures_part, table, notes = figures(measurements, output_len)
         write(report | figures_part | {"notes": notes}, table, args)
         return

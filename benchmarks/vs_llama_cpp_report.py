@@ -4,6 +4,7 @@ their medians over rounds, the ratios of two sides, and the markdown table."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
 # What is compared, and which way is better: throughput higher, latencies lower.
@@ -78,7 +79,7 @@ def ratios(
     summaries: list[Summary],
     numerator: str,
     denominator: str,
-    measurements: list[Measurement] = (),
+    measurements: Sequence[Measurement] = (),
 ) -> list[dict]:
     """`numerator` over `denominator` for every shape both ran: above 1 is better for the
     numerator in throughput, worse in TTFT and TPOT. The ratios are of the rounds' medians;
@@ -102,7 +103,7 @@ def ratios(
 
 
 def _by_round(
-    measurements: list[Measurement], numerator: str, denominator: str, shape: Summary
+    measurements: Sequence[Measurement], numerator: str, denominator: str, shape: Summary
 ) -> list[float]:
     """Each round's throughput of `numerator` over `denominator` at `shape`'s prompt length
     and streams, in round order, for the rounds both ran."""

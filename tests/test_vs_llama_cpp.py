@@ -209,7 +209,7 @@ def test_summary_takes_medians_over_rounds_and_ratios_divide_them():
 
 
 def test_ratios_also_divide_each_rounds_own_pair():
-    # The machine slowed by half in round 1: both sides' figures fell alike.
+    # The machine was slower in round 1, and both sides' figures fell.
     runs = [
         measurement("baton", 0, 300.0, 40.0, 20.0),
         measurement("llama.cpp F32", 0, 200.0, 100.0, 10.0),
@@ -266,6 +266,9 @@ def test_pool_reads_earlier_reports_and_measures_nothing(tmp_path, monkeypatch):
     (row,) = pooled["ratios"]
     assert row["output_tok_s"] == pytest.approx(200 / 150)
     assert row["output_tok_s_by_round"] == pytest.approx([1.5, 1.0])
+    again = tmp_path / "again.json"
+    vs_llama_cpp.main(["--pool", str(out), str(a), "--json", str(again)])
+    assert [m["round"] for m in json.loads(again.read_text())["measurements"]] == [0, 0, 1, 1, 2, 2]
     c = report(tmp_path / "c.json", [measurement("baton", 0, 1.0, 1, 1)], output_len=64)
     with pytest.raises(SystemExit, match="different output lengths"):
         vs_llama_cpp.main(["--pool", str(a), str(c)])
