@@ -79,7 +79,7 @@ def ratios(
     summaries: list[Summary],
     numerator: str,
     denominator: str,
-    measurements: Sequence[Measurement] = (),
+    measurements: Sequence[Measurement],
 ) -> list[dict]:
     """`numerator` over `denominator` for every shape both ran: above 1 is better for the
     numerator in throughput, worse in TTFT and TPOT. The ratios are of the rounds' medians;

@@ -199,13 +199,17 @@ def test_summary_takes_medians_over_rounds_and_ratios_divide_them():
     baton, llama = summarize(runs)
     assert (baton.output_tok_s, baton.ttft_p50_ms, baton.tpot_p50_ms) == (320.0, 50.0, 22.0)
     assert baton.output_tok_s_each == (300.0, 340.0) and baton.rounds == 2
-    (row,) = ratios([baton, llama], "baton", "llama.cpp F32")
+    (row,) = ratios([baton, llama], "baton", "llama.cpp F32", runs)
     assert row["output_tok_s"] == pytest.approx(1.6)
     assert row["ttft_p50_ms"] == pytest.approx(50 / 90)
     assert row["tpot_p50_ms"] == pytest.approx(2.0)
-    assert ratios([baton, llama], "baton+args", "llama.cpp Q8_0") == []
+    assert row["output_tok_s_by_round"] == pytest.approx([1.5, 1.7])
+    assert ratios([baton, llama], "baton+args", "llama.cpp Q8_0", runs) == []
     table = markdown([baton, llama], [row])
-    assert "| 40 | 8 | 320.0 (50 / 22.0) | 200.0 (90 / 11.0) | **1.60×** (TTFT 0.56×" in table
+    assert (
+        "| 40 | 8 | 320.0 (50 / 22.0) | 200.0 (90 / 11.0) | **1.60×** (rounds 1.50–1.70, TTFT 0.56×"
+        in table
+    )
 
 
 def test_ratios_also_divide_each_rounds_own_pair():
