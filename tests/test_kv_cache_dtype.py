@@ -74,6 +74,54 @@ def test_the_decode_kernel_reads_float16_as_its_float32_widening(
 
 
 @needs_kernels
+@pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (20, 0.0), (0, 30.0)])
+@pytest.mark.parametrize("head_dim", [HEAD_DIM, 20])
+def test_a_prefill_chunks_rows_over_float16_have_their_bits_alone_and_over_float32(
+    window, softcap, head_dim
+):
+    # The rows of a chunk share each block's keys and values, widened once for all of them; a
+    # row alone widens each value as it loads it. Either way it is the float32 cache's
+    # arithmetic on the same values, so the bits agree.
+    generator = torch.Generator().manual_seed(4)
+    cache = random_cache(generator, head_dim)
+    _, tables, seq_lens = random_batch(generator, torch.int32, head_dim)
+    # The other sequences' decodes, then the last sequence's final 19 positions as one chunk:
+    # more rows than one task takes together, crossing block edges.
+    chunk, last = 19, len(seq_lens) - 1
+    seqs = torch.tensor([*range(last), *[last] * chunk])
+    lens = torch.tensor([*seq_lens[:last], *range(seq_lens[last] - chunk + 1, seq_lens[last] + 1)])
+    q = torch.randn(len(seqs), 2 * NUM_KV_HEADS, head_dim, generator=generator)
+    if window:
+        # Blocks wholly behind every window of their sequence's rows hold NaN: none is read.
+        for seq in range(len(seq_lens)):
+            first_key = max(0, int(lens[seqs == seq].min()) - window)
+            cache[:, tables[seq, : first_key // BLOCK_SIZE].long()] = float("nan")
+
+    def attend(kv: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(len(rows), *q.shape[1:])
+        torch.ops.baton_cpu.paged_attention(
+            out,
+            q[rows],
+            kv,
+            tables,
+            lens[rows],
+            torch.arange(len(rows)),
+            seqs[rows],
+            head_dim**-0.5,
+            window,
+            softcap,
+        )
+        return out
+
+    every = torch.arange(len(seqs))
+    batched = attend(cache, every)
+    assert not batched.isnan().any()
+    assert torch.equal(batched, attend(cache.float(), every))
+    for row in range(len(seqs)):
+        assert torch.equal(attend(cache, torch.tensor([row]))[0], batched[row])
+
+
+@needs_kernels
 def test_the_rotary_write_rounds_as_torch_does() -> None:
     generator = torch.Generator().manual_seed(1)
     num_heads, tokens = 4, 7

@@ -1,19 +1,19 @@
-// Attention read straight from the paged KV cache, for the CPU, one query row at a time.
+// Attention read straight from the paged KV cache, for the CPU.
 //
 // A decode step's attention is memory traffic: every cached key and value of every running
 // sequence is read once per layer, for a handful of flops each. The plain-torch path reads the
 // cache, writes a contiguous copy (index_select) and reads that copy again in SDPA; this kernel
-// reads each block where it lies, once. A task is one query row (all its KV heads, block by
-// block, so each block is read front to back once), or one (row, KV head) when there are too
-// few rows to keep every thread busy; each KV head's group of query heads runs while the
-// block's keys and values for that head sit in L1, with an online softmax. A prefill chunk's
-// rows are tasks like any decode, each with its own causal length: the chunk's keys, cached
-// before the call, are read from L2 by its later rows. Against SDPA over a gathered copy this
-// is faster up to a few hundred tokens and within 10% up to 2,048 (docs/benchmarks.md, "Issue
-// 20, ninth round"). The work for a
-// head is the same whatever the task split, the rest of the batch or the prefill's chunking, so
-// a row's result has the same bits alone, in any batch, and whether it came as a prefill or a
-// decode.
+// reads each block where it lies, once, asking for the next block while it works on this one.
+// A task is a tile of rows of one sequence (a decode row alone, or up to kTileRows rows of a
+// prefill chunk) with all its KV heads, block by block, so each block is read front to back
+// once; or one KV head of a tile when there are too few tiles to keep every thread busy. Each KV
+// head's group of query heads, for every row of the tile, runs while the block's keys and values
+// for that head sit in L1, with an online softmax per row and query head. A prefill chunk's
+// keys, cached before the call, are read from L2. Against SDPA over a gathered copy this is
+// faster up to a few hundred tokens and within 10% up to 2,048 (docs/benchmarks.md, "Issue 20,
+// ninth round"). The work for a head of a row is the same whatever the tile, the task split,
+// the rest of the batch or the prefill's chunking, so a row's result has the same bits alone,
+// in any batch, and whether it came as a prefill or a decode.
 //
 // Layouts (as kernels/paged_attention.py documents): q [T, Hq, D]; kv_cache [2, num_blocks,
 // block_size, Hkv, D] contiguous; block_tables [num_seqs, width] int32 or int64. `rows[i]` is a
@@ -21,8 +21,9 @@
 // lens[i] tokens of its blocks, or with `window` > 0 to the last `window` of them (blocks wholly
 // before the window are not read). With `softcap` > 0 each scaled score s becomes
 // softcap * tanh(s / softcap) (Gemma 2). The cache is float32, or float16
-// (`--kv-cache-dtype float16`): then each cached value is widened to float32 as it is loaded,
-// and the arithmetic is the float32 cache's on the same values.
+// (`--kv-cache-dtype float16`): then each cached value is widened to float32 as it is loaded
+// (a tile of several rows widens a block's head once, into L1), and the arithmetic is the
+// float32 cache's on the same values.
 //
 // With AVX2, FMA and F16C (and a head_dim that is a multiple of 8) the scores and the weighted
 // values are written in vector intrinsics: eight keys' dot products in eight registers reduced
@@ -38,6 +39,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "fast_exp.h"
@@ -166,91 +168,197 @@ void accumulate_values(const float* p, const Elem* v, int64_t step, int64_t n, i
   }
 }
 
+// A float16 cache's keys and values of one KV head in a block, its first n rows, widened once
+// into `keys` and `values` (n * D floats each, rows D apart) for a tile of several rows to read
+// from L1: widened once a block, not once per query head and row. Widening is exact, so the
+// arithmetic on them is the float32 cache's on the same values, bit for bit. A row alone (a
+// decode) widens each value as it loads it: there, widening first and reading back was slower
+// (docs/benchmarks.md, "Issue 20, twelfth round").
+inline void widen_head(const c10::Half* k, const c10::Half* v, int64_t stride, int64_t n,
+                       int64_t D, float* keys, float* values) {
+  for (int64_t t = 0; t < n; ++t) {
+    baton::widen_half(k + t * stride, keys + t * D, D);
+    baton::widen_half(v + t * stride, values + t * D, D);
+  }
+}
+
+// Asks for the next block's keys and values while this block is worked on, a few cache lines
+// at a time between the passes over it. Blocks lie wherever the table puts them, so the
+// hardware prefetcher, which follows addresses, cannot start on the next block before its loads
+// do. All of a block asked for at once (256 prefetches at 16 tokens of the bench model's heads in
+// float16) stalled the loads of the block being read behind the prefetches that could not yet
+// be served: 8 layers of 8 sequences of 350 tokens read their cache at 6 GB/s that way, and at
+// 13-15 GB/s with the requests spread (docs/benchmarks.md, "Issue 20, twelfth round").
+// Keys and values go in step, token by token, each token's row of the task's heads front to back.
+struct NextBlock {
+  const char* keys = nullptr;
+  const char* values = nullptr;
+  int64_t token_stride = 0;  // bytes from one token's row to the next's
+  int64_t row_bytes = 0;     // bytes of the task's heads in a token's row
+  int64_t offset = 0;        // the next line to ask for, in the current token's row
+  int64_t tokens_left = 0;
+  int64_t lines_per_pass = 0;
+
+  // The rows of `tokens` tokens from `keys` and `values`, over `passes` calls of `some`.
+  NextBlock(const char* keys, const char* values, int64_t token_stride, int64_t row_bytes,
+            int64_t tokens, int64_t passes)
+      : keys(keys), values(values), token_stride(token_stride), row_bytes(row_bytes),
+        tokens_left(tokens) {
+    const int64_t lines = tokens * ((row_bytes + 63) / 64);
+    lines_per_pass = (lines + passes - 1) / std::max<int64_t>(1, passes);
+  }
+  NextBlock() = default;
+
+  // The next share of the lines.
+  void some() {
+    for (int64_t i = 0; i < lines_per_pass && tokens_left > 0; ++i) {
+      __builtin_prefetch(keys + offset);
+      __builtin_prefetch(values + offset);
+      offset += 64;
+      if (offset >= row_bytes) {
+        offset = 0;
+        keys += token_stride;
+        values += token_stride;
+        --tokens_left;
+      }
+    }
+  }
+};
+
 // The online softmax of one query row: its running maximum, sum and weighted values.
 struct RowState {
   float max = -std::numeric_limits<float>::infinity();
   float sum = 0.0f;
 };
 
-// One row of a sequence, attending to its first `seq_len` tokens, KV heads [first_head,
-// end_head): each head's `group` query heads at q + head * group * D, results to out at the
-// same offsets. Block by block, every head of the
-// block in turn, so each block is read once, front to back.
+// Rows of one sequence that one task takes together: a prefill chunk's rows, up to this many
+// a task, share every block's keys and values (widened once, then read from L1 by each row).
+// A decode row is a tile of one.
+constexpr int64_t kTileRows = 8;
+
+// A query row of a tile: its causal length (it attends to the first `len` tokens, the last
+// `window` of them with a window), its q row and its out row.
+struct TileRow {
+  int64_t len;
+  const float* q;
+  float* out;
+};
+
+// The rows of a tile, KV heads [first_head, end_head): each head's `group` query heads at
+// q + head * group * D, results to out at the same offsets. Block by block, every head of the
+// block in turn, so each block is read once, front to back; each row takes the keys it attends
+// to from the block with the same arithmetic, in the same order, as it would alone.
 template <typename Index, typename Elem>
-void attend_sequence(const CacheView<Elem>& cache, const Index* table, int64_t seq_len,
-                     const float* q, float* out, int64_t group, int64_t first_head,
-                     int64_t end_head, float scale, int64_t window, float softcap) {
+void attend_tile(const CacheView<Elem>& cache, const Index* table, const TileRow* rows,
+                 int64_t count, int64_t group, int64_t first_head, int64_t end_head, float scale,
+                 int64_t window, float softcap) {
   const int64_t D = cache.head_dim;
   const int64_t bs = cache.block_size;
   const int64_t stride = cache.num_kv_heads * D;  // from one token to the next in a block
-  const int64_t num_rows = (end_head - first_head) * group;
-  std::vector<float> acc(num_rows * D, 0.0f);
-  std::vector<RowState> state(num_rows);
-  // A block's scores, then room for one cached row widened (the plain loops' `buffer`): one
-  // allocation a task, not two.
-  std::vector<float> scratch(bs + D);
-  float* const buffer = scratch.data() + bs;
+  const int64_t heads_per_row = (end_head - first_head) * group;
+  std::vector<float> acc(count * heads_per_row * D, 0.0f);
+  std::vector<RowState> state(count * heads_per_row);
+  // A block's scores, one cached row widened (the plain loops' `buffer`), and one head's keys
+  // and values of a block widened (a float16 cache's tile): one allocation a task.
+  std::vector<float> scratch(bs + D + 2 * bs * D);
+  float* const scores = scratch.data();
+  float* const buffer = scores + bs;
+  float* const widened_keys = buffer + D;
+  float* const widened_values = widened_keys + bs * D;
 
-  const int64_t first_key = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;
-  for (int64_t first = first_key / bs * bs; first < seq_len; first += bs) {
+  const auto first_key_of = [&](const TileRow& row) {
+    return window > 0 ? std::max<int64_t>(0, row.len - window) : 0;
+  };
+  int64_t earliest = first_key_of(rows[0]), longest = rows[0].len;
+  for (int64_t r = 1; r < count; ++r) {
+    earliest = std::min(earliest, first_key_of(rows[r]));
+    longest = std::max(longest, rows[r].len);
+  }
+  const auto bytes = [](const Elem* p) { return reinterpret_cast<const char*>(p); };
+  for (int64_t first = earliest / bs * bs; first < longest; first += bs) {
     const int64_t block = static_cast<int64_t>(table[first / bs]);
-    // Keys before the window's first in this block are skipped: the block is read from there.
-    const int64_t skip = std::max<int64_t>(0, first_key - first);
-    const int64_t n = std::min(bs, seq_len - first) - skip;
-    // The next block's keys and values are asked for now: blocks lie wherever the table puts
-    // them, so the hardware prefetcher, which follows addresses, cannot start on them before
-    // the loads do. At 350 tokens a sequence (46 MB of cache read a step, more than L3) this
-    // took 8 layers of attention at 8 sequences from 4.1 to 3.3-3.6 ms in two interleaved
-    // pairs (docs/benchmarks.md).
-    if (first + bs < seq_len) {
-      const int64_t next = static_cast<int64_t>(table[first / bs + 1]);
-      const int64_t bytes = bs * stride * static_cast<int64_t>(sizeof(Elem));
-      const char* nk = reinterpret_cast<const char*>(cache.keys + next * bs * stride);
-      const char* nv = reinterpret_cast<const char*>(cache.values + next * bs * stride);
-      for (int64_t b = 0; b < bytes; b += 64) {
-        __builtin_prefetch(nk + b);
-        __builtin_prefetch(nv + b);
-      }
+    const int64_t block_len = std::min(bs, longest - first);  // tokens some row reads here
+    // The rows that read this block: a shorter row may end before it, a window start after it.
+    int64_t readers = 0;
+    for (int64_t r = 0; r < count; ++r) {
+      readers += first < rows[r].len && first + bs > first_key_of(rows[r]);
+    }
+    NextBlock next;
+    if (first + bs < longest) {
+      const Elem* next_block =
+          cache.keys + static_cast<int64_t>(table[first / bs + 1]) * bs * stride;
+      next = NextBlock(bytes(next_block + first_head * D),
+                       bytes(next_block + (cache.values - cache.keys) + first_head * D),
+                       stride * static_cast<int64_t>(sizeof(Elem)),
+                       (end_head - first_head) * D * static_cast<int64_t>(sizeof(Elem)),
+                       std::min(bs, longest - first - bs), 4 * readers * heads_per_row);
     }
     for (int64_t head = first_head; head < end_head; ++head) {
-      const int64_t offset = (block * bs + skip) * stride + head * D;
-      const Elem* k = cache.keys + offset;
-      const Elem* v = cache.values + offset;
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t row = (head - first_head) * group + g;
-        const float* qr = q + (head * group + g) * D;
-        float* s = scratch.data();
-        block_scores(qr, k, stride, n, D, s, buffer);
-        float block_max = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < n; ++t) {
-          s[t] *= scale;
-          if (softcap > 0.0f) s[t] = softcap * std::tanh(s[t] / softcap);
-          block_max = std::max(block_max, s[t]);
+      // Every row of the tile over this head's keys and values in the block, rows `step`
+      // elements apart: the cache's own (float32 or float16) or widened ones (float32).
+      const auto attend_rows = [&](const auto* keys, const auto* values, int64_t step) {
+        for (int64_t r = 0; r < count; ++r) {
+          const TileRow& tile_row = rows[r];
+          const int64_t first_key = first_key_of(tile_row);
+          if (first >= tile_row.len || first + bs <= first_key) continue;
+          // Keys before the window's first in this block are skipped: the row reads from there.
+          const int64_t skip = std::max<int64_t>(0, first_key - first);
+          const int64_t n = std::min(bs, tile_row.len - first) - skip;
+          const auto* k = keys + skip * step;
+          const auto* v = values + skip * step;
+          for (int64_t g = 0; g < group; ++g) {
+            const int64_t row = r * heads_per_row + (head - first_head) * group + g;
+            const float* qr = tile_row.q + (head * group + g) * D;
+            next.some();
+            block_scores(qr, k, step, n, D, scores, buffer);
+            next.some();
+            float block_max = -std::numeric_limits<float>::infinity();
+            for (int64_t t = 0; t < n; ++t) {
+              scores[t] *= scale;
+              if (softcap > 0.0f) scores[t] = softcap * std::tanh(scores[t] / softcap);
+              block_max = std::max(block_max, scores[t]);
+            }
+            // Rescale what is accumulated when this block raises the maximum.
+            RowState& st = state[row];
+            const float new_max = std::max(st.max, block_max);
+            const float correction = baton::exp_nonpositive(st.max - new_max);
+            float* a = acc.data() + row * D;
+            if (correction != 1.0f) {
+              for (int64_t d = 0; d < D; ++d) a[d] *= correction;
+              st.sum *= correction;
+            }
+            st.max = new_max;
+            float block_sum = 0.0f;
+            for (int64_t t = 0; t < n; ++t) {
+              scores[t] = baton::exp_nonpositive(scores[t] - new_max);
+              block_sum += scores[t];
+            }
+            st.sum += block_sum;
+            next.some();
+            accumulate_values(scores, v, step, n, D, a, buffer);
+            next.some();
+          }
         }
-        // Rescale what is accumulated when this block raises the maximum.
-        RowState& st = state[row];
-        const float new_max = std::max(st.max, block_max);
-        const float correction = baton::exp_nonpositive(st.max - new_max);
-        float* a = acc.data() + row * D;
-        if (correction != 1.0f) {
-          for (int64_t d = 0; d < D; ++d) a[d] *= correction;
-          st.sum *= correction;
+      };
+      const int64_t offset = block * bs * stride + head * D;
+      if constexpr (std::is_same_v<Elem, c10::Half>) {
+        if (count > 1) {
+          widen_head(cache.keys + offset, cache.values + offset, stride, block_len, D,
+                     widened_keys, widened_values);
+          attend_rows(widened_keys, widened_values, D);
+          continue;
         }
-        st.max = new_max;
-        float block_sum = 0.0f;
-        for (int64_t t = 0; t < n; ++t) {
-          s[t] = baton::exp_nonpositive(s[t] - new_max);
-          block_sum += s[t];
-        }
-        st.sum += block_sum;
-        accumulate_values(s, v, stride, n, D, a, buffer);
       }
+      attend_rows(cache.keys + offset, cache.values + offset, stride);
     }
   }
-  for (int64_t row = 0; row < num_rows; ++row) {
-    const float inverse = 1.0f / state[row].sum;
-    float* o = out + (first_head * group + row) * D;
-    for (int64_t d = 0; d < D; ++d) o[d] = acc[row * D + d] * inverse;
+  for (int64_t r = 0; r < count; ++r) {
+    for (int64_t j = 0; j < heads_per_row; ++j) {
+      const int64_t row = r * heads_per_row + j;
+      const float inverse = 1.0f / state[row].sum;
+      float* o = rows[r].out + (first_head * group + j) * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = acc[row * D + d] * inverse;
+    }
   }
 }
 
@@ -290,23 +398,36 @@ void run(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
   float* out_data = out.data_ptr<float>();
   const int64_t q_row_stride = q.stride(0);
   const int64_t out_row_stride = out.stride(0);
-  // A task is a row's heads, or one head of it when there are too few rows to keep every
-  // thread busy, handed to the threads one at a time (rows differ in length). Each head's
-  // result is computed the same way either way.
+  // Tiles: runs of up to kTileRows consecutive rows of one sequence (`tile_start` holds each
+  // tile's first row, then the end).
   const int64_t num_rows = rows.numel();
+  std::vector<TileRow> tile_rows(num_rows);
+  std::vector<int64_t> tile_start;
+  for (int64_t i = 0; i < num_rows; ++i) {
+    tile_rows[i] = {lens[i], q_data + row_ids[i] * q_row_stride,
+                    out_data + row_ids[i] * out_row_stride};
+    if (i == 0 || seq_ids[i] != seq_ids[i - 1] || i - tile_start.back() == kTileRows) {
+      tile_start.push_back(i);
+    }
+  }
+  const int64_t num_tiles = static_cast<int64_t>(tile_start.size());
+  tile_start.push_back(num_rows);
+  // A task is a tile's heads, or one head of it when there are too few tiles to keep every
+  // thread busy, handed to the threads one at a time (tiles differ in length). Each head's
+  // result is computed the same way either way.
   const int64_t heads_per_task =
-      num_rows >= 4 * at::get_num_threads() ? cache.num_kv_heads : 1;
-  const int64_t tasks_per_row = cache.num_kv_heads / heads_per_task;
+      num_tiles >= 4 * at::get_num_threads() ? cache.num_kv_heads : 1;
+  const int64_t tasks_per_tile = cache.num_kv_heads / heads_per_task;
 
-  baton::parallel_shares(num_rows * tasks_per_row, 1, 1, [&](int64_t begin, int64_t end) {
+  baton::parallel_shares(num_tiles * tasks_per_tile, 1, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t i = task / tasks_per_row;
-      const int64_t first_head = (task % tasks_per_row) * heads_per_task;
-      attend_sequence<Index, Elem>(cache, tables + seq_ids[i] * width, lens[i],
-                             q_data + row_ids[i] * q_row_stride,
-                             out_data + row_ids[i] * out_row_stride, group, first_head,
-                             first_head + heads_per_task, static_cast<float>(scale), window,
-                             static_cast<float>(softcap));
+      const int64_t tile = task / tasks_per_tile;
+      const int64_t first_head = (task % tasks_per_tile) * heads_per_task;
+      const int64_t i = tile_start[tile];
+      attend_tile<Index, Elem>(cache, tables + seq_ids[i] * width, tile_rows.data() + i,
+                               tile_start[tile + 1] - i, group, first_head,
+                               first_head + heads_per_task, static_cast<float>(scale), window,
+                               static_cast<float>(softcap));
     }
   });
 }
