@@ -258,13 +258,15 @@ void attend_tile(const CacheView<Elem>& cache, const Index* table, const TileRow
   const int64_t heads_per_row = (end_head - first_head) * group;
   std::vector<float> acc(count * heads_per_row * D, 0.0f);
   std::vector<RowState> state(count * heads_per_row);
-  // A block's scores, one cached row widened (the plain loops' `buffer`), and one head's keys
-  // and values of a block widened (a float16 cache's tile): one allocation a task.
-  std::vector<float> scratch(bs + D + 2 * bs * D);
+  // A block's scores, one cached row widened (the plain loops' `buffer`), and, for a float16
+  // cache's tile of several rows, one head's keys and values of a block widened: one
+  // allocation a task.
+  const bool widens = std::is_same_v<Elem, c10::Half> && count > 1;
+  std::vector<float> scratch(bs + D + (widens ? 2 * bs * D : 0));
   float* const scores = scratch.data();
   float* const buffer = scores + bs;
   float* const widened_keys = buffer + D;
-  float* const widened_values = widened_keys + bs * D;
+  float* const widened_values = widens ? widened_keys + bs * D : nullptr;
 
   const auto first_key_of = [&](const TileRow& row) {
     return window > 0 ? std::max<int64_t>(0, row.len - window) : 0;
@@ -342,7 +344,7 @@ void attend_tile(const CacheView<Elem>& cache, const Index* table, const TileRow
       };
       const int64_t offset = block * bs * stride + head * D;
       if constexpr (std::is_same_v<Elem, c10::Half>) {
-        if (count > 1) {
+        if (widens) {
           widen_head(cache.keys + offset, cache.values + offset, stride, block_len, D,
                      widened_keys, widened_values);
           attend_rows(widened_keys, widened_values, D);
