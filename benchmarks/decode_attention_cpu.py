@@ -17,10 +17,9 @@ in turn (with a TORCH_EXTENSIONS_DIR per tree), alternating: the machine is shar
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from kernel_timing import cpu_times_ms
 
 from kernels.cpu_extension import cpu_kernels_available
 
@@ -49,16 +48,13 @@ def time_passes(
     out = torch.empty_like(q)
     evict = torch.zeros(EVICT_BYTES, dtype=torch.uint8)
     op = torch.ops.baton_cpu.paged_attention
-    samples = []
-    for i in range(iters + 3):
-        if not warm:
-            evict.add_(1)
-        start = time.perf_counter()
+
+    def attend() -> None:
         for cache in caches:
             op(out, q, cache, tables, row_lens, rows, seq_ids, HEAD_DIM**-0.5, 0, 0.0)
-        if i >= 3:
-            samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples), min(samples)
+
+    times = cpu_times_ms(attend, iters, before=None if warm else lambda: evict.add_(1))
+    return times[len(times) // 2], times[0]
 
 
 def main() -> None:

@@ -15,13 +15,21 @@ from collections.abc import Callable
 import torch
 
 
-def cpu_times_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> list[float]:
+def cpu_times_ms(
+    fn: Callable[[], object],
+    iters: int,
+    warmup: int = 3,
+    before: Callable[[], object] | None = None,
+) -> list[float]:
     """Milliseconds of each of `iters` calls of `fn` on the CPU (after `warmup` unmeasured),
-    fastest first."""
+    fastest first; `before`, where given, runs untimed ahead of every call (to evict caches,
+    say)."""
     for _ in range(warmup):
         fn()
     samples = []
     for _ in range(iters):
+        if before is not None:
+            before()
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e3)

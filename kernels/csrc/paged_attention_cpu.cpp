@@ -187,8 +187,8 @@ inline void widen_head(const c10::Half* k, const c10::Half* v, int64_t stride, i
 // hardware prefetcher, which follows addresses, cannot start on the next block before its loads
 // do. All of a block asked for at once (256 prefetches at 16 tokens of the bench model's heads in
 // float16) stalled the loads of the block being read behind the prefetches that could not yet
-// be served: 8 layers of 8 sequences of 350 tokens read their cache at 6 GB/s that way, and at
-// 13-15 GB/s with the requests spread (docs/benchmarks.md, "Issue 20, twelfth round").
+// be served: 8 layers of 8 sequences of 350 tokens read their cache at 6-7 GB/s that way, and
+// at 11-15 GB/s with the requests spread (docs/benchmarks.md, "Issue 20, twelfth round").
 // Keys and values go in step, token by token, each token's row of the task's heads front to back.
 struct NextBlock {
   const char* keys = nullptr;
