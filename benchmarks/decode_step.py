@@ -61,6 +61,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--bandwidth-gbs", type=float, default=None, help="skip measuring it")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape for a CPU smoke run")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after each batch's timings, the N kernels that took most device time per step "
+        "(torch.profiler over a few steps, graphed and eager)",
+    )
     args = parser.parse_args()
     if args.tiny:
         args.batches, args.context, args.iters = [1, 8], 128, 3
@@ -133,6 +141,32 @@ def time_steps(executor: TorchExecutor, batch: Batch, iters: int) -> dict[str, f
     )
 
 
+def profile_steps(executor: TorchExecutor, batch: Batch, top: int, label: str) -> None:
+    """Print the `top` kernels by device time per step over a few profiled steps, and how much
+    of the step's wall time the kernels fill (the rest is launch gaps and the host)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = 5
+    activities = [ProfilerActivity.CPU]
+    if executor.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    executor.execute(batch)
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            executor.execute(batch)
+        if executor.device.type == "cuda":
+            torch.cuda.synchronize(executor.device)
+    kernels = [
+        e for e in prof.key_averages() if e.device_type.name in ("CUDA", "PrivateUse1")
+    ] or list(prof.key_averages())
+    kernels.sort(key=lambda e: e.self_device_time_total or e.self_cpu_time_total, reverse=True)
+    busy_us = sum(e.self_device_time_total or e.self_cpu_time_total for e in kernels) / steps
+    print(f"  {label}: kernels busy {busy_us / 1e3:.3f} ms per step; top {top}:")
+    for e in kernels[:top]:
+        per_step = (e.self_device_time_total or e.self_cpu_time_total) / steps
+        print(f"    {per_step / 1e3:8.3f} ms {e.count // steps:5d}x  {e.key[:90]}")
+
+
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -180,6 +214,12 @@ def main() -> None:
             f"{best['step_ms'] / roofline_ms:>7.2f} {best['host_ms']:>8.3f} "
             f"{best['host_ms'] / best['wall_ms']:>7.1%}"
         )
+        if args.profile:
+            if graphs is not None:
+                profile_steps(executor, batch, args.profile, "graphs")
+            executor.graphs = None
+            profile_steps(executor, batch, args.profile, "eager")
+            executor.graphs = graphs
     if args.json:
         write_report(args.json, device, bandwidth, args, rows)
 

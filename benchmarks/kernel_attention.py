@@ -35,6 +35,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     parser.add_argument("--impls", nargs="+", default=["unified", "split", "torch"])
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        nargs="+",
+        default=[],
+        help="also time the split-KV kernel with at most these many partitions (as split-N)",
+    )
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument(
         "--max-kv-gib", type=float, default=40.0, help="skip shapes whose cache is larger"
@@ -52,7 +59,7 @@ def parse_args() -> argparse.Namespace:
 
 def measure(args, batch: int, context: int, bandwidth: float, num_sms: int) -> list[dict]:
     """Time every implementation on one (batch, context) shape; [] when it does not fit."""
-    from kernels.ops import SPLIT_KV_PARTITION_SIZE, use_split_kv
+    from kernels.ops import split_kv_max_partitions, use_split_kv
     from kernels.paged_attention import paged_attention_ref
     from kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
     from kernels.paged_attention_triton import paged_attention_triton
@@ -75,26 +82,33 @@ def measure(args, batch: int, context: int, bandwidth: float, num_sms: int) -> l
     seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     query_start_loc_t = torch.tensor(query_start_loc, dtype=torch.int32, device=device)
     scale = args.head_dim**-0.5
-    partition = 64 if args.tiny else SPLIT_KV_PARTITION_SIZE
+
+    def split_kv_at(partitions: int):
+        return lambda: paged_decode_split_kv_triton(
+            q, kv_cache, block_tables, seq_lens_t, context, scale, max_partitions=partitions
+        )
+
     impls = {
         "unified": lambda: paged_attention_triton(
             q, kv_cache, block_tables, query_start_loc_t, seq_lens_t, 1, scale
         ),
-        "split": lambda: paged_decode_split_kv_triton(
-            q, kv_cache, block_tables, seq_lens_t, context, scale, partition_size=partition
-        ),
+        "split": split_kv_at(split_kv_max_partitions(batch, args.num_kv_heads, num_sms)),
         "torch": lambda: paged_attention_ref(
             q, kv_cache, block_tables, query_start_loc, seq_lens, scale
         ),
     }
+    impls |= {f"split-{size}": split_kv_at(size) for size in args.partitions}
     expected = impls["torch"]().float()
     read_bytes = kv_bytes + 2 * q.numel() * dtype.itemsize  # K/V and q read, output written
     split = use_split_kv(batch, args.num_kv_heads, context, num_sms)
     dispatch = "split" if split else "unified"
     rows = []
-    for name in args.impls:
+    for name in args.impls + [f"split-{size}" for size in args.partitions]:
         err = (impls[name]().float() - expected).abs().max().item()
-        ms = time_ms(impls[name], device, args.iters, warmup=1 if args.tiny else 3)
+        # The Triton kernels replay from a CUDA graph, as a served decode step runs them; the
+        # reference's per-sequence loop runs as it is.
+        graph = name != "torch"
+        ms = time_ms(impls[name], device, args.iters, warmup=1 if args.tiny else 3, graph=graph)
         gbs = read_bytes / (ms * 1e-3) / 1e9
         rows.append(
             dict(
@@ -110,7 +124,7 @@ def measure(args, batch: int, context: int, bandwidth: float, num_sms: int) -> l
         )
         mark = "*" if name == dispatch else " "
         print(
-            f"{batch:>5} {context:>7} {name + mark:>8} {ms:>9.4f} {gbs:>8.1f} "
+            f"{batch:>5} {context:>7} {name + mark:>10} {ms:>9.4f} {gbs:>8.1f} "
             f"{gbs / bandwidth:>7.1%} {err:>8.1e}"
         )
     return rows
@@ -123,14 +137,12 @@ def main() -> None:
         # Read when the kernels are decorated, so it must precede their import.
         os.environ["TRITON_INTERPRET"] = "1"
     bandwidth = copy_bandwidth_gbs(device, 64 if args.tiny else 1024)
-    num_sms = (
-        torch.cuda.get_device_properties(device).multi_processor_count
-        if device.type == "cuda"
-        else 1
-    )
+    from kernels import ops
+
+    num_sms = ops.device_num_sms(device)
     print(f"{describe(device)}: copy bandwidth {bandwidth:.1f} GB/s, {args.dtype}")
     print(
-        f"{'batch':>5} {'context':>7} {'impl':>8} {'ms':>9} {'GB/s':>8} {'of copy':>7} {'err':>8}"
+        f"{'batch':>5} {'context':>7} {'impl':>10} {'ms':>9} {'GB/s':>8} {'of copy':>7} {'err':>8}"
     )
     rows = []
     for context in args.contexts:

@@ -36,13 +36,29 @@ def cpu_times_ms(
     return sorted(samples)
 
 
-def time_ms(fn: Callable[[], object], device: torch.device, iters: int, warmup: int = 3) -> float:
-    """Median milliseconds per call of `fn` over `iters` calls (after `warmup` unmeasured)."""
+def time_ms(
+    fn: Callable[[], object],
+    device: torch.device,
+    iters: int,
+    warmup: int = 3,
+    graph: bool = False,
+) -> float:
+    """Median milliseconds per call of `fn` over `iters` calls (after `warmup` unmeasured).
+
+    `graph` (CUDA only): capture `fn` once in a CUDA graph and time its replays, so a kernel
+    shorter than its Python launch is timed on the device rather than on the launch path."""
     if device.type != "cuda":
         return statistics.median(cpu_times_ms(fn, iters, warmup))
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize(device)
+    if graph:
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            fn()
+        fn = captured.replay
+        fn()
+        torch.cuda.synchronize(device)
     events = [
         (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         for _ in range(iters)

@@ -26,12 +26,14 @@ from kernels.paged_attention import CpuAttentionPlan, paged_attention_cpu, paged
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rotary import apply_rotary_ref
 
-# Flash-decoding pays for its second kernel only when the plain grid (one program per sequence
-# and KV head) leaves SMs idle and each sequence has several partitions to spread: on an H200
-# (benchmarks/kernel_attention.py, docs/benchmarks.md) the unified kernel still won at 2,048
-# tokens (0.061 vs 0.095 ms at batch 1) and lost from 4,096 on, so more than four partitions.
-SPLIT_KV_PARTITION_SIZE = 512
-SPLIT_KV_MIN_PARTITIONS = 4
+# Flash-decoding pays for its second kernel when the plain grid (one program per sequence and
+# KV head) leaves SMs idle. A program walks its keys one tile after another, each tile waiting on
+# its block-table and K/V loads, so a small batch's step waits on its longest walk: the split
+# grid aims at a few programs per SM, and each sequence spreads its keys over its row of them
+# (kernels/paged_attention_split_kv_triton.py). Measured on an H200 (docs/benchmarks.md).
+SPLIT_KV_PROGRAMS_PER_SM = 4
+SPLIT_KV_MIN_PARTITIONS = 8
+SPLIT_KV_MIN_TOKENS = 128
 # Forced Triton on CPU tensors has no GPU to ask its SM count: it decides as on an H100.
 STAND_IN_NUM_SMS = 132
 
@@ -120,12 +122,17 @@ def device_num_sms(device: torch.device) -> int:
     return _cuda_num_sms(device) if device.type == "cuda" else STAND_IN_NUM_SMS
 
 
+def split_kv_max_partitions(num_seqs: int, num_kv_heads: int, num_sms: int) -> int:
+    """Partitions per sequence and KV head in the split-KV grid: about four programs per SM, and
+    at least eight, so that a long context is not walked by a few long programs."""
+    fill = -(-SPLIT_KV_PROGRAMS_PER_SM * num_sms // (num_seqs * num_kv_heads))
+    return max(SPLIT_KV_MIN_PARTITIONS, fill)
+
+
 def use_split_kv(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> bool:
-    """Whether a decode-only batch goes to the split-KV kernel."""
-    return (
-        max_seq_len > SPLIT_KV_MIN_PARTITIONS * SPLIT_KV_PARTITION_SIZE
-        and num_seqs * num_kv_heads < num_sms
-    )
+    """Whether a decode-only batch goes to the split-KV kernel: its plain grid leaves SMs idle
+    and its sequences may be long enough to split."""
+    return num_seqs * num_kv_heads < num_sms and max_seq_len > SPLIT_KV_MIN_TOKENS
 
 
 def paged_attention(
@@ -155,11 +162,8 @@ def paged_attention(
     decode_only = batch.max_query_len == 1 and q.shape[0] == num_seqs
     # The split-KV kernel has no window or soft-capping (a window keeps decodes short anyway).
     plain = window is None and softcap is None
-    if (
-        plain
-        and decode_only
-        and use_split_kv(num_seqs, kv_cache.shape[3], batch.max_seq_len, device_num_sms(q.device))
-    ):
+    num_kv_heads, num_sms = kv_cache.shape[3], device_num_sms(q.device)
+    if plain and decode_only and use_split_kv(num_seqs, num_kv_heads, batch.max_seq_len, num_sms):
         return paged_decode_split_kv_triton(
             q,
             kv_cache,
@@ -167,7 +171,7 @@ def paged_attention(
             batch.seq_lens_tensor,
             batch.max_seq_len,
             scale,
-            partition_size=SPLIT_KV_PARTITION_SIZE,
+            max_partitions=split_kv_max_partitions(num_seqs, num_kv_heads, num_sms),
         )
     return paged_attention_triton(
         q,

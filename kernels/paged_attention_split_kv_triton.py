@@ -1,9 +1,11 @@
 """Flash-decoding: paged attention for one-token queries with the KV sequence split across programs.
 
 The grid is (sequence, KV head, partition of keys), so a batch of one with a long context still
-occupies every SM; a reduce kernel merges the partitions' softmax states. The grid may be sized
-for the longest sequence served, as CUDA graphs need: partitions past a sequence's end cost an
-empty program each, not memory traffic.
+occupies every SM; a reduce kernel merges the partitions' softmax states. The grid's partition
+count is fixed per launch (a CUDA graph fixes it), but each sequence spreads its own keys over
+it: its partitions are the fewest whole tiles that fit its length into the grid, so a short
+context splits into short partitions too, rather than leaving most programs empty while a few
+walk long ones. Partitions past a sequence's end cost an empty program each, not memory traffic.
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ from kernels.paged_attention_triton import (
     check_layouts,
     dot_precision,
 )
+
+
+@triton.jit
+def _partition_size(seq_len, num_partitions, BLOCK_N: tl.constexpr):
+    """Keys per partition of a sequence: the fewest whole tiles that spread its `seq_len` keys
+    over at most `num_partitions` partitions."""
+    return tl.cdiv(tl.maximum(seq_len, 1), BLOCK_N * num_partitions) * BLOCK_N
 
 
 @triton.jit
@@ -40,7 +49,6 @@ def _split_kv_partial_kernel(
     stride_table,
     num_heads,
     num_partitions,
-    PARTITION_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -52,10 +60,11 @@ def _split_kv_partial_kernel(
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    tok_start = part * PARTITION_SIZE
+    partition_size = _partition_size(seq_len, num_partitions, BLOCK_N)
+    tok_start = part * partition_size
     if tok_start >= seq_len:
         return
-    tok_end = tl.minimum(tok_start + PARTITION_SIZE, seq_len)
+    tok_end = tl.minimum(tok_start + partition_size, seq_len)
 
     rows = tl.arange(0, BLOCK_M)
     row_valid = rows < GROUP
@@ -115,13 +124,14 @@ def _split_kv_reduce_kernel(
     stride_o_head,
     num_heads,
     num_partitions,
-    PARTITION_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_P: tl.constexpr,
     HEAD_DIM: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    num_used = tl.cdiv(tl.load(seq_lens_ptr + seq), PARTITION_SIZE)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    num_used = tl.cdiv(seq_len, _partition_size(seq_len, num_partitions, BLOCK_N))
     base = (seq * num_heads + head).to(tl.int64) * num_partitions
     global_max = NEG_START
     for start in range(0, num_used, BLOCK_P):
@@ -157,24 +167,26 @@ def paged_decode_split_kv_triton(
     max_seq_len: int,
     scale: float,
     *,
-    partition_size: int = 512,
+    max_partitions: int,
     block_n: int = 64,
-    block_p: int = 16,
+    block_p: int = 64,
 ) -> torch.Tensor:
     """Flash-decoding: one query token per sequence (q is [B, Hq, D]), KV split in partitions.
 
-    Each of the `ceil(max_seq_len / partition_size)` partitions of a sequence that holds keys
-    writes its softmax max, sum and normalised output in float32; the reduce kernel weighs them
-    by `exp(max - global max) * sum`, reading `block_p` partitions at a time.
+    The grid has `min(max_partitions, ceil(max_seq_len / block_n))` partitions per sequence and
+    KV head; each sequence cuts its keys into that many or fewer, of whole `block_n`-key tiles.
+    Each partition that holds keys writes its softmax max, sum and normalised output in float32;
+    the reduce kernel weighs them by `exp(max - global max) * sum`, reading `block_p` partitions
+    at a time.
     """
     group, block_size, head_dim = check_layouts(q, kv_cache)
-    if partition_size % block_n:
-        raise ValueError(f"partition_size {partition_size} must be a multiple of {block_n}")
+    if max_partitions < 1:
+        raise ValueError(f"max_partitions must be at least 1, got {max_partitions}")
     num_seqs, num_heads, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if num_seqs == 0:
         return out
-    num_partitions = triton.cdiv(max_seq_len, partition_size)
+    num_partitions = min(max_partitions, triton.cdiv(max_seq_len, block_n))
     stats_shape = (num_seqs, num_heads, num_partitions)
     partial_max = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
     partial_sum = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
@@ -198,7 +210,6 @@ def paged_decode_split_kv_triton(
         block_tables.stride(0),
         num_heads,
         num_partitions,
-        PARTITION_SIZE=partition_size,
         GROUP=group,
         BLOCK_M=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n,
@@ -216,7 +227,7 @@ def paged_decode_split_kv_triton(
         out.stride(1),
         num_heads,
         num_partitions,
-        PARTITION_SIZE=partition_size,
+        BLOCK_N=block_n,
         BLOCK_P=min(block_p, triton.next_power_of_2(num_partitions)),
         HEAD_DIM=head_dim,
     )

@@ -206,20 +206,24 @@ def test_paged_attention_in_half_precision_matches_reference(dtype):
     close(actual, expected, dtype)
 
 
+@pytest.mark.parametrize("max_partitions", [2, 64])
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim"), [(4, 1, 128), (8, 8, 64)], ids=["gqa4", "mha"]
 )
-def test_split_kv_decode_merges_partitions_like_one_pass(num_heads, num_kv_heads, head_dim):
+def test_split_kv_decode_merges_partitions_like_one_pass(
+    num_heads, num_kv_heads, head_dim, max_partitions
+):
     torch.manual_seed(0)
-    # With 16-token partitions: 3, 2, 1 and 1 partitions hold keys; the rest of each sequence's
-    # row of partitions is empty, which the merge must skip. The merge reads 2 at a time.
     seq_lens = [37, 17, 8, 1]
     q, kv_cache, tables, query_start_loc = packed_batch(
         [1] * 4, seq_lens, num_heads, (num_kv_heads, head_dim), torch.float32
     )
     scale = head_dim**-0.5
     expected = paged_attention_ref(q, kv_cache, tables, query_start_loc, seq_lens, scale)
-    # A grid sized past the longest sequence (as a CUDA graph fixes it) changes nothing.
+    # A grid sized past the longest sequence (as a CUDA graph fixes it) changes nothing: with
+    # 16-key tiles it has 5 partitions (or 2). Each sequence cuts its own: 37 keys into 3
+    # partitions of 16 (or 2 of 32), 17 into 2, 8 and 1 into one; the merge skips the empty
+    # rest of each row, reading 2 partitions at a time.
     grid_len = max(seq_lens) + 40
     actual = paged_decode_split_kv_triton(
         q,
@@ -228,7 +232,7 @@ def test_split_kv_decode_merges_partitions_like_one_pass(num_heads, num_kv_heads
         int32(seq_lens),
         grid_len,
         scale,
-        partition_size=16,
+        max_partitions=max_partitions,
         block_n=16,
         block_p=2,
     )
@@ -286,15 +290,24 @@ def test_split_kv_decode_in_half_precision_matches_reference(dtype):
     q, kv_cache, tables, query_start_loc = packed_batch([1, 1], seq_lens, 4, (2, 64), dtype)
     expected = paged_attention_ref(q, kv_cache, tables, query_start_loc, seq_lens, 0.125)
     actual = paged_decode_split_kv_triton(
-        q, kv_cache, tables, int32(seq_lens), 64, 0.125, partition_size=16, block_n=16
+        q, kv_cache, tables, int32(seq_lens), 64, 0.125, max_partitions=4, block_n=16
     )
     close(actual, expected, dtype)
 
 
-def test_split_kv_only_for_long_contexts_that_leave_sms_idle():
+def test_split_kv_when_the_plain_grid_leaves_sms_idle():
+    # Measured on an H200 with CUDA-graph timing (8 KV heads): split-KV won from 1,024 keys at
+    # batches 1-16 and was within 4% at 512; the plain kernel won at batch 64 (512 programs).
     assert ops.use_split_kv(num_seqs=1, num_kv_heads=8, max_seq_len=8192, num_sms=132)
+    assert ops.use_split_kv(num_seqs=1, num_kv_heads=8, max_seq_len=512, num_sms=132)
+    assert ops.use_split_kv(num_seqs=16, num_kv_heads=8, max_seq_len=1024, num_sms=132)
     assert not ops.use_split_kv(num_seqs=64, num_kv_heads=8, max_seq_len=8192, num_sms=132)
-    assert not ops.use_split_kv(num_seqs=1, num_kv_heads=8, max_seq_len=512, num_sms=132)
-    # Measured on an H200: at 2,048 tokens the unified kernel is still the faster one.
-    assert not ops.use_split_kv(num_seqs=1, num_kv_heads=8, max_seq_len=2048, num_sms=132)
-    assert ops.use_split_kv(num_seqs=16, num_kv_heads=8, max_seq_len=4096, num_sms=132)
+    assert not ops.use_split_kv(num_seqs=1, num_kv_heads=8, max_seq_len=128, num_sms=132)
+
+
+def test_split_kv_grid_aims_at_four_programs_per_sm_and_eight_partitions():
+    assert ops.split_kv_max_partitions(num_seqs=1, num_kv_heads=8, num_sms=132) == 66
+    assert ops.split_kv_max_partitions(num_seqs=4, num_kv_heads=8, num_sms=132) == 17
+    # Five partitions would fill the SMs four times over, but at 16k keys each program's walk
+    # is long: eight were faster on an H200 (0.25 vs 0.32 ms at batch 16).
+    assert ops.split_kv_max_partitions(num_seqs=16, num_kv_heads=8, num_sms=132) == 8

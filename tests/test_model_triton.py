@@ -31,8 +31,7 @@ from tests.test_kernels_triton import Unreadable
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BLOCK_SIZE = 4
 NUM_BLOCKS = 24
-# Long enough that a decode bucket's static bound reaches the split-KV kernel (more than four
-# 512-token partitions, kernels.ops.use_split_kv).
+# A decode bucket's static bound long enough for the split-KV kernel (kernels.ops.use_split_kv).
 MAX_MODEL_LEN = 4096
 ATOL = RTOL = 1e-4
 
