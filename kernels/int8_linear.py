@@ -25,6 +25,10 @@ INT8_MAX = 127
 # Without the C++ kernel: up to this many rows torch's int8 matmul's pass per row costs less
 # than a float copy of the weight (docs/benchmarks.md, "int8 and bf16 weights on the CPU").
 INT8_MATMUL_MAX_ROWS = 16
+# torch 2.13's int8 matmul for half-precision rows on an AVX512-BF16 CPU (Sapphire Rapids,
+# 2026-11-27) returned NaN and infinities, and once crashed, where the rows' length was not a
+# multiple of 16; float32 rows and lengths of multiples of 16 came out right.
+INT8_MATMUL_HALF_MULTIPLE = 16
 # The kernel's layout: groups of PACK_CHANNELS output channels, each storing PACK_LANES weights
 # of a k block side by side (kernels/csrc/int8_linear_cpu.cpp says why).
 PACK_CHANNELS = 12
@@ -109,7 +113,8 @@ def int8_linear_torch(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """`int8_linear` in plain torch, for any float dtype torch's int8 matmul takes."""
-    if x.shape[0] > INT8_MATMUL_MAX_ROWS:
+    unsafe_length = x.dtype != torch.float32 and x.shape[-1] % INT8_MATMUL_HALF_MULTIPLE
+    if x.shape[0] > INT8_MATMUL_MAX_ROWS or unsafe_length:
         return F.linear(x, dequantize(codes, scales), bias)
     out = torch.ops.aten._weight_int8pack_mm(x.contiguous(), codes, scales)
     if bias is not None:

@@ -138,6 +138,11 @@ def test_build_is_cpu_only_static_and_fetches_nothing():
     for option in ("-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF"):
         assert option in command
     assert "-DBUILD_SHARED_LIBS=OFF" in command and "-DCMAKE_BUILD_TYPE=Release" in command
+    # Native, but without the AMX path whose Q8_0 repacking crashed the server.
+    assert "-DGGML_NATIVE=ON" in command
+    for language in ("C", "CXX"):
+        flags = next(o for o in command if o.startswith(f"-DCMAKE_{language}_FLAGS="))
+        assert "-mno-amx-int8" in flags.split("=", 1)[1].split()
     build = llama_cpp_peer.cmake_build_command(Path("/src"), 2)
     assert build[-4:] == ["--target", "llama-server", "llama-quantize", "-j2"]
 

@@ -8,11 +8,12 @@
 // weight vector loaded feeds every row of the tile, whose activations are broadcast one k at a
 // time. At decode sizes every row tile passes over a chunk of a panel while it is in L1, so the
 // weights stream from DRAM once whatever the rows; at prefill sizes a block of panels stays in
-// L2 while every row tile passes over it. Padding channels are zeros.
+// L2 while every row tile passes over it. Padding channels are zeros. With AVX-512 a panel's
+// line is one vector and a tile takes up to 12 rows; with AVX2 it is two vectors and 6 rows.
 //
 // Batch invariance: each output lane is one float32 accumulator fed by fused multiply-adds in
-// k order, then the same bias add; whatever the tile shape, the number of rows or the thread
-// split, a row's bits are the same. So one kernel serves every row count (a switch to another
+// k order, then the same bias add; whatever the tile shape, the number of rows, the thread
+// split or the vector width, a row's bits are the same. So one kernel serves every row count (a switch to another
 // library by row count would give a row different bits alone and batched).
 
 #include <ATen/ATen.h>
@@ -25,8 +26,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -35,13 +37,8 @@
 
 namespace {
 
-constexpr int kLanes = 8;
-// Output channels per group: two vectors, one 64-byte cache line per k.
+// Output channels per group: one 64-byte cache line per k.
 constexpr int64_t kGroup = 16;
-constexpr int kVecs = kGroup / kLanes;
-// Rows per tile: 6 rows x 2 vectors = 12 accumulators, which with 2 weight vectors and a
-// broadcast activation fill AVX2's 16 registers.
-constexpr int kMaxRowTile = 6;
 // Multiply-adds per parallel task: below this a fork costs more than the work.
 constexpr int64_t kTaskMacs = 1 << 16;
 // Weight bytes one task's block of panels keeps in L2 while every row tile passes over it
@@ -60,43 +57,88 @@ struct Carry {
   float acc[baton::kChunkRows * kGroup];
 };
 
+// The vector instructions a tile runs on. Each is the same fused multiply-add per lane, so a
+// row's bits do not depend on which one ran it.
 #if defined(__AVX2__) && defined(__FMA__)
-using Vec = __m256;
-inline Vec zero() { return _mm256_setzero_ps(); }
-inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec broadcast(const float* p) { return _mm256_broadcast_ss(p); }
-inline Vec fma(Vec a, Vec b, Vec acc) { return _mm256_fmadd_ps(a, b, acc); }
-inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-// Keeps the weight vectors in registers. Left alone, GCC folds their loads into every fused
-// multiply-add of a tile of 2 to 4 rows: 8 loads a k instead of 2 where 4 rows multiply, more
-// than the load ports keep up with (a 4-row tile ran slower than a 5-row one). Only there: in
-// the 5- and 6-row tiles GCC keeps them in registers itself, and pinning them there was slower.
-inline void pin(Vec& lo, Vec& hi) { __asm__("" : "+x"(lo), "+x"(hi)); }
-#else
+struct Avx2 {
+  using Vec = __m256;
+  static constexpr int kLanes = 8;
+  // 6 rows x 2 vectors = 12 accumulators, which with 2 weight vectors and a broadcast
+  // activation fill AVX2's 16 registers.
+  static constexpr int kMaxRows = 6;
+  static Vec zero() { return _mm256_setzero_ps(); }
+  static Vec load(const float* p) { return _mm256_loadu_ps(p); }
+  static Vec broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static Vec fma(Vec a, Vec b, Vec acc) { return _mm256_fmadd_ps(a, b, acc); }
+  static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+  // Keeps the weight vectors in registers. Left alone, GCC folds their loads into every fused
+  // multiply-add of a tile of 2 to 4 rows: 8 loads a k instead of 2 where 4 rows multiply, more
+  // than the load ports keep up with (a 4-row tile ran slower than a 5-row one). Only there: in
+  // the 5- and 6-row tiles GCC keeps them in registers itself, and pinning them there was
+  // slower.
+  static void pin(Vec& lo, Vec& hi) { __asm__("" : "+x"(lo), "+x"(hi)); }
+};
+#endif
+#if defined(__AVX512F__)
+struct Avx512 {
+  using Vec = __m512;
+  // A panel's line is one vector.
+  static constexpr int kLanes = 16;
+  // 12 accumulators and the weight vector leave most of the 32 registers free; each weight
+  // vector loaded feeds 12 rows' multiply-adds, whose activations are broadcast from memory
+  // within the instruction.
+  static constexpr int kMaxRows = 12;
+  static Vec zero() { return _mm512_setzero_ps(); }
+  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static Vec broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  static Vec fma(Vec a, Vec b, Vec acc) { return _mm512_fmadd_ps(a, b, acc); }
+  static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+  static void pin(Vec&, Vec&) {}
+};
+#endif
 // Without AVX2 the same arithmetic on 8-lane arrays, for the compiler to vectorize as it can;
 // the order per output is still fixed by the code, not by the batch.
-struct Vec {
-  float v[kLanes];
+struct Portable {
+  static constexpr int kLanes = 8;
+  static constexpr int kMaxRows = 6;
+  struct Vec {
+    float v[kLanes];
+  };
+  static Vec zero() { return Vec{}; }
+  static Vec load(const float* p) {
+    Vec r;
+    for (int i = 0; i < kLanes; ++i) r.v[i] = p[i];
+    return r;
+  }
+  static Vec broadcast(const float* p) {
+    Vec r;
+    for (int i = 0; i < kLanes; ++i) r.v[i] = *p;
+    return r;
+  }
+  static Vec fma(Vec a, Vec b, Vec acc) {
+    // Fused always: left to the compiler, `acc + a * b` may be fused in one tile and not
+    // another.
+    for (int i = 0; i < kLanes; ++i) acc.v[i] = std::fma(a.v[i], b.v[i], acc.v[i]);
+    return acc;
+  }
+  static void store(float* p, Vec v) { std::memcpy(p, v.v, sizeof(v.v)); }
+  static void pin(Vec&, Vec&) {}
 };
-inline Vec zero() { return Vec{}; }
-inline Vec load(const float* p) {
-  Vec r;
-  for (int i = 0; i < kLanes; ++i) r.v[i] = p[i];
-  return r;
-}
-inline Vec broadcast(const float* p) {
-  Vec r;
-  for (int i = 0; i < kLanes; ++i) r.v[i] = *p;
-  return r;
-}
-inline Vec fma(Vec a, Vec b, Vec acc) {
-  // Fused always: left to the compiler, `acc + a * b` may be fused in one tile and not another.
-  for (int i = 0; i < kLanes; ++i) acc.v[i] = std::fma(a.v[i], b.v[i], acc.v[i]);
-  return acc;
-}
-inline void store(float* p, Vec v) { std::memcpy(p, v.v, sizeof(v.v)); }
-inline void pin(Vec&, Vec&) {}
+
+// Tiles of several rows run on the widest vectors; a one-row tile, which at decode sizes only
+// streams its panel from DRAM, on AVX2's even where there is AVX-512: its one AVX-512
+// accumulator chain streamed 8% slower than AVX2's two (docs/benchmarks.md).
+#if defined(__AVX512F__)
+using Wide = Avx512;
+using Narrow = Avx2;
+#elif defined(__AVX2__) && defined(__FMA__)
+using Wide = Avx2;
+using Narrow = Avx2;
+#else
+using Wide = Portable;
+using Narrow = Portable;
 #endif
+constexpr int kMaxRowTile = Wide::kMaxRows;
 
 struct Problem {
   const float* x;
@@ -111,22 +153,29 @@ struct Problem {
 // rows. A tile that starts past k = 0 takes its accumulators from `carry` (the tile's rows of
 // it), one that stops short of K leaves them there; the one that reaches K writes the outputs.
 // Carried through memory, the sums are the same floats as kept in registers. A `lead` tile
-// prefetches its stream kPrefetchSteps ahead. The 12 accumulators are named variables, not an
-// array: GCC kept an array of them on the stack and stored all 12 every k (docs/benchmarks.md,
-// "A float32 linear kernel for decode rows").
-template <int R>
+// prefetches its stream kPrefetchSteps ahead. The accumulators are named variables (a for a
+// panel's first vector, b for its second where a vector is 8 lanes), not an array: GCC kept an
+// array of them on the stack and stored all of them every k (docs/benchmarks.md, "A float32
+// linear kernel for decode rows").
+template <class V, int R>
 void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float* carry,
           bool lead) {
-  static_assert(R >= 1 && R <= kMaxRowTile && kVecs == 2, "a tile is 1-6 rows x 2 vectors");
-  Vec a0 = zero(), b0 = zero(), a1 = zero(), b1 = zero(), a2 = zero(), b2 = zero();
-  Vec a3 = zero(), b3 = zero(), a4 = zero(), b4 = zero(), a5 = zero(), b5 = zero();
+  using Vec = typename V::Vec;
+  constexpr int kLanes = V::kLanes, kVecs = kGroup / kLanes;
+  static_assert(R >= 1 && R <= V::kMaxRows && V::kMaxRows <= 12, "a tile is 1-12 rows");
+  static_assert(kVecs == 1 || kVecs == 2, "a panel's line is one or two vectors");
+  const Vec z = V::zero();
+  Vec a0 = z, a1 = z, a2 = z, a3 = z, a4 = z, a5 = z, a6 = z, a7 = z, a8 = z, a9 = z, a10 = z;
+  Vec a11 = z, b0 = z, b1 = z, b2 = z, b3 = z, b4 = z, b5 = z, b6 = z, b7 = z, b8 = z, b9 = z;
+  Vec b10 = z, b11 = z;
   float* c = carry ? carry + m * kGroup : nullptr;
-  // Rows past R are dropped at compile time.
-#define BATON_ROWS(ROW) ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
-#define BATON_TAKE(r)                        \
-  if (R > r) {                               \
-    a##r = load(c + r * kGroup);             \
-    b##r = load(c + r * kGroup + kLanes);    \
+  // Rows past R, and the second vectors where there are none, are dropped at compile time.
+#define BATON_ROWS(ROW) \
+  ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7) ROW(8) ROW(9) ROW(10) ROW(11)
+#define BATON_TAKE(r)                                        \
+  if (R > r) {                                               \
+    a##r = V::load(c + r * kGroup);                             \
+    if constexpr (kVecs == 2) b##r = V::load(c + r * kGroup + kLanes); \
   }
   if (k0 > 0) {
     BATON_ROWS(BATON_TAKE)
@@ -137,34 +186,35 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
   const int64_t ldx = p.ldx;
   for (int64_t k = k0; k < k1; ++k, w += kGroup) {
     if (lead) __builtin_prefetch(w + kPrefetchSteps * kGroup);
-    Vec lo = load(w), hi = load(w + kLanes);
-    if constexpr (R <= 4) pin(lo, hi);
+    Vec lo = V::load(w), hi = kVecs == 2 ? V::load(w + kLanes) : lo;
+    if constexpr (kVecs == 2 && R <= 4) V::pin(lo, hi);
     const float* xk = x + k;
-#define BATON_ROW(r)                        \
-  if (R > r) {                              \
-    const Vec xv = broadcast(xk + r * ldx); \
-    a##r = fma(xv, lo, a##r);               \
-    b##r = fma(xv, hi, b##r);               \
+#define BATON_ROW(r)                                  \
+  if (R > r) {                                        \
+    const Vec xv = V::broadcast(xk + r * ldx);           \
+    a##r = V::fma(xv, lo, a##r);                         \
+    if constexpr (kVecs == 2) b##r = V::fma(xv, hi, b##r); \
   }
     BATON_ROWS(BATON_ROW)
 #undef BATON_ROW
   }
   if (k1 < p.K) {
-#define BATON_LEAVE(r)                       \
-  if (R > r) {                               \
-    store(c + r * kGroup, a##r);             \
-    store(c + r * kGroup + kLanes, b##r);    \
+#define BATON_LEAVE(r)                                            \
+  if (R > r) {                                                    \
+    V::store(c + r * kGroup, a##r);                                  \
+    if constexpr (kVecs == 2) V::store(c + r * kGroup + kLanes, b##r); \
   }
     BATON_ROWS(BATON_LEAVE)
 #undef BATON_LEAVE
     return;
   }
 #undef BATON_ROWS
-  const Vec acc[kMaxRowTile][kVecs] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}, {a4, b4}, {a5, b5}};
+  const Vec acc[12][2] = {{a0, b0}, {a1, b1}, {a2, b2},   {a3, b3},   {a4, b4},   {a5, b5},
+                          {a6, b6}, {a7, b7}, {a8, b8}, {a9, b9}, {a10, b10}, {a11, b11}};
   const int64_t n = g * kGroup, width = std::min<int64_t>(kGroup, p.N - n);
   for (int r = 0; r < R; ++r) {
     float sums[kGroup];
-    for (int v = 0; v < kVecs; ++v) store(sums + v * kLanes, acc[r][v]);
+    for (int v = 0; v < kVecs; ++v) V::store(sums + v * kLanes, acc[r][v]);
     float* o = p.out + (m + r) * p.N + n;
     if (p.bias) {
       for (int64_t c = 0; c < width; ++c) o[c] = sums[c] + p.bias[n + c];
@@ -178,19 +228,18 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
 template <int R>
 void row_tile(const Problem& p, int64_t m, int64_t g_begin, int64_t g_end, int64_t k0,
               int64_t k1, float* carry, bool lead) {
-  for (int64_t g = g_begin; g < g_end; ++g) tile<R>(p, m, g, k0, k1, carry, lead);
+  using V = std::conditional_t<R == 1, Narrow, Wide>;
+  for (int64_t g = g_begin; g < g_end; ++g) tile<V, R>(p, m, g, k0, k1, carry, lead);
 }
 
-void rows(const Problem& p, int64_t m, int R, int64_t g_begin, int64_t g_end, int64_t k0,
+// The tile of R rows, R known at compile time (tiles past kMaxRowTile never come).
+template <int R = 1>
+void rows(const Problem& p, int64_t m, int r, int64_t g_begin, int64_t g_end, int64_t k0,
           int64_t k1, float* carry, bool lead) {
-  switch (R) {
-    case 1: return row_tile<1>(p, m, g_begin, g_end, k0, k1, carry, lead);
-    case 2: return row_tile<2>(p, m, g_begin, g_end, k0, k1, carry, lead);
-    case 3: return row_tile<3>(p, m, g_begin, g_end, k0, k1, carry, lead);
-    case 4: return row_tile<4>(p, m, g_begin, g_end, k0, k1, carry, lead);
-    case 5: return row_tile<5>(p, m, g_begin, g_end, k0, k1, carry, lead);
-    default: return row_tile<6>(p, m, g_begin, g_end, k0, k1, carry, lead);
+  if constexpr (R < kMaxRowTile) {
+    if (r > R) return rows<R + 1>(p, m, r, g_begin, g_end, k0, k1, carry, lead);
   }
+  row_tile<R>(p, m, g_begin, g_end, k0, k1, carry, lead);
 }
 
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
