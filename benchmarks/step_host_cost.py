@@ -54,6 +54,11 @@ class TimedModel:
     def compute_logits(self, hidden: Any) -> Any:
         return self._timed(self.model.compute_logits, (hidden,), self.model.config.vocab_size)
 
+    def timed_forward(self, forward: Any) -> Any:
+        """`forward` (another way to the model's hidden states) timed, or skipped, as a call."""
+        hidden_size = self.model.config.hidden_size
+        return lambda input_ids, *args: self._timed(forward, (input_ids, *args), hidden_size)
+
     def _timed(self, function: Any, args: tuple[Any, ...], width: int) -> Any:
         wall, cpu = time.perf_counter(), time.thread_time()
         if self.fake:
@@ -112,6 +117,10 @@ def child(model_dir: str, serve_args: list[str], steps: int, fake: bool, cost_fi
             engine = serving_model(build_parser().parse_args(["serve", *flags])).build_engine()
             timed = TimedModel(engine.executor.model, fake)
             engine.executor.model = timed
+            layers = engine.executor.cpu_layers
+            if layers is not None:
+                # CPU decode steps run the decoder layers in one C++ call, past the model.
+                layers.forward = timed.timed_forward(layers.forward)
             if not cost_fit:
                 engine.step_listeners.remove(engine.step_cost_model.observe)
             engines[streams] = (engine, timed)
