@@ -13,8 +13,9 @@
 //
 // Batch invariance: each output lane is one float32 accumulator fed by fused multiply-adds in
 // k order, then the same bias add; whatever the tile shape, the number of rows, the thread
-// split or the vector width, a row's bits are the same. So one kernel serves every row count (a switch to another
-// library by row count would give a row different bits alone and batched).
+// split or the vector width, a row's bits are the same. So one kernel serves every row count
+// (a switch to another library by row count would give a row different bits alone and
+// batched).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -172,9 +173,9 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
   // Rows past R, and the second vectors where there are none, are dropped at compile time.
 #define BATON_ROWS(ROW) \
   ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7) ROW(8) ROW(9) ROW(10) ROW(11)
-#define BATON_TAKE(r)                                        \
-  if (R > r) {                                               \
-    a##r = V::load(c + r * kGroup);                             \
+#define BATON_TAKE(r)                                                  \
+  if (R > r) {                                                         \
+    a##r = V::load(c + r * kGroup);                                    \
     if constexpr (kVecs == 2) b##r = V::load(c + r * kGroup + kLanes); \
   }
   if (k0 > 0) {
@@ -189,19 +190,19 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
     Vec lo = V::load(w), hi = kVecs == 2 ? V::load(w + kLanes) : lo;
     if constexpr (kVecs == 2 && R <= 4) V::pin(lo, hi);
     const float* xk = x + k;
-#define BATON_ROW(r)                                  \
-  if (R > r) {                                        \
-    const Vec xv = V::broadcast(xk + r * ldx);           \
-    a##r = V::fma(xv, lo, a##r);                         \
+#define BATON_ROW(r)                                       \
+  if (R > r) {                                             \
+    const Vec xv = V::broadcast(xk + r * ldx);             \
+    a##r = V::fma(xv, lo, a##r);                           \
     if constexpr (kVecs == 2) b##r = V::fma(xv, hi, b##r); \
   }
     BATON_ROWS(BATON_ROW)
 #undef BATON_ROW
   }
   if (k1 < p.K) {
-#define BATON_LEAVE(r)                                            \
-  if (R > r) {                                                    \
-    V::store(c + r * kGroup, a##r);                                  \
+#define BATON_LEAVE(r)                                                 \
+  if (R > r) {                                                         \
+    V::store(c + r * kGroup, a##r);                                    \
     if constexpr (kVecs == 2) V::store(c + r * kGroup + kLanes, b##r); \
   }
     BATON_ROWS(BATON_LEAVE)
@@ -209,7 +210,7 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
     return;
   }
 #undef BATON_ROWS
-  const Vec acc[12][2] = {{a0, b0}, {a1, b1}, {a2, b2},   {a3, b3},   {a4, b4},   {a5, b5},
+  const Vec acc[12][2] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}, {a4, b4},   {a5, b5},
                           {a6, b6}, {a7, b7}, {a8, b8}, {a9, b9}, {a10, b10}, {a11, b11}};
   const int64_t n = g * kGroup, width = std::min<int64_t>(kGroup, p.N - n);
   for (int r = 0; r < R; ++r) {
