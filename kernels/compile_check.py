@@ -76,7 +76,6 @@ def kernels_to_compile(dtype: str):
             _split_kv_partial_kernel,
             partials,
             dict(
-                PARTITION_SIZE=512,
                 GROUP=group,
                 BLOCK_M=max(16, triton.next_power_of_2(group)),
                 BLOCK_N=64,
@@ -88,7 +87,7 @@ def kernels_to_compile(dtype: str):
         yield (
             _split_kv_reduce_kernel,
             partials,
-            dict(PARTITION_SIZE=512, BLOCK_P=16, HEAD_DIM=head_dim),
+            dict(BLOCK_N=64, BLOCK_P=64, HEAD_DIM=head_dim),
         )
     yield (
         _write_kv_cache_kernel,
