@@ -142,8 +142,8 @@ def time_steps(executor: TorchExecutor, batch: Batch, iters: int) -> dict[str, f
 
 
 def profile_steps(executor: TorchExecutor, batch: Batch, top: int, label: str) -> None:
-    """Print the `top` kernels by device time per step over a few profiled steps, and how much
-    of the step's wall time the kernels fill (the rest is launch gaps and the host)."""
+    """Print the kernels' busy time per step over a few profiled steps (the step's time above,
+    less this, is launch gaps and the host) and the `top` kernels by device time per step."""
     from torch.profiler import ProfilerActivity, profile
 
     steps = 5

@@ -25,7 +25,7 @@ INT8_MAX = 127
 # Without the C++ kernel: up to this many rows torch's int8 matmul's pass per row costs less
 # than a float copy of the weight (docs/benchmarks.md, "int8 and bf16 weights on the CPU").
 INT8_MATMUL_MAX_ROWS = 16
-# torch 2.13's int8 matmul for half-precision rows on an AVX512-BF16 CPU (Sapphire Rapids,
+# torch 2.13's int8 matmul for half-precision rows on an AVX512-BF16 CPU (an Intel Xeon VM,
 # 2026-11-27) returned NaN and infinities, and once crashed, where the rows' length was not a
 # multiple of 16; float32 rows and lengths of multiples of 16 came out right.
 INT8_MATMUL_HALF_MULTIPLE = 16
