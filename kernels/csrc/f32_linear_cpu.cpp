@@ -94,7 +94,6 @@ struct Avx512 {
   static Vec broadcast(const float* p) { return _mm512_set1_ps(*p); }
   static Vec fma(Vec a, Vec b, Vec acc) { return _mm512_fmadd_ps(a, b, acc); }
   static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-  static void pin(Vec&, Vec&) {}
 };
 #endif
 // Without AVX2 the same arithmetic on 8-lane arrays, for the compiler to vectorize as it can;
