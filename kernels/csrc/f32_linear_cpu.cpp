@@ -72,6 +72,9 @@ struct Avx2 {
   static Vec broadcast(const float* p) { return _mm256_broadcast_ss(p); }
   static Vec fma(Vec a, Vec b, Vec acc) { return _mm256_fmadd_ps(a, b, acc); }
   static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+  static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+  // A non-temporal store; `p` is 32-byte aligned.
+  static void stream(float* p, Vec v) { _mm256_stream_ps(p, v); }
   // Keeps the weight vectors in registers. Left alone, GCC folds their loads into every fused
   // multiply-add of a tile of 2 to 4 rows: 8 loads a k instead of 2 where 4 rows multiply, more
   // than the load ports keep up with (a 4-row tile ran slower than a 5-row one). Only there: in
@@ -94,6 +97,9 @@ struct Avx512 {
   static Vec broadcast(const float* p) { return _mm512_set1_ps(*p); }
   static Vec fma(Vec a, Vec b, Vec acc) { return _mm512_fmadd_ps(a, b, acc); }
   static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+  static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+  // A non-temporal store; `p` is 64-byte aligned.
+  static void stream(float* p, Vec v) { _mm512_stream_ps(p, v); }
 };
 #endif
 // Without AVX2 the same arithmetic on 8-lane arrays, for the compiler to vectorize as it can;
@@ -122,6 +128,11 @@ struct Portable {
     return acc;
   }
   static void store(float* p, Vec v) { std::memcpy(p, v.v, sizeof(v.v)); }
+  static Vec add(Vec a, Vec b) {
+    for (int i = 0; i < kLanes; ++i) a.v[i] += b.v[i];
+    return a;
+  }
+  static void stream(float* p, Vec v) { store(p, v); }
   static void pin(Vec&, Vec&) {}
 };
 
@@ -147,7 +158,43 @@ struct Problem {
   const float* bias;    // null when there is none
   float* out;
   int64_t K, N;
+  // Whether a group's outputs, where they fill an aligned cache line, are written with
+  // non-temporal stores (see `write_outputs`).
+  bool stream_out;
 };
+
+// Writes a tile's sums (plus the bias) for rows [m, m + R) of group `g`. At decode sizes the
+// weights stream from DRAM and a row's outputs for a group are written once, a whole cache line
+// of them, long after that line left the caches: a plain store first reads the line (a
+// read-for-ownership), one more DRAM miss per row and group in the middle of the weight stream.
+// At 8 rows those misses took the 0.4B Llama's float32 chain from 64 to 74 ms; written with
+// non-temporal stores, which take the line without reading it, back to 65 (docs/benchmarks.md,
+// "Issue 20, fourteenth round"). The next op then reads the outputs from DRAM, once, in order.
+// Prefill sizes keep plain stores: there the outputs are few against the arithmetic and their
+// reader finds them in the cache. The same floats either way.
+template <class V, int R>
+void write_outputs(const Problem& p, int64_t m, int64_t g, const typename V::Vec (&acc)[12][2]) {
+  constexpr int kLanes = V::kLanes, kVecs = kGroup / kLanes;
+  const int64_t n = g * kGroup, width = std::min<int64_t>(kGroup, p.N - n);
+  for (int r = 0; r < R; ++r) {
+    float* o = p.out + (m + r) * p.N + n;
+    if (p.stream_out && width == kGroup && reinterpret_cast<uintptr_t>(o) % 64 == 0) {
+      for (int v = 0; v < kVecs; ++v) {
+        const typename V::Vec sum =
+            p.bias ? V::add(acc[r][v], V::load(p.bias + n + v * kLanes)) : acc[r][v];
+        V::stream(o + v * kLanes, sum);
+      }
+      continue;
+    }
+    float sums[kGroup];
+    for (int v = 0; v < kVecs; ++v) V::store(sums + v * kLanes, acc[r][v]);
+    if (p.bias) {
+      for (int64_t c = 0; c < width; ++c) o[c] = sums[c] + p.bias[n + c];
+    } else {
+      std::memcpy(o, sums, width * sizeof(float));
+    }
+  }
+}
 
 // R rows from `m` over steps [k0, k1) of group `g`'s panel: each weight vector loaded feeds R
 // rows. A tile that starts past k = 0 takes its accumulators from `carry` (the tile's rows of
@@ -211,17 +258,7 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
 #undef BATON_ROWS
   const Vec acc[12][2] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}, {a4, b4},   {a5, b5},
                           {a6, b6}, {a7, b7}, {a8, b8}, {a9, b9}, {a10, b10}, {a11, b11}};
-  const int64_t n = g * kGroup, width = std::min<int64_t>(kGroup, p.N - n);
-  for (int r = 0; r < R; ++r) {
-    float sums[kGroup];
-    for (int v = 0; v < kVecs; ++v) V::store(sums + v * kLanes, acc[r][v]);
-    float* o = p.out + (m + r) * p.N + n;
-    if (p.bias) {
-      for (int64_t c = 0; c < width; ++c) o[c] = sums[c] + p.bias[n + c];
-    } else {
-      std::memcpy(o, sums, width * sizeof(float));
-    }
-  }
+  write_outputs<V, R>(p, m, g, acc);
 }
 
 // R rows over steps [k0, k1) of groups [g_begin, g_end).
@@ -257,7 +294,7 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
   auto out = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
   const Problem p{x.data_ptr<float>(), x.stride(0), weight.data_ptr<float>(),
-                  bias_data, out.data_ptr<float>(), K, N};
+                  bias_data, out.data_ptr<float>(), K, N, baton::decode_sized(M)};
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * K * M);
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
   const int64_t panel_bytes = kGroup * std::max<int64_t>(K, 1) * sizeof(float);

@@ -13,6 +13,10 @@
 #include <algorithm>
 #include <cstdint>
 
+#if defined(__SSE__)
+#include <immintrin.h>
+#endif
+
 namespace baton {
 
 // Up to this many rows (a decode step's) a linear runs over_weight_chunks, past it (prefill)
@@ -20,6 +24,9 @@ namespace baton {
 // stay in L1 across a block. Chunks up to 64 rows were slower at 45 and 64 rows
 // (docs/benchmarks.md, "Issue 20, eighth round").
 constexpr int64_t kChunkRows = 32;
+
+// Whether `num_rows` rows take the decode schedule (over_weight_chunks).
+inline bool decode_sized(int64_t num_rows) { return num_rows <= kChunkRows; }
 
 // x is the activations [rows, in]: float32 on the CPU, each row contiguous.
 inline void check_linear_input(const at::Tensor& x) {
@@ -98,6 +105,11 @@ void over_weight_chunks(int64_t groups, int64_t grain, int64_t k_len, int64_t ch
         k = k_end;
       } while (k < k_len);
     }
+#if defined(__SSE__)
+    // The tiles may have written their outputs with non-temporal stores, which only a fence
+    // orders before the parallel region's end, where other threads read them.
+    _mm_sfence();
+#endif
   });
 }
 
@@ -108,7 +120,7 @@ template <typename Carry, typename ChunkTile, typename RowTile>
 void over_rows(int64_t groups, int64_t grain, int64_t k_len, int64_t chunk, int64_t block,
                int64_t num_rows, int64_t max_tile, const ChunkTile& chunk_tile,
                const RowTile& row_tile) {
-  if (num_rows <= kChunkRows) {
+  if (decode_sized(num_rows)) {
     const int64_t steps = num_rows <= max_tile ? std::max<int64_t>(k_len, 1) : chunk;
     over_weight_chunks<Carry>(groups, grain, k_len, steps, num_rows, max_tile, chunk_tile);
   } else {
