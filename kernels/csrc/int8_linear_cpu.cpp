@@ -16,7 +16,8 @@
 // its 8 weights of each k block side by side, so a tile walks its group's weights as one
 // sequential stream. 16 bytes from an even channel of a block are that channel's 8 weights and
 // its neighbour's: widened, they meet the block's 8 activations stored twice, and one `vpmaddwd`
-// gives 4 pair sums of each channel. Padding channels and the K tail are zero codes, and the
+// gives 4 pair sums of each channel. With AVX-512 a vector takes two such pairs (32 codes) and
+// the activations broadcast to both halves, twice the work an instruction. Padding channels and the K tail are zero codes, and the
 // quantized rows are zero-padded too, so every tile runs whole blocks of whole channel pairs.
 //
 // Batch invariance: a row's quantization depends on the row alone, integer sums are exact in any
@@ -55,10 +56,6 @@ constexpr float kInt16Max = 32767.0f;
 // products of |activation| <= 32767 and |code| <= 127, at most 2 * 32767 * 127 = 8,322,818 per
 // block, so 256 blocks sum to at most 2,130,641,408 < 2^31 - 1 = 2,147,483,647: no K overflows.
 constexpr int64_t kChunkBlocks = 256;
-// Rows per tile: 4 rows x 2 channel pairs = 8 int32 accumulators, beside the widened weights and
-// the products in AVX2's 16 registers (the activations are read from memory); at 4 x 3 GCC
-// spilled accumulators to the stack.
-constexpr int kMaxRowTile = 4;
 // Multiply-adds per parallel task: below this a fork costs more than the work.
 constexpr int64_t kTaskMacs = 1 << 17;
 // Weight bytes one task's channel block keeps in L2 while every row tile passes over it
@@ -75,69 +72,156 @@ constexpr int64_t kPrefetchBytes = 16 * kGroup * kLanes;
 // Activations quantized per parallel task.
 constexpr int64_t kTaskValues = 1 << 15;
 
+// The vector instructions a tile runs on. A kind's vector holds kPairsPerVec channel pairs of
+// 8 lanes each (lanes 0-3 of a pair one channel's partial sums, 4-7 its neighbour's), as int32
+// sums (I) or float sums (F). Every kind computes the same integers and the same float steps
+// per lane, so a row's bits do not depend on which one ran it. `tile_pairs<R>` is how many of a
+// group's 6 channel pairs a tile of R rows takes: as many as the registers hold beside R rows'.
 #if defined(__AVX2__)
-using IVec = __m256i;  // 8 int32 lanes: lanes 0-3 one channel's pair sums, 4-7 its neighbour's
-using FVec = __m256;
-inline IVec izero() { return _mm256_setzero_si256(); }
-inline FVec fzero() { return _mm256_setzero_ps(); }
-// A channel pair's 8 codes each, widened to 16 int16.
-inline IVec load_pair(const int8_t* w) {
-  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-}
-inline IVec madd(IVec acc, IVec w, const int16_t* x) {
-  const IVec xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+struct Avx2 {
+  using I = __m256i;
+  using F = __m256;
+  static constexpr int kPairsPerVec = 1;
+  // 4 rows x 2 channel pairs = 8 int32 accumulators, beside the widened weights and the
+  // products in AVX2's 16 registers (the activations are read from memory); at 4 x 3 GCC
+  // spilled accumulators to the stack.
+  static constexpr int kMaxRows = 4;
+  template <int R>
+  static constexpr int tile_pairs = R == 1 ? 6 : R == 2 ? 3 : 2;
+  static I izero() { return _mm256_setzero_si256(); }
+  static F fzero() { return _mm256_setzero_ps(); }
+  // A channel pair's 8 codes each, widened to 16 int16.
+  static I load_codes(const int8_t* w) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  }
+  static I madd(I acc, I w, const int16_t* x) {
+    const I xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
 #if defined(__AVXVNNI__)
-  // VNNI's `vpdpwssd` is the same pair products and int32 add in one instruction.
-  return _mm256_dpwssd_avx_epi32(acc, w, xv);
+    // VNNI's `vpdpwssd` is the same pair products and int32 add in one instruction.
+    return _mm256_dpwssd_avx_epi32(acc, w, xv);
 #elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpwssd_epi32(acc, w, xv);
+    return _mm256_dpwssd_epi32(acc, w, xv);
 #else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(w, xv));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, xv));
 #endif
-}
-inline FVec flush(FVec f, IVec i) { return _mm256_add_ps(f, _mm256_cvtepi32_ps(i)); }
-// Each channel's (l0 + l1) + (l2 + l3).
-inline void channel_sums(FVec f, float* pair) {
-  const FVec h = _mm256_hadd_ps(f, f);
-  const FVec s = _mm256_hadd_ps(h, h);
-  pair[0] = _mm256_cvtss_f32(s);
-  pair[1] = _mm_cvtss_f32(_mm256_extractf128_ps(s, 1));
-}
+  }
+  static F flush(F f, I i) { return _mm256_add_ps(f, _mm256_cvtepi32_ps(i)); }
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static I load(const int32_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static void store(int32_t* p, I v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+  // Each channel's (l0 + l1) + (l2 + l3).
+  static void channel_sums(F f, float* sums) {
+    const F h = _mm256_hadd_ps(f, f);
+    const F s = _mm256_hadd_ps(h, h);
+    sums[0] = _mm256_cvtss_f32(s);
+    sums[1] = _mm_cvtss_f32(_mm256_extractf128_ps(s, 1));
+  }
+};
+#endif
+#if defined(__AVX2__) && defined(__AVX512BW__)
+// Two channel pairs a vector: each widened code vector and each multiply-add does twice
+// AVX2's work, and a tile takes all 6 pairs (3 vectors a row).
+struct Avx512 {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int kPairsPerVec = 2;
+  // 6 rows x 3 vectors = 18 int32 accumulators, beside the 3 widened code vectors and the
+  // broadcast activations in the 32 registers. Tiles of 8 rows (24 accumulators) ran 5-16%
+  // slower from 16 rows up, tiles of 4 2-5% (docs/benchmarks.md, "Issue 20, fourteenth round").
+  static constexpr int kMaxRows = 6;
+  template <int R>
+  static constexpr int tile_pairs = 6;
+  static I izero() { return _mm512_setzero_si512(); }
+  static F fzero() { return _mm512_setzero_ps(); }
+  // Two channel pairs' 8 codes each (32 bytes), widened to 32 int16.
+  static I load_codes(const int8_t* w) {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+  }
+  // The block's activations (8, stored twice) meet both pairs.
+  static I madd(I acc, I w, const int16_t* x) {
+    const I xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(acc, w, xv);
 #else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(w, xv));
+#endif
+  }
+  static F flush(F f, I i) { return _mm512_add_ps(f, _mm512_cvtepi32_ps(i)); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static I load(const int32_t* p) { return _mm512_loadu_si512(p); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static void store(int32_t* p, I v) { _mm512_storeu_si512(p, v); }
+  // Each pair's sums as Avx2 makes them, 4 channels.
+  static void channel_sums(F f, float* sums) {
+    Avx2::channel_sums(_mm512_castps512_ps256(f), sums);
+    Avx2::channel_sums(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)),
+                       sums + 2);
+  }
+};
+#endif
 // Without AVX2 the same arithmetic on arrays, for the compiler to vectorize as it can; the
 // integer sums are exact and the float steps are in the same order, so the bits are the same.
-struct IVec {
-  int32_t v[kLanes];
-};
-struct FVec {
-  float v[kLanes];
-};
-inline IVec izero() { return IVec{}; }
-inline FVec fzero() { return FVec{}; }
-inline IVec load_pair(const int8_t* w) {
-  // Kept as bytes; `madd` widens them as it multiplies.
-  IVec r;
-  std::memcpy(r.v, w, 2 * kLanes);
-  return r;
-}
-inline IVec madd(IVec acc, IVec w, const int16_t* x) {
-  int8_t codes[2 * kLanes];
-  std::memcpy(codes, w.v, 2 * kLanes);
-  for (int i = 0; i < kLanes; ++i)
-    acc.v[i] += codes[2 * i] * int32_t{x[2 * i]} + codes[2 * i + 1] * int32_t{x[2 * i + 1]};
-  return acc;
-}
-inline FVec flush(FVec f, IVec i) {
-  for (int l = 0; l < kLanes; ++l) f.v[l] += static_cast<float>(i.v[l]);
-  return f;
-}
-inline void channel_sums(FVec f, float* pair) {
-  for (int c = 0; c < 2; ++c) {
-    const float* l = f.v + 4 * c;
-    pair[c] = (l[0] + l[1]) + (l[2] + l[3]);
+struct Portable {
+  struct I {
+    int32_t v[kLanes];
+  };
+  struct F {
+    float v[kLanes];
+  };
+  static constexpr int kPairsPerVec = 1;
+  static constexpr int kMaxRows = 4;
+  template <int R>
+  static constexpr int tile_pairs = R == 1 ? 6 : R == 2 ? 3 : 2;
+  static I izero() { return I{}; }
+  static F fzero() { return F{}; }
+  static I load_codes(const int8_t* w) {
+    // Kept as bytes; `madd` widens them as it multiplies.
+    I r;
+    std::memcpy(r.v, w, 2 * kLanes);
+    return r;
   }
-}
+  static I madd(I acc, I w, const int16_t* x) {
+    int8_t codes[2 * kLanes];
+    std::memcpy(codes, w.v, 2 * kLanes);
+    for (int i = 0; i < kLanes; ++i)
+      acc.v[i] += codes[2 * i] * int32_t{x[2 * i]} + codes[2 * i + 1] * int32_t{x[2 * i + 1]};
+    return acc;
+  }
+  static F flush(F f, I i) {
+    for (int l = 0; l < kLanes; ++l) f.v[l] += static_cast<float>(i.v[l]);
+    return f;
+  }
+  static F load(const float* p) {
+    F r;
+    std::memcpy(r.v, p, sizeof(r.v));
+    return r;
+  }
+  static I load(const int32_t* p) {
+    I r;
+    std::memcpy(r.v, p, sizeof(r.v));
+    return r;
+  }
+  static void store(float* p, F v) { std::memcpy(p, v.v, sizeof(v.v)); }
+  static void store(int32_t* p, I v) { std::memcpy(p, v.v, sizeof(v.v)); }
+  static void channel_sums(F f, float* sums) {
+    for (int c = 0; c < 2; ++c) {
+      const float* l = f.v + 4 * c;
+      sums[c] = (l[0] + l[1]) + (l[2] + l[3]);
+    }
+  }
+};
+
+#if defined(__AVX2__) && defined(__AVX512BW__)
+using Kind = Avx512;
+#elif defined(__AVX2__)
+using Kind = Avx2;
+#else
+using Kind = Portable;
 #endif
+constexpr int kMaxRowTile = Kind::kMaxRows;
 
 // The largest |x| of a row by its bits: for non-negative floats the integer order is the float
 // order, and NaN and infinity sort above every finite value instead of dropping out of a max.
@@ -212,10 +296,11 @@ struct Problem {
 };
 
 // Where a tile keeps its sums between chunks on the decode path: each row's float and
-// not-yet-flushed int32 sums of every channel pair of a group.
-struct Carry {
-  FVec acc[baton::kChunkRows][kPairs];
-  IVec sum[baton::kChunkRows][kPairs];
+// not-yet-flushed int32 sums of every channel pair of a group, 8 lanes a pair. Aligned so that
+// no vector's load or store of it splits a cache line.
+struct alignas(64) Carry {
+  float acc[baton::kChunkRows][kPairs][kLanes];
+  int32_t sum[baton::kChunkRows][kPairs][kLanes];
 };
 
 // R rows from `m`, P channel pairs from pair `pair` of group `g`, over k blocks [b0, b1): every
@@ -224,55 +309,63 @@ struct Carry {
 // writes the outputs. The int32 sums are flushed to the float ones at the same blocks whatever
 // the chunks (every kChunkBlocks-th and the last), so carried or not, the sums are the same.
 // A `lead` tile prefetches its stream.
-template <int R, int P>
+template <class V, int R, int P>
 void tile(const Problem& p, int64_t m, int64_t g, int pair, int64_t b0, int64_t b1, Carry* carry,
           bool lead) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int kVecPairs = V::kPairsPerVec;
+  static_assert(P % kVecPairs == 0, "a tile takes whole vectors of channel pairs");
+  constexpr int C = P / kVecPairs;  // vectors a row
   constexpr int64_t kStride = kGroup * kLanes;
   const int8_t* w = p.codes + g * p.k_blocks * kStride + pair * 2 * kLanes;
   const int16_t* x = p.xq + m * p.k_blocks * kBlockInts;
   const int64_t ldx = p.k_blocks * kBlockInts;
-  FVec acc[R][P];
+  // Carried sums of vector c of row r: its pairs' lanes, side by side.
+  auto carried_acc = [&](int r, int c) { return carry->acc[m + r][pair + c * kVecPairs]; };
+  auto carried_sum = [&](int r, int c) { return carry->sum[m + r][pair + c * kVecPairs]; };
+  F acc[R][C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < P; ++c) acc[r][c] = b0 > 0 ? carry->acc[m + r][pair + c] : fzero();
+    for (int c = 0; c < C; ++c) acc[r][c] = b0 > 0 ? V::load(carried_acc(r, c)) : V::fzero();
   for (int64_t c0 = b0; c0 < b1;) {
     const int64_t c1 = std::min(b1, (c0 / kChunkBlocks + 1) * kChunkBlocks);
     const bool resumed = c0 % kChunkBlocks != 0;
-    IVec sum[R][P];
+    I sum[R][C];
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < P; ++c) sum[r][c] = resumed ? carry->sum[m + r][pair + c] : izero();
+      for (int c = 0; c < C; ++c) sum[r][c] = resumed ? V::load(carried_sum(r, c)) : V::izero();
     for (int64_t b = c0; b < c1; ++b) {
       const int8_t* wb = w + b * kStride;
       if (lead) __builtin_prefetch(wb + kPrefetchBytes);
-      for (int c = 0; c < P; ++c) {
-        const IVec wv = load_pair(wb + c * 2 * kLanes);
+      for (int c = 0; c < C; ++c) {
+        const I wv = V::load_codes(wb + c * kVecPairs * 2 * kLanes);
         for (int r = 0; r < R; ++r) {
-          sum[r][c] = madd(sum[r][c], wv, x + r * ldx + b * kBlockInts);
+          sum[r][c] = V::madd(sum[r][c], wv, x + r * ldx + b * kBlockInts);
         }
       }
     }
     if (c1 % kChunkBlocks == 0 || c1 == p.k_blocks) {
       for (int r = 0; r < R; ++r)
-        for (int c = 0; c < P; ++c) acc[r][c] = flush(acc[r][c], sum[r][c]);
+        for (int c = 0; c < C; ++c) acc[r][c] = V::flush(acc[r][c], sum[r][c]);
     } else {
       for (int r = 0; r < R; ++r)
-        for (int c = 0; c < P; ++c) carry->sum[m + r][pair + c] = sum[r][c];
+        for (int c = 0; c < C; ++c) V::store(carried_sum(r, c), sum[r][c]);
     }
     c0 = c1;
   }
   if (b1 < p.k_blocks) {
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < P; ++c) carry->acc[m + r][pair + c] = acc[r][c];
+      for (int c = 0; c < C; ++c) V::store(carried_acc(r, c), acc[r][c]);
     return;
   }
   const int64_t n0 = g * kGroup + pair * 2;
   for (int r = 0; r < R; ++r) {
     float* o = p.out + (m + r) * p.N;
     const float sx = p.x_scales[m + r];
-    for (int c = 0; c < P; ++c) {
-      float dots[2];
-      channel_sums(acc[r][c], dots);
-      for (int h = 0; h < 2; ++h) {
-        const int64_t n = n0 + 2 * c + h;
+    for (int c = 0; c < C; ++c) {
+      float dots[2 * kVecPairs];
+      V::channel_sums(acc[r][c], dots);
+      for (int h = 0; h < 2 * kVecPairs; ++h) {
+        const int64_t n = n0 + 2 * kVecPairs * c + h;
         if (n >= p.N) break;  // the last group's padding channels
         // fma always: left to the compiler, `a * b + c` may be fused in one tile and not another.
         const float v = dots[h] * sx;
@@ -282,23 +375,24 @@ void tile(const Problem& p, int64_t m, int64_t g, int pair, int64_t b0, int64_t 
   }
 }
 
-// Groups [g_begin, g_end) for R rows over k blocks [b0, b1), P channel pairs a tile.
-template <int R, int P>
+// Groups [g_begin, g_end) for R rows over k blocks [b0, b1), the kind's channel pairs a tile.
+template <int R>
 void row_tile(const Problem& p, int64_t m, int64_t g_begin, int64_t g_end, int64_t b0,
               int64_t b1, Carry* carry, bool lead) {
+  constexpr int P = Kind::tile_pairs<R>;
+  static_assert(kPairs % P == 0, "a tile's channel pairs divide a group's");
   for (int64_t g = g_begin; g < g_end; ++g)
-    for (int pair = 0; pair < kPairs; pair += P) tile<R, P>(p, m, g, pair, b0, b1, carry, lead);
+    for (int pair = 0; pair < kPairs; pair += P) tile<Kind, R, P>(p, m, g, pair, b0, b1, carry, lead);
 }
 
-// The widest channel tile whose accumulators fit the registers beside R rows'.
-void rows(const Problem& p, int64_t m, int R, int64_t g_begin, int64_t g_end, int64_t b0,
+// The tile of r rows, R known at compile time (tiles past kMaxRowTile never come).
+template <int R = 1>
+void rows(const Problem& p, int64_t m, int r, int64_t g_begin, int64_t g_end, int64_t b0,
           int64_t b1, Carry* carry, bool lead) {
-  switch (R) {
-    case 1: return row_tile<1, 6>(p, m, g_begin, g_end, b0, b1, carry, lead);
-    case 2: return row_tile<2, 3>(p, m, g_begin, g_end, b0, b1, carry, lead);
-    case 3: return row_tile<3, 2>(p, m, g_begin, g_end, b0, b1, carry, lead);
-    default: return row_tile<4, 2>(p, m, g_begin, g_end, b0, b1, carry, lead);
+  if constexpr (R < kMaxRowTile) {
+    if (r > R) return rows<R + 1>(p, m, r, g_begin, g_end, b0, b1, carry, lead);
   }
+  row_tile<R>(p, m, g_begin, g_end, b0, b1, carry, lead);
 }
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
