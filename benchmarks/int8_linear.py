@@ -27,10 +27,8 @@ the baseline's (the working tree's source built the same way, to compare like wi
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,9 +36,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from kernel_sources import baseline_ops, build_ops
 
 import kernels.int8_linear
-from kernels.cpu_extension import FLAGS
 from kernels.int8_linear import int8_linear, int8_linear_torch, pack_codes, quantize_per_channel
 from kernels.linear import cpu_has_native_bf16, onednn_linear, pack_linear_weight
 
@@ -85,39 +83,9 @@ def call_seconds(fn: Callable[[], torch.Tensor], iters: int) -> list[float]:
     return times
 
 
-def build_kernel(source: str, namespace: str) -> Callable:
-    """`source` (an int8_linear_cpu.cpp) built alone with Baton's flags, its op registered as
-    `torch.ops.<namespace>.int8_linear`; the build is cached by the source's hash."""
-    from torch.utils import cpp_extension
-
-    text = source.replace("(baton_cpu,", f"({namespace},")
-    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-    directory = Path(tempfile.gettempdir()) / f"baton-int8-{namespace}-{digest}"
-    directory.mkdir(exist_ok=True)
-    path = directory / "int8_linear_cpu.cpp"
-    path.write_text(text)
-    cpp_extension.load(
-        name=f"{namespace}_{digest}",
-        sources=[str(path)],
-        build_directory=str(directory),
-        extra_cflags=FLAGS,
-        extra_ldflags=["-fopenmp"],
-        is_python_module=False,
-    )
-    return getattr(torch.ops, namespace).int8_linear
-
-
 def baseline_kernel(revision: str) -> Callable:
     """The kernel as it was at git `revision`."""
-    relative = KERNEL_SOURCE.relative_to(KERNEL_SOURCE.parents[2]).as_posix()
-    source = subprocess.run(
-        ["git", "show", f"{revision}:{relative}"],
-        cwd=KERNEL_SOURCE.parents[2],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return build_kernel(source, "baton_int8_before")
+    return baseline_ops(revision, [KERNEL_SOURCE.name], "baton_int8_before").int8_linear
 
 
 def cold_chains(generator: torch.Generator) -> dict[str, list]:
@@ -308,7 +276,8 @@ def main() -> None:
     elif args.cold:
         if before is None:
             parser.error("--cold compares against a --baseline REV")
-        after = build_kernel(KERNEL_SOURCE.read_text(), "baton_int8_after")
+        files = {path.name: path.read_text() for path in KERNEL_SOURCE.parent.iterdir()}
+        after = build_ops(files, [KERNEL_SOURCE.name], "baton_int8_after").int8_linear
         report["cold"] = cold(
             {"before": before, "after": after}, args.rounds, args.rows or COLD_ROWS
         )
