@@ -167,9 +167,10 @@ struct Problem {
 // weights stream from DRAM and a row's outputs for a group are written once, a whole cache line
 // of them, long after that line left the caches: a plain store first reads the line (a
 // read-for-ownership), one more DRAM miss per row and group in the middle of the weight stream.
-// At 8 rows those misses took the 0.4B Llama's float32 chain from 64 to 74 ms; written with
-// non-temporal stores, which take the line without reading it, back to 65 (docs/benchmarks.md,
-// "Issue 20, fourteenth round"). The next op then reads the outputs from DRAM, once, in order.
+// At 8 rows the 0.4B Llama's float32 chain took 72 ms so and 63 with non-temporal stores, which
+// take the line without reading it: about what it took with no output stores at all
+// (docs/benchmarks.md, "Issue 20, fourteenth round"). The next op then reads the outputs from
+// DRAM, once, in order.
 // Prefill sizes keep plain stores: there the outputs are few against the arithmetic and their
 // reader finds them in the cache. The same floats either way.
 template <class V, int R>

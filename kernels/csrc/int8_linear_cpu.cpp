@@ -17,8 +17,9 @@
 // sequential stream. 16 bytes from an even channel of a block are that channel's 8 weights and
 // its neighbour's: widened, they meet the block's 8 activations stored twice, and one `vpmaddwd`
 // gives 4 pair sums of each channel. With AVX-512 a vector takes two such pairs (32 codes) and
-// the activations broadcast to both halves, twice the work an instruction. Padding channels and the K tail are zero codes, and the
-// quantized rows are zero-padded too, so every tile runs whole blocks of whole channel pairs.
+// the activations broadcast to both halves, twice the work an instruction. Padding channels and
+// the K tail are zero codes, and the quantized rows are zero-padded too, so every tile runs
+// whole blocks of whole channel pairs.
 //
 // Batch invariance: a row's quantization depends on the row alone, integer sums are exact in any
 // order, and the float steps (each chunk's int32 lanes added to float lanes in k order, then the
@@ -382,7 +383,8 @@ void row_tile(const Problem& p, int64_t m, int64_t g_begin, int64_t g_end, int64
   constexpr int P = Kind::tile_pairs<R>;
   static_assert(kPairs % P == 0, "a tile's channel pairs divide a group's");
   for (int64_t g = g_begin; g < g_end; ++g)
-    for (int pair = 0; pair < kPairs; pair += P) tile<Kind, R, P>(p, m, g, pair, b0, b1, carry, lead);
+    for (int pair = 0; pair < kPairs; pair += P)
+      tile<Kind, R, P>(p, m, g, pair, b0, b1, carry, lead);
 }
 
 // The tile of r rows, R known at compile time (tiles past kMaxRowTile never come).
