@@ -130,8 +130,8 @@ struct Avx512 {
   using F = __m512;
   static constexpr int kPairsPerVec = 2;
   // 6 rows x 3 vectors = 18 int32 accumulators, beside the 3 widened code vectors and the
-  // broadcast activations in the 32 registers. Tiles of 8 rows (24 accumulators) ran 5-16%
-  // slower from 16 rows up, tiles of 4 2-5% (docs/benchmarks.md, "Issue 20, fourteenth round").
+  // broadcast activations in the 32 registers. Tiles of 8 rows (24 accumulators) ran 5-19%
+  // slower from 16 rows up, tiles of 4 1-5% (docs/benchmarks.md, "Issue 20, fourteenth round").
   static constexpr int kMaxRows = 6;
   template <int R>
   static constexpr int tile_pairs = 6;
