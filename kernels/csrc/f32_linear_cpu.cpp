@@ -150,6 +150,10 @@ using Wide = Portable;
 using Narrow = Portable;
 #endif
 constexpr int kMaxRowTile = Wide::kMaxRows;
+// Rows of a prefill tile that takes two panels (16 accumulators where a panel's line is one
+// vector). Tiles of 6 rows ran 2-5% slower, of 12 about the same.
+constexpr int kPrefillPairRows = 8;
+constexpr int kPrefillMaxRowTile = Wide::kLanes == kGroup ? kPrefillPairRows : kMaxRowTile;
 
 struct Problem {
   const float* x;
@@ -197,19 +201,23 @@ void write_outputs(const Problem& p, int64_t m, int64_t g, const typename V::Vec
   }
 }
 
-// R rows from `m` over steps [k0, k1) of group `g`'s panel: each weight vector loaded feeds R
-// rows. A tile that starts past k = 0 takes its accumulators from `carry` (the tile's rows of
+// R rows from `m` over steps [k0, k1) of group `g`'s panel (and with Panels = 2, of group g + 1's
+// beside it, at the same k, always over the whole of K): each weight vector loaded feeds R rows. A tile that starts past k = 0 takes its accumulators from `carry` (the tile's rows of
 // it), one that stops short of K leaves them there; the one that reaches K writes the outputs.
 // Carried through memory, the sums are the same floats as kept in registers. A `lead` tile
 // prefetches its stream kPrefetchSteps ahead. The accumulators are named variables (a for a
 // panel's first vector, b for its second where a vector is 8 lanes), not an array: GCC kept an
 // array of them on the stack and stored all of them every k (docs/benchmarks.md, "A float32
 // linear kernel for decode rows").
-template <class V, int R>
+template <class V, int R, int Panels = 1>
 void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float* carry,
           bool lead) {
   using Vec = typename V::Vec;
   constexpr int kLanes = V::kLanes, kVecs = kGroup / kLanes;
+  static_assert(Panels == 1 || (kVecs == 1 && R <= 12), "two panels where a line is a vector");
+  // The b accumulators take a panel line's second vector, or the next panel's line.
+  constexpr bool kSecond = kVecs == 2 || Panels == 2;
+  const int64_t second = Panels == 2 ? p.K * kGroup : kLanes;
   static_assert(R >= 1 && R <= V::kMaxRows && V::kMaxRows <= 12, "a tile is 1-12 rows");
   static_assert(kVecs == 1 || kVecs == 2, "a panel's line is one or two vectors");
   const Vec z = V::zero();
@@ -234,14 +242,14 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
   const int64_t ldx = p.ldx;
   for (int64_t k = k0; k < k1; ++k, w += kGroup) {
     if (lead) __builtin_prefetch(w + kPrefetchSteps * kGroup);
-    Vec lo = V::load(w), hi = kVecs == 2 ? V::load(w + kLanes) : lo;
+    Vec lo = V::load(w), hi = kSecond ? V::load(w + second) : lo;
     if constexpr (kVecs == 2 && R <= 4) V::pin(lo, hi);
     const float* xk = x + k;
 #define BATON_ROW(r)                                       \
   if (R > r) {                                             \
     const Vec xv = V::broadcast(xk + r * ldx);             \
     a##r = V::fma(xv, lo, a##r);                           \
-    if constexpr (kVecs == 2) b##r = V::fma(xv, hi, b##r); \
+    if constexpr (kSecond) b##r = V::fma(xv, hi, b##r);    \
   }
     BATON_ROWS(BATON_ROW)
 #undef BATON_ROW
@@ -257,17 +265,37 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
     return;
   }
 #undef BATON_ROWS
-  const Vec acc[12][2] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}, {a4, b4},   {a5, b5},
-                          {a6, b6}, {a7, b7}, {a8, b8}, {a9, b9}, {a10, b10}, {a11, b11}};
-  write_outputs<V, R>(p, m, g, acc);
+  if constexpr (Panels == 2) {
+    const Vec first[12][2] = {{a0, z}, {a1, z}, {a2, z}, {a3, z}, {a4, z},   {a5, z},
+                              {a6, z}, {a7, z}, {a8, z}, {a9, z}, {a10, z}, {a11, z}};
+    const Vec next[12][2] = {{b0, z}, {b1, z}, {b2, z}, {b3, z}, {b4, z},   {b5, z},
+                             {b6, z}, {b7, z}, {b8, z}, {b9, z}, {b10, z}, {b11, z}};
+    write_outputs<V, R>(p, m, g, first);
+    write_outputs<V, R>(p, m, g + 1, next);
+  } else {
+    const Vec acc[12][2] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}, {a4, b4},   {a5, b5},
+                            {a6, b6}, {a7, b7}, {a8, b8}, {a9, b9}, {a10, b10}, {a11, b11}};
+    write_outputs<V, R>(p, m, g, acc);
+  }
 }
 
-// R rows over steps [k0, k1) of groups [g_begin, g_end).
+// R rows over steps [k0, k1) of groups [g_begin, g_end). Prefill tiles (no carry: each runs
+// the whole of K) of up to kPrefillPairRows rows take two panels at a time where a panel's line
+// is one vector: each broadcast activation then feeds two multiply-adds, and a k step loads
+// R + 2 values for 2R of them instead of R + 1 for R, which bound the one-panel tiles at
+// prefill sizes (12-19% faster at 33-256 rows; docs/benchmarks.md, "Issue 20, fourteenth
+// round").
 template <int R>
 void row_tile(const Problem& p, int64_t m, int64_t g_begin, int64_t g_end, int64_t k0,
               int64_t k1, float* carry, bool lead) {
   using V = std::conditional_t<R == 1, Narrow, Wide>;
-  for (int64_t g = g_begin; g < g_end; ++g) tile<V, R>(p, m, g, k0, k1, carry, lead);
+  int64_t g = g_begin;
+  if constexpr (V::kLanes == kGroup && R <= kPrefillPairRows) {
+    if (carry == nullptr) {
+      for (; g + 1 < g_end; g += 2) tile<V, R, 2>(p, m, g, k0, k1, carry, lead);
+    }
+  }
+  for (; g < g_end; ++g) tile<V, R>(p, m, g, k0, k1, carry, lead);
 }
 
 // The tile of R rows, R known at compile time (tiles past kMaxRowTile never come).
@@ -301,7 +329,7 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
   const int64_t panel_bytes = kGroup * std::max<int64_t>(K, 1) * sizeof(float);
   const int64_t block = std::max<int64_t>(1, kBlockBytes / panel_bytes);
   baton::over_rows<Carry>(
-      groups, grain, K, kChunkSteps, block, M, kMaxRowTile,
+      groups, grain, K, kChunkSteps, block, M, kMaxRowTile, kPrefillMaxRowTile,
       [&](Carry& carry, int64_t m, int r, int64_t g, int64_t k0, int64_t k1, bool lead) {
         rows(p, m, r, g, g + 1, k0, k1, carry.acc, lead);
       },

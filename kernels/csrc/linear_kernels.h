@@ -113,18 +113,19 @@ void over_weight_chunks(int64_t groups, int64_t grain, int64_t k_len, int64_t ch
   });
 }
 
-// A linear's schedule by its row count: up to kChunkRows rows over_weight_chunks, in chunks of
-// `chunk` steps (or of all `k_len` where one row tile is all there is: its single pass is
-// already the only one), past it over_channel_blocks in blocks of up to `block` groups.
+// A linear's schedule by its row count: up to kChunkRows rows over_weight_chunks in row tiles of
+// up to `max_tile` rows, in chunks of `chunk` steps (or of all `k_len` where one row tile is all
+// there is: its single pass is already the only one); past it over_channel_blocks in row tiles
+// of up to `prefill_max_tile` rows and blocks of up to `block` groups.
 template <typename Carry, typename ChunkTile, typename RowTile>
 void over_rows(int64_t groups, int64_t grain, int64_t k_len, int64_t chunk, int64_t block,
-               int64_t num_rows, int64_t max_tile, const ChunkTile& chunk_tile,
-               const RowTile& row_tile) {
+               int64_t num_rows, int64_t max_tile, int64_t prefill_max_tile,
+               const ChunkTile& chunk_tile, const RowTile& row_tile) {
   if (decode_sized(num_rows)) {
     const int64_t steps = num_rows <= max_tile ? std::max<int64_t>(k_len, 1) : chunk;
     over_weight_chunks<Carry>(groups, grain, k_len, steps, num_rows, max_tile, chunk_tile);
   } else {
-    over_channel_blocks(groups, grain, block, num_rows, max_tile, row_tile);
+    over_channel_blocks(groups, grain, block, num_rows, prefill_max_tile, row_tile);
   }
 }
 
