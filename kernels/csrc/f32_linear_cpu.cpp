@@ -171,10 +171,10 @@ struct Problem {
 // weights stream from DRAM and a row's outputs for a group are written once, a whole cache line
 // of them, long after that line left the caches: a plain store first reads the line (a
 // read-for-ownership), one more DRAM miss per row and group in the middle of the weight stream.
-// At 8 rows the 0.4B Llama's float32 chain took 72 ms so and 63 with non-temporal stores, which
-// take the line without reading it: about what it took with no output stores at all
-// (docs/benchmarks.md, "Issue 20, fourteenth round"). The next op then reads the outputs from
-// DRAM, once, in order.
+// At 8 rows the 0.4B Llama's float32 chain took 72 ms with plain stores and 63 with
+// non-temporal ones, which take the line without reading it: about what it took with no output
+// stores at all (docs/benchmarks.md, "Issue 20, fourteenth round"). The next op then reads the
+// outputs from DRAM, once, in order.
 // Prefill sizes keep plain stores: there the outputs are few against the arithmetic and their
 // reader finds them in the cache. The same floats either way.
 template <class V, int R>
@@ -202,7 +202,8 @@ void write_outputs(const Problem& p, int64_t m, int64_t g, const typename V::Vec
 }
 
 // R rows from `m` over steps [k0, k1) of group `g`'s panel (and with Panels = 2, of group g + 1's
-// beside it, at the same k, always over the whole of K): each weight vector loaded feeds R rows. A tile that starts past k = 0 takes its accumulators from `carry` (the tile's rows of
+// beside it, at the same k, always over the whole of K): each weight vector loaded feeds R
+// rows. A tile that starts past k = 0 takes its accumulators from `carry` (the tile's rows of
 // it), one that stops short of K leaves them there; the one that reaches K writes the outputs.
 // Carried through memory, the sums are the same floats as kept in registers. A `lead` tile
 // prefetches its stream kPrefetchSteps ahead. The accumulators are named variables (a for a
