@@ -9,7 +9,8 @@
 // time. At decode sizes every row tile passes over a chunk of a panel while it is in L1, so the
 // weights stream from DRAM once whatever the rows; at prefill sizes a block of panels stays in
 // L2 while every row tile passes over it. Padding channels are zeros. With AVX-512 a panel's
-// line is one vector and a tile takes up to 12 rows; with AVX2 it is two vectors and 6 rows.
+// line is one vector and a tile takes up to 12 rows (a prefill tile two panels side by side and
+// up to 8 rows); with AVX2 it is two vectors and 6 rows.
 //
 // Batch invariance: each output lane is one float32 accumulator fed by fused multiply-adds in
 // k order, then the same bias add; whatever the tile shape, the number of rows, the thread
@@ -167,7 +168,8 @@ struct Problem {
   bool stream_out;
 };
 
-// Writes a tile's sums (plus the bias) for rows [m, m + R) of group `g`. At decode sizes the
+// Writes a tile's sums (plus the bias) for rows [m, m + R) of group `g`: row r's line is
+// acc[r][first], acc[r][first + 1] (the latter where a line is two vectors). At decode sizes the
 // weights stream from DRAM and a row's outputs for a group are written once, a whole cache line
 // of them, long after that line left the caches: a plain store first reads the line (a
 // read-for-ownership), one more DRAM miss per row and group in the middle of the weight stream.
@@ -178,21 +180,22 @@ struct Problem {
 // Prefill sizes keep plain stores: there the outputs are few against the arithmetic and their
 // reader finds them in the cache. The same floats either way.
 template <class V, int R>
-void write_outputs(const Problem& p, int64_t m, int64_t g, const typename V::Vec (&acc)[12][2]) {
+void write_outputs(const Problem& p, int64_t m, int64_t g, const typename V::Vec (&acc)[12][2],
+                   int first = 0) {
   constexpr int kLanes = V::kLanes, kVecs = kGroup / kLanes;
   const int64_t n = g * kGroup, width = std::min<int64_t>(kGroup, p.N - n);
   for (int r = 0; r < R; ++r) {
     float* o = p.out + (m + r) * p.N + n;
     if (p.stream_out && width == kGroup && reinterpret_cast<uintptr_t>(o) % 64 == 0) {
       for (int v = 0; v < kVecs; ++v) {
-        const typename V::Vec sum =
-            p.bias ? V::add(acc[r][v], V::load(p.bias + n + v * kLanes)) : acc[r][v];
+        const typename V::Vec line = acc[r][first + v];
+        const typename V::Vec sum = p.bias ? V::add(line, V::load(p.bias + n + v * kLanes)) : line;
         V::stream(o + v * kLanes, sum);
       }
       continue;
     }
     float sums[kGroup];
-    for (int v = 0; v < kVecs; ++v) V::store(sums + v * kLanes, acc[r][v]);
+    for (int v = 0; v < kVecs; ++v) V::store(sums + v * kLanes, acc[r][first + v]);
     if (p.bias) {
       for (int64_t c = 0; c < width; ++c) o[c] = sums[c] + p.bias[n + c];
     } else {
@@ -266,18 +269,11 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
     return;
   }
 #undef BATON_ROWS
-  if constexpr (Panels == 2) {
-    const Vec first[12][2] = {{a0, z}, {a1, z}, {a2, z}, {a3, z}, {a4, z},   {a5, z},
-                              {a6, z}, {a7, z}, {a8, z}, {a9, z}, {a10, z}, {a11, z}};
-    const Vec next[12][2] = {{b0, z}, {b1, z}, {b2, z}, {b3, z}, {b4, z},   {b5, z},
-                             {b6, z}, {b7, z}, {b8, z}, {b9, z}, {b10, z}, {b11, z}};
-    write_outputs<V, R>(p, m, g, first);
-    write_outputs<V, R>(p, m, g + 1, next);
-  } else {
-    const Vec acc[12][2] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}, {a4, b4},   {a5, b5},
-                            {a6, b6}, {a7, b7}, {a8, b8}, {a9, b9}, {a10, b10}, {a11, b11}};
-    write_outputs<V, R>(p, m, g, acc);
-  }
+  const Vec acc[12][2] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}, {a4, b4},   {a5, b5},
+                          {a6, b6}, {a7, b7}, {a8, b8}, {a9, b9}, {a10, b10}, {a11, b11}};
+  write_outputs<V, R>(p, m, g, acc);
+  // Two panels: the b accumulators are group g + 1's line.
+  if constexpr (Panels == 2) write_outputs<V, R>(p, m, g + 1, acc, 1);
 }
 
 // R rows over steps [k0, k1) of groups [g_begin, g_end). Prefill tiles (no carry: each runs
