@@ -17,6 +17,7 @@ import torch
 
 from core.batch import ExecutorOutput, ScheduledSequence, TokenLogprobs
 from core.sampling_params import SamplingParams
+from kernels import ops
 
 if TYPE_CHECKING:  # xgrammar loads with the first structured-output request, not here
     from gpu.structured_output import GrammarMask
@@ -43,7 +44,7 @@ class Sampler:
             logits = logits[:, : self.vocab_size]
         if grammar_mask is None and all(map(_takes_argmax, sequences)):
             # The usual greedy decode: nothing to set up per row, one argmax (exact in any dtype).
-            return ExecutorOutput(logits.argmax(dim=-1).tolist(), [None] * len(sequences))
+            return ExecutorOutput(ops.argmax(logits).tolist(), [None] * len(sequences))
         raw = logits.float()
         params = [seq.sampling_params for seq in sequences]
         processed = raw
@@ -57,7 +58,7 @@ class Sampler:
         if grammar_mask is not None:
             processed = grammar_mask.apply(processed)
         if all(p.greedy for p in params):
-            token_ids = processed.argmax(dim=-1)
+            token_ids = ops.argmax(processed)
         else:
             token_ids = self._sample(processed, sequences)
         sampled = token_ids.tolist()
@@ -82,8 +83,8 @@ class Sampler:
         probs = scaled.softmax(dim=-1)
         # Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p, and the noise of a
         # row can come from that row's own generator without touching the others.
-        drawn = (probs / self._exponential_noise(probs, sequences)).argmax(dim=-1)
-        return torch.where(greedy, logits.argmax(dim=-1), drawn)
+        drawn = ops.argmax(probs / self._exponential_noise(probs, sequences))
+        return torch.where(greedy, ops.argmax(logits), drawn)
 
     def _exponential_noise(
         self, probs: torch.Tensor, sequences: list[ScheduledSequence]

@@ -31,6 +31,7 @@ SOURCES = [
         "int8_linear_cpu.cpp",
         "f32_linear_cpu.cpp",
         "decoder_layers_cpu.cpp",
+        "sampling_cpu.cpp",
     )
 ]
 # Beside the build: which library the last build of which sources and flags made.
