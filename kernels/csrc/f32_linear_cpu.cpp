@@ -9,8 +9,8 @@
 // time. At decode sizes every row tile passes over a chunk of a panel while it is in L1, so the
 // weights stream from DRAM once whatever the rows; at prefill sizes a block of panels stays in
 // L2 while every row tile passes over it. Padding channels are zeros. With AVX-512 a panel's
-// line is one vector and a tile takes up to 12 rows (a prefill tile two panels side by side and
-// up to 8 rows); with AVX2 it is two vectors and 6 rows.
+// line is one vector and a tile takes up to 12 rows, from 4 rows two panels side by side (a
+// prefill tile up to 8 rows of them); with AVX2 it is two vectors and 6 rows.
 //
 // Batch invariance: each output lane is one float32 accumulator fed by fused multiply-adds in
 // k order, then the same bias add; whatever the tile shape, the number of rows, the thread
@@ -54,9 +54,11 @@ constexpr int64_t kChunkSteps = 32;
 // prefetcher alone kept too few lines in flight once the multiply-adds of several rows slowed
 // the stream (docs/benchmarks.md, "Issue 20, eighth round").
 constexpr int64_t kPrefetchSteps = 128;
-// Where a tile keeps its accumulators between chunks: a group's outputs for every row.
+// Where a tile keeps its accumulators between chunks: a group's outputs for every row, and
+// after them the next group's, for the tiles that take two panels.
+constexpr int64_t kCarryPanel = baton::kChunkRows * kGroup;
 struct Carry {
-  float acc[baton::kChunkRows * kGroup];
+  float acc[2 * kCarryPanel];
 };
 
 // The vector instructions a tile runs on. Each is the same fused multiply-add per lane, so a
@@ -155,6 +157,10 @@ constexpr int kMaxRowTile = Wide::kMaxRows;
 // vector). Tiles of 6 rows ran 2-5% slower, of 12 about the same.
 constexpr int kPrefillPairRows = 8;
 constexpr int kPrefillMaxRowTile = Wide::kLanes == kGroup ? kPrefillPairRows : kMaxRowTile;
+// Rows from which a decode step's tiles take two panels, where a panel's line is one vector.
+// Below it the weights' stream sets the pace and two streams at a time ran slower (one row 6%,
+// two 4%); from 5 rows on they were 5-14% faster (docs/benchmarks.md, "fifteenth round").
+constexpr int64_t kDecodePairRows = 4;
 
 struct Problem {
   const float* x;
@@ -228,14 +234,17 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
   Vec a0 = z, a1 = z, a2 = z, a3 = z, a4 = z, a5 = z, a6 = z, a7 = z, a8 = z, a9 = z, a10 = z;
   Vec a11 = z, b0 = z, b1 = z, b2 = z, b3 = z, b4 = z, b5 = z, b6 = z, b7 = z, b8 = z, b9 = z;
   Vec b10 = z, b11 = z;
+  // The carried sums of the a and the b accumulators: a line's two vectors side by side, or
+  // the second panel's in the carry's second half.
   float* c = carry ? carry + m * kGroup : nullptr;
+  float* cb = carry ? (Panels == 2 ? c + kCarryPanel : c + kLanes) : nullptr;
   // Rows past R, and the second vectors where there are none, are dropped at compile time.
 #define BATON_ROWS(ROW) \
   ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7) ROW(8) ROW(9) ROW(10) ROW(11)
-#define BATON_TAKE(r)                                                  \
-  if (R > r) {                                                         \
-    a##r = V::load(c + r * kGroup);                                    \
-    if constexpr (kVecs == 2) b##r = V::load(c + r * kGroup + kLanes); \
+#define BATON_TAKE(r)                                              \
+  if (R > r) {                                                     \
+    a##r = V::load(c + r * kGroup);                                \
+    if constexpr (kSecond) b##r = V::load(cb + r * kGroup);        \
   }
   if (k0 > 0) {
     BATON_ROWS(BATON_TAKE)
@@ -245,7 +254,10 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
   const float* w = p.weight + (g * p.K + k0) * kGroup;
   const int64_t ldx = p.ldx;
   for (int64_t k = k0; k < k1; ++k, w += kGroup) {
-    if (lead) __builtin_prefetch(w + kPrefetchSteps * kGroup);
+    if (lead) {
+      __builtin_prefetch(w + kPrefetchSteps * kGroup);
+      if constexpr (Panels == 2) __builtin_prefetch(w + second + kPrefetchSteps * kGroup);
+    }
     Vec lo = V::load(w), hi = kSecond ? V::load(w + second) : lo;
     if constexpr (kVecs == 2 && R <= 4) V::pin(lo, hi);
     const float* xk = x + k;
@@ -259,10 +271,10 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
 #undef BATON_ROW
   }
   if (k1 < p.K) {
-#define BATON_LEAVE(r)                                                 \
-  if (R > r) {                                                         \
-    V::store(c + r * kGroup, a##r);                                    \
-    if constexpr (kVecs == 2) V::store(c + r * kGroup + kLanes, b##r); \
+#define BATON_LEAVE(r)                                       \
+  if (R > r) {                                               \
+    V::store(c + r * kGroup, a##r);                          \
+    if constexpr (kSecond) V::store(cb + r * kGroup, b##r);  \
   }
     BATON_ROWS(BATON_LEAVE)
 #undef BATON_LEAVE
@@ -276,19 +288,20 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
   if constexpr (Panels == 2) write_outputs<V, R>(p, m, g + 1, acc, 1);
 }
 
-// R rows over steps [k0, k1) of groups [g_begin, g_end). Prefill tiles (no carry: each runs
-// the whole of K) of up to kPrefillPairRows rows take two panels at a time where a panel's line
-// is one vector: each broadcast activation then feeds two multiply-adds, and a k step loads
-// R + 2 values for 2R of them instead of R + 1 for R, which bound the one-panel tiles at
-// prefill sizes (12-19% faster at 33-256 rows; docs/benchmarks.md, "Issue 20, fourteenth
-// round").
+// R rows over steps [k0, k1) of groups [g_begin, g_end). Where a panel's line is one vector,
+// tiles take two panels at a time: each broadcast activation then feeds two multiply-adds, and a
+// k step loads R + 2 values for 2R of them instead of R + 1 for R, which bound the one-panel
+// tiles wherever the arithmetic and not DRAM set the pace. Prefill tiles (no carry: each runs
+// the whole of K) take them up to kPrefillPairRows rows (12-19% faster at 33-256 rows;
+// docs/benchmarks.md, "Issue 20, fourteenth round"), decode tiles where over_weight_chunks
+// hands them two groups (from kDecodePairRows rows; "fifteenth round").
 template <int R>
 void row_tile(const Problem& p, int64_t m, int64_t g_begin, int64_t g_end, int64_t k0,
               int64_t k1, float* carry, bool lead) {
   using V = std::conditional_t<R == 1, Narrow, Wide>;
   int64_t g = g_begin;
-  if constexpr (V::kLanes == kGroup && R <= kPrefillPairRows) {
-    if (carry == nullptr) {
+  if constexpr (V::kLanes == kGroup) {
+    if (carry != nullptr || R <= kPrefillPairRows) {
       for (; g + 1 < g_end; g += 2) tile<V, R, 2>(p, m, g, k0, k1, carry, lead);
     }
   }
@@ -327,9 +340,9 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
   const int64_t block = std::max<int64_t>(1, kBlockBytes / panel_bytes);
   baton::over_rows<Carry>(
       groups, grain, K, kChunkSteps, block, M, kMaxRowTile, kPrefillMaxRowTile,
-      [&](Carry& carry, int64_t m, int r, int64_t g, int64_t k0, int64_t k1, bool lead) {
-        rows(p, m, r, g, g + 1, k0, k1, carry.acc, lead);
-      },
+      Wide::kLanes == kGroup && M >= kDecodePairRows ? 2 : 1,
+      [&](Carry& carry, int64_t m, int r, int64_t g, int64_t g_end, int64_t k0, int64_t k1,
+          bool lead) { rows(p, m, r, g, g_end, k0, k1, carry.acc, lead); },
       [&](int64_t m, int r, int64_t g, int64_t g_end) {
         rows(p, m, r, g, g_end, 0, K, nullptr, false);
       });

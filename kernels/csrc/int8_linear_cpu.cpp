@@ -431,10 +431,9 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
   const int64_t block = std::max<int64_t>(1, kBlockBytes / (kGroup * k_blocks * kLanes));
   baton::over_rows<Carry>(
-      groups, grain, k_blocks, kDecodeChunkBlocks, block, M, kMaxRowTile, kMaxRowTile,
-      [&](Carry& carry, int64_t m, int r, int64_t g, int64_t b0, int64_t b1, bool lead) {
-        rows(p, m, r, g, g + 1, b0, b1, &carry, lead);
-      },
+      groups, grain, k_blocks, kDecodeChunkBlocks, block, M, kMaxRowTile, kMaxRowTile, 1,
+      [&](Carry& carry, int64_t m, int r, int64_t g, int64_t g_end, int64_t b0, int64_t b1,
+          bool lead) { rows(p, m, r, g, g_end, b0, b1, &carry, lead); },
       [&](int64_t m, int r, int64_t g, int64_t g_end) {
         rows(p, m, r, g, g_end, 0, k_blocks, nullptr, true);
       });

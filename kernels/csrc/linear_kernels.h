@@ -79,28 +79,33 @@ void over_channel_blocks(int64_t groups, int64_t grain, int64_t block, int64_t n
   });
 }
 
-// Decode-sized batches of a few row tiles: `chunk_tile(carry, first_row, rows, group, k_begin,
-// k_end, lead)` for every group, every chunk of `chunk` of the `k_len` steps of its weights, and
-// every row tile, the tiles in turn over one chunk while it is in L1. So the weights stream from
-// DRAM once, at the pace of every row's multiply-adds, where block by block they streamed at the
-// pace of one tile's and the other tiles then ran with DRAM idle (docs/benchmarks.md, "Issue 20,
+// Decode-sized batches of a few row tiles: `chunk_tile(carry, first_row, rows, group_begin,
+// group_end, k_begin, k_end, lead)` for every `panels` adjacent groups of a share (the last of a
+// share may hold fewer), every chunk of `chunk` of the `k_len` steps of their weights, and every
+// row tile, the tiles in turn over one chunk while it is in L1. So the weights stream from DRAM
+// once, at the pace of every row's multiply-adds, where block by block they streamed at the pace
+// of one tile's and the other tiles then ran with DRAM idle (docs/benchmarks.md, "Issue 20,
 // eighth round"). `lead` is set for the first tile of a chunk, the one that meets the weights
 // first (it prefetches ahead of the stream); `carry` is one `Carry` per share, where a tile
 // keeps its accumulators between the chunks.
 template <typename Carry, typename ChunkTile>
 void over_weight_chunks(int64_t groups, int64_t grain, int64_t k_len, int64_t chunk,
-                        int64_t num_rows, int64_t max_tile, const ChunkTile& chunk_tile) {
+                        int64_t num_rows, int64_t max_tile, int64_t panels,
+                        const ChunkTile& chunk_tile) {
   const RowTiles tiles(num_rows, max_tile);
-  parallel_shares(groups, grain, share_of(groups, grain), [&](int64_t begin, int64_t end) {
+  // Shares of whole runs of `panels` groups, so that only the last group may be alone.
+  const int64_t share = (share_of(groups, grain) + panels - 1) / panels * panels;
+  parallel_shares(groups, grain, share, [&](int64_t begin, int64_t end) {
     Carry carry;
-    for (int64_t g = begin; g < end; ++g) {
+    for (int64_t g = begin; g < end; g += panels) {
+      const int64_t g_end = std::min(end, g + panels);
       // At least one chunk, empty when k_len is 0: the tile that reaches the end writes the
       // outputs (the bias alone, then).
       int64_t k = 0;
       do {
         const int64_t k_end = std::min(k_len, k + chunk);
         tiles.for_each([&](int64_t t, int64_t m, int rows) {
-          chunk_tile(carry, m, rows, g, k, k_end, t == 0);
+          chunk_tile(carry, m, rows, g, g_end, k, k_end, t == 0);
         });
         k = k_end;
       } while (k < k_len);
@@ -114,16 +119,18 @@ void over_weight_chunks(int64_t groups, int64_t grain, int64_t k_len, int64_t ch
 }
 
 // A linear's schedule by its row count: up to kChunkRows rows over_weight_chunks in row tiles of
-// up to `max_tile` rows, in chunks of `chunk` steps (or of all `k_len` where one row tile is all
-// there is: its single pass is already the only one); past it over_channel_blocks in row tiles
-// of up to `prefill_max_tile` rows and blocks of up to `block` groups.
+// up to `max_tile` rows, `decode_panels` groups at a time, in chunks of `chunk` steps (or of all
+// `k_len` where one row tile is all there is: its single pass is already the only one); past it
+// over_channel_blocks in row tiles of up to `prefill_max_tile` rows and blocks of up to `block`
+// groups.
 template <typename Carry, typename ChunkTile, typename RowTile>
 void over_rows(int64_t groups, int64_t grain, int64_t k_len, int64_t chunk, int64_t block,
                int64_t num_rows, int64_t max_tile, int64_t prefill_max_tile,
-               const ChunkTile& chunk_tile, const RowTile& row_tile) {
+               int64_t decode_panels, const ChunkTile& chunk_tile, const RowTile& row_tile) {
   if (decode_sized(num_rows)) {
     const int64_t steps = num_rows <= max_tile ? std::max<int64_t>(k_len, 1) : chunk;
-    over_weight_chunks<Carry>(groups, grain, k_len, steps, num_rows, max_tile, chunk_tile);
+    over_weight_chunks<Carry>(groups, grain, k_len, steps, num_rows, max_tile, decode_panels,
+                              chunk_tile);
   } else {
     over_channel_blocks(groups, grain, block, num_rows, prefill_max_tile, row_tile);
   }
