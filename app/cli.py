@@ -12,7 +12,7 @@ from pathlib import Path
 
 from app.bench import add_bench_parser
 from app.replica_settings import ReplicaModel, add_replica_args, replica_settings_from
-from app.settings import METRICS_STYLES, ServerSettings
+from app.settings import EVENT_LOOPS, METRICS_STYLES, ServerSettings
 from app.simulate import add_simulate_parser
 from app.tool_parsers import PARSERS
 from core.config import KV_CACHE_DTYPES, MODEL_IMPLS, POLICIES, QUANTIZATIONS, EngineConfig
@@ -279,6 +279,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="names on /metrics: baton: (Baton's), vllm: (vLLM's names and labels, so vLLM's "
         "Grafana dashboards work unchanged; series vLLM lacks keep baton:), or both",
     )
+    parser.add_argument(
+        "--event-loop",
+        choices=EVENT_LOOPS,
+        default=defaults.event_loop,
+        help="the event loop serving HTTP and WebSockets: asyncio's own (default: it lets the "
+        "step thread run while a token is written to a socket) or uvloop",
+    )
 
 
 def server_settings_from(args: argparse.Namespace) -> ServerSettings:
@@ -303,6 +310,7 @@ def server_settings_from(args: argparse.Namespace) -> ServerSettings:
         trace_console=args.trace_console,
         tool_call_parser=args.tool_call_parser,
         metrics_style=args.metrics_style,
+        event_loop=args.event_loop,
     )
 
 

@@ -2,7 +2,8 @@
 
 `create_app` wires routes to a `ServerState` (the async engine, the tokenizer, settings);
 `serve` loads a checkpoint, starts the step thread inside the app's lifespan and runs uvicorn
-on uvloop, with a graceful shutdown that lets streams finish before aborting them.
+(on asyncio's own event loop, or uvloop with `--event-loop uvloop`), with a graceful shutdown
+that lets streams finish before aborting them.
 """
 
 from __future__ import annotations
@@ -226,7 +227,7 @@ def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
         app,
         host=settings.host,
         port=settings.port,
-        loop="uvloop",
+        loop=settings.event_loop,
         # httptools, plus the header size limit and the header and body timeouts.
         http=http_protocol(settings),
         ws="websockets-sansio",

@@ -10,6 +10,7 @@ from core.sampling_params import InvalidRequestError
 
 # What `/metrics` names its series after (app.prometheus).
 METRICS_STYLES = ("baton", "vllm", "both")
+EVENT_LOOPS = ("asyncio", "uvloop")
 
 
 @dataclass(slots=True)
@@ -45,6 +46,11 @@ class ServerSettings:
     tool_call_parser: str | None = None
     # Names on /metrics: Baton's (`baton:`), vLLM's (`vllm:`, for its dashboards), or both.
     metrics_style: str = "baton"
+    # The event loop uvicorn runs on. asyncio's own lets the step thread run while a socket
+    # write is in the kernel: uvloop holds the GIL through each write, and the step thread
+    # waited for it every token (one stream: 4-12% longer TPOT on uvloop, the same throughput
+    # at 8 and 32; docs/benchmarks.md, "Issue 20, fifteenth round").
+    event_loop: str = "asyncio"
 
     @property
     def exports_spans(self) -> bool:
@@ -61,6 +67,10 @@ class ServerSettings:
             raise ValueError(
                 f"--metrics-style must be one of {', '.join(METRICS_STYLES)}, "
                 f"got {self.metrics_style!r}"
+            )
+        if self.event_loop not in EVENT_LOOPS:
+            raise ValueError(
+                f"--event-loop must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}"
             )
         if self.max_queued_requests < 0:
             raise ValueError(f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")

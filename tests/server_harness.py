@@ -1,9 +1,10 @@
-"""Run a real Baton server (uvicorn on uvloop, loopback, free port) inside the test process, on
-its own thread, so tests can drive it with httpx, the openai client and websockets and still
-reach into the engine (fault injection, KV usage)."""
+"""Run a real Baton server (uvicorn on the event loop its settings name, loopback, free port)
+inside the test process, on its own thread, so tests can drive it with httpx, the openai client
+and websockets and still reach into the engine (fault injection, KV usage)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -102,7 +103,8 @@ def running_front_end(
     )
     app = create_app(state, span_exporter=span_exporter)
     server = BatonServer(uvicorn_config(app, settings), state)
-    thread = threading.Thread(target=uvloop.run, args=(server.serve(),), daemon=True)
+    run = uvloop.run if settings.event_loop == "uvloop" else asyncio.run
+    thread = threading.Thread(target=run, args=(server.serve(),), daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:

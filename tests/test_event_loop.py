@@ -1,0 +1,52 @@
+"""The server's event loop is a flag: asyncio's own by default, uvloop on request; a stream
+is served whole on either, and the loop running it is the one named."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+import uvloop
+
+from app.cli import build_parser, server_settings_from
+from app.server import uvicorn_config
+from app.settings import ServerSettings
+from tests.server_harness import base_url, running_server, simulated_engine
+
+
+def test_the_flag_picks_uvicorns_loop():
+    default = server_settings_from(build_parser().parse_args(["serve"]))
+    assert default.event_loop == "asyncio"
+    assert uvicorn_config(None, default).loop == "asyncio"
+    chosen = server_settings_from(build_parser().parse_args(["serve", "--event-loop", "uvloop"]))
+    assert uvicorn_config(None, chosen).loop == "uvloop"
+
+
+def test_an_unknown_loop_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="--event-loop must be one of asyncio, uvloop"):
+        ServerSettings(event_loop="trio")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--event-loop", "trio"])
+
+
+@pytest.mark.parametrize(
+    ("event_loop", "loop_type"),
+    [("asyncio", asyncio.SelectorEventLoop), ("uvloop", uvloop.Loop)],
+)
+def test_a_stream_is_served_whole_on_either_loop(llama_checkpoint, event_loop, loop_type):
+    with running_server(simulated_engine(llama_checkpoint), event_loop=event_loop) as state:
+        body = {
+            "prompt": "loops",
+            "max_tokens": 6,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        with httpx.stream("POST", f"{base_url(state)}/v1/completions", json=body) as response:
+            events = [line for line in response.iter_lines() if line.startswith("data: ")]
+        assert response.status_code == 200
+        assert isinstance(state.engine.loop, loop_type)
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 6
