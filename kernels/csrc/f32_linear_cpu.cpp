@@ -211,14 +211,14 @@ void write_outputs(const Problem& p, int64_t m, int64_t g, const typename V::Vec
 }
 
 // R rows from `m` over steps [k0, k1) of group `g`'s panel (and with Panels = 2, of group g + 1's
-// beside it, at the same k, always over the whole of K): each weight vector loaded feeds R
-// rows. A tile that starts past k = 0 takes its accumulators from `carry` (the tile's rows of
-// it), one that stops short of K leaves them there; the one that reaches K writes the outputs.
-// Carried through memory, the sums are the same floats as kept in registers. A `lead` tile
-// prefetches its stream kPrefetchSteps ahead. The accumulators are named variables (a for a
-// panel's first vector, b for its second where a vector is 8 lanes), not an array: GCC kept an
-// array of them on the stack and stored all of them every k (docs/benchmarks.md, "A float32
-// linear kernel for decode rows").
+// beside it, at the same k): each weight vector loaded feeds R rows. A tile that starts past
+// k = 0 takes its accumulators from `carry` (the tile's rows of it; the second panel's from the
+// carry's second half), one that stops short of K leaves them there; the one that reaches K
+// writes the outputs. Carried through memory, the sums are the same floats as kept in
+// registers. A `lead` tile prefetches its streams kPrefetchSteps ahead. The accumulators are
+// named variables (a for a panel's first vector, b for its second where a vector is 8 lanes, or
+// for the second panel's), not an array: GCC kept an array of them on the stack and stored all
+// of them every k (docs/benchmarks.md, "A float32 linear kernel for decode rows").
 template <class V, int R, int Panels = 1>
 void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float* carry,
           bool lead) {
