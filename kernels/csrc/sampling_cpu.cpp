@@ -1,12 +1,13 @@
 // Greedy sampling on the CPU: each row's argmax over float32 logits, as torch.argmax(dim=-1)
 // answers it (the first index of the largest value; the first NaN's where a row has one).
 //
-// torch's CPU argmax compares one element at a time, carrying its index: 47 us for a row of a
-// 32,000-token vocabulary on the Xeon of docs/benchmarks.md, 190 us for eight rows, a
-// thirtieth of a one-stream int8 step. Here a row is read in blocks: the maximum of each block
-// (a vectorized reduction), then the first block whose maximum is the row's, then the first
-// element of that block equal to it: 6 us a row. Equal values keep the lowest index (-0.0
-// equals 0.0, as in torch's comparisons).
+// torch's CPU argmax compares one element at a time, carrying its index: on the Xeon of
+// docs/benchmarks.md 47 us for a row of a 32,000-token vocabulary (a thirtieth of a one-stream
+// int8 step of the bench Llama), 190 us for eight rows, 770 for 32. Here a row is read in
+// blocks: the maximum of each block (a vectorized reduction), then the first block whose
+// maximum is the row's, then the first element of that block equal to it: 6 us a row, rows
+// split over the threads. Equal values keep the lowest index (-0.0 equals 0.0, as in torch's
+// comparisons).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
