@@ -5,7 +5,7 @@ between two runs are often larger than the change measured).
     ops = baseline_ops("HEAD~1", ["f32_linear_cpu.cpp"], "baton_cpu_before")
     ops.f32_linear(x, packed, None, out_features)
 
-Each build compiles the revision's sources with the current flags (`kernels.cpu_extension.FLAGS`)
+Each build compiles the revision's sources with the current flags (`kernels.cpu_extension.flags()`)
 and its own headers, its ops registered under `namespace` instead of `baton_cpu`; builds are
 cached by the sources' hash.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu_extension import FLAGS, SOURCES
+from kernels.cpu_extension import SOURCES, flags
 
 CSRC = SOURCES[0].parent
 ROOT = CSRC.parents[1]
@@ -64,7 +64,7 @@ def build_ops(files: dict[str, str], sources: list[str], namespace: str):
         name=f"{namespace}_{key}",
         sources=[str(directory / name) for name in sources],
         build_directory=str(directory),
-        extra_cflags=FLAGS,
+        extra_cflags=flags(),
         extra_ldflags=["-fopenmp"],
         is_python_module=False,
     )

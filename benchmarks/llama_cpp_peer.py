@@ -2,7 +2,7 @@
 `llama-cpp-python` source distribution (which vendors llama.cpp whole), Hugging Face checkpoints
 converted to GGUF by llama.cpp's own converter. Everything is cached under `peers_dir()`.
 
-    python benchmarks/llama_cpp_peer.py build
+    python benchmarks/llama_cpp_peer.py build [native|avx2]
     python benchmarks/llama_cpp_peer.py convert CHECKPOINT_DIR OUT_DIR [f32|q8_0]
 """
 
@@ -26,13 +26,10 @@ GGUF_KINDS = ("f32", "q8_0")
 # AMX it repacks for AVX-512 VNNI and serves. On CPUs without AMX the flags change nothing.
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
-# CPU-only, one static binary tuned for this machine; nothing fetched at build time (no curl,
-# no HTTPS, no prebuilt web UI: only package registries are reachable here).
+# CPU-only, one static binary; nothing fetched at build time (no curl, no HTTPS, no prebuilt
+# web UI: only package registries are reachable here).
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_NATIVE=ON",
-    f"-DCMAKE_C_FLAGS={NO_AMX}",
-    f"-DCMAKE_CXX_FLAGS={NO_AMX}",
     "-DBUILD_SHARED_LIBS=OFF",
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF",
@@ -40,6 +37,18 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 )
+# The instructions a build uses, each in a build folder of its own: "native" is tuned for this
+# CPU (AMX aside); "avx2" is AVX2, FMA and F16C without AVX-512, the set of an AVX2-only CPU
+# such as the AMD EPYC (Zen 3) VMs, so a machine with AVX-512 can also measure that code path.
+ISA_OPTIONS = {
+    "native": ("-DGGML_NATIVE=ON", f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"),
+    "avx2": (
+        "-DGGML_NATIVE=OFF",
+        *("-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON"),
+        *("-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AMX_INT8=OFF"),
+    ),
+}
+ISAS = tuple(ISA_OPTIONS)
 TARGETS = ("llama-server", "llama-quantize")
 
 
@@ -52,8 +61,12 @@ def source_dir(peers: Path) -> Path:
     return peers / f"llama.cpp-{LLAMA_CPP_PYTHON}"
 
 
-def binary(peers: Path, name: str) -> Path:
-    return source_dir(peers) / "build" / "bin" / name
+def build_dir(source: Path, isa: str = "native") -> Path:
+    return source / ("build" if isa == "native" else f"build-{isa}")
+
+
+def binary(peers: Path, name: str, isa: str = "native") -> Path:
+    return build_dir(source_dir(peers), isa) / "bin" / name
 
 
 def fetch_source(peers: Path) -> Path:
@@ -80,12 +93,14 @@ def fetch_source(peers: Path) -> Path:
     return source
 
 
-def cmake_configure_command(source: Path) -> list[str]:
-    return ["cmake", "-S", str(source), "-B", str(source / "build"), *CMAKE_OPTIONS]
+def cmake_configure_command(source: Path, isa: str = "native") -> list[str]:
+    options = (*CMAKE_OPTIONS, *ISA_OPTIONS[isa])
+    return ["cmake", "-S", str(source), "-B", str(build_dir(source, isa)), *options]
 
 
-def cmake_build_command(source: Path, jobs: int) -> list[str]:
-    return ["cmake", "--build", str(source / "build"), "--target", *TARGETS, f"-j{jobs}"]
+def cmake_build_command(source: Path, jobs: int, isa: str = "native") -> list[str]:
+    folder = str(build_dir(source, isa))
+    return ["cmake", "--build", folder, "--target", *TARGETS, f"-j{jobs}"]
 
 
 def ensure_cmake() -> None:
@@ -99,22 +114,24 @@ def ensure_cmake() -> None:
     )
 
 
-def build(peers: Path, jobs: int | None = None) -> Path:
-    """`llama-server` (and `llama-quantize`), built once; returns the server's path."""
-    if all(binary(peers, name).is_file() for name in TARGETS):
-        return binary(peers, "llama-server")
+def build(peers: Path, jobs: int | None = None, isa: str = "native") -> Path:
+    """`llama-server` (and `llama-quantize`) for `isa`, built once; returns the server's path."""
+    if isa not in ISA_OPTIONS:
+        raise ValueError(f"isa must be one of {', '.join(ISAS)}, got {isa!r}")
+    if all(binary(peers, name, isa).is_file() for name in TARGETS):
+        return binary(peers, "llama-server", isa)
     source = fetch_source(peers)
     ensure_cmake()
-    log = peers / "build.log"
+    log = peers / ("build.log" if isa == "native" else f"build-{isa}.log")
     with log.open("w") as out:
         for command in (
-            cmake_configure_command(source),
-            cmake_build_command(source, jobs or os.cpu_count() or 1),
+            cmake_configure_command(source, isa),
+            cmake_build_command(source, jobs or os.cpu_count() or 1, isa),
         ):
             if subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode:
                 tail = "\n".join(log.read_text().splitlines()[-20:])
                 raise RuntimeError(f"building llama.cpp failed ({' '.join(command)}):\n{tail}")
-    return binary(peers, "llama-server")
+    return binary(peers, "llama-server", isa)
 
 
 def pre_tokenizer_label(spec: dict) -> str | None:
@@ -223,8 +240,8 @@ def llama_server_command(
 def main(argv: list[str]) -> None:
     peers = peers_dir()
     match argv:
-        case ["build"]:
-            print(build(peers))
+        case ["build", *isa] if len(isa) <= 1:
+            print(build(peers, isa=isa[0] if isa else "native"))
         case ["convert", checkpoint, out_dir, *kind] if len(kind) <= 1:
             print(convert(peers, Path(checkpoint), Path(out_dir), *kind))
         case ["_run-converter", source, deps, checkpoint, out]:

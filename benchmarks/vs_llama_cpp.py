@@ -7,6 +7,7 @@ converted by llama.cpp's own converter), both driven by the same client, `baton 
     ... --gguf q8_0 --baton-args "--quantization int8 --kv-cache-dtype float16"  # llama.cpp's
                                               # cache is float16 by default, Baton's the model's
     ... --f32-baton-args "--kv-cache-dtype float16"   # the Baton measured against F32 likewise
+    ... --isa avx2      # both sides held to AVX2, FMA and F16C: an AVX2-only CPU's code paths
     PYTHONPATH=$PWD python benchmarks/vs_llama_cpp.py --pool a.json b.json  # runs' rounds together
 
 One server runs at a time, started afresh for every shape (prompt length, streams) and sized
@@ -32,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-from llama_cpp_peer import build, convert, llama_server_command, peers_dir
+from llama_cpp_peer import ISAS, build, convert, llama_server_command, peers_dir
 from vs_llama_cpp_report import (
     Measurement,
     as_json,
@@ -47,6 +48,18 @@ REPO = Path(__file__).resolve().parents[1]
 BATON, BATON_VARIANT = "baton", "baton+args"
 LLAMA_F32, LLAMA_Q8 = "llama.cpp F32", "llama.cpp Q8_0"
 WARM_UP_PROMPT = "warm up"
+# What `--isa` asks of Baton's side beyond the default: its C++ kernels built for that level
+# (in a kernel folder of their own), and torch's own CPU dispatch (ATen's kernels, oneDNN, MKL)
+# held to the same instructions. llama.cpp's side is a build for the same set (llama_cpp_peer).
+BATON_ISA_ENV = {
+    "native": {},
+    "avx2": {
+        "BATON_CPU_MARCH": "x86-64-v3",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    },
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,24 +124,32 @@ def bench_command(shape: Shape, port: int, seed: int) -> list[str]:
     ]
 
 
-def child_env(threads: int) -> dict[str, str]:
+def child_env(threads: int, isa: str = "native") -> dict[str, str]:
     # torch's intra-op pool follows OMP_NUM_THREADS; llama-server gets --threads instead. Baton's
     # C++ kernels build into a folder of their own (unless one is set), so another checkout's
-    # build on a shared machine neither invalidates this one's nor holds its lock mid-run.
+    # build on a shared machine neither invalidates this one's nor holds its lock mid-run; a
+    # build for another instruction set into another folder beside it, for the same reason.
     kernels = os.environ.get("TORCH_EXTENSIONS_DIR") or str(peers_dir() / "torch-extensions")
-    return os.environ | {
-        "PYTHONPATH": str(REPO),
-        "OMP_NUM_THREADS": str(threads),
-        "TOKENIZERS_PARALLELISM": "false",
-        "TORCH_EXTENSIONS_DIR": kernels,
-    }
+    if isa != "native":
+        kernels = f"{kernels}-{isa}"
+    return (
+        os.environ
+        | {
+            "PYTHONPATH": str(REPO),
+            "OMP_NUM_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false",
+            "TORCH_EXTENSIONS_DIR": kernels,
+        }
+        | BATON_ISA_ENV[isa]
+    )
 
 
-def build_baton_kernels(threads: int) -> None:
+def build_baton_kernels(threads: int, isa: str) -> None:
     """Baton's C++ CPU kernels built before any cold start is timed, as a deployed server finds
     them: torch's extension cache, in the servers' environment."""
     check = "import kernels.cpu_extension as k; assert k.cpu_kernels_available()"
-    subprocess.run([sys.executable, "-c", check], cwd=REPO, env=child_env(threads), check=True)
+    env = child_env(threads, isa)
+    subprocess.run([sys.executable, "-c", check], cwd=REPO, env=env, check=True)
 
 
 def load_1min() -> float:
@@ -167,7 +188,7 @@ def first_answer(server: subprocess.Popen, port: int, started: float, timeout_s:
 
 def measure(side: Side, shape: Shape, round_: int, args: argparse.Namespace) -> Measurement:
     """Start `side`'s server for `shape`, warm it up, run the client once, stop it."""
-    env = child_env(args.threads)
+    env = child_env(args.threads, args.isa)
     name = side.name.replace(" ", "_")
     log_path = args.log_dir / f"{name}-{shape.prompt_len}-{shape.streams}-{round_}.log"
     with socket.socket() as probe:
@@ -247,7 +268,7 @@ def sides(args: argparse.Namespace) -> list[Side]:
     for name, kind in ((LLAMA_F32, "f32"), (LLAMA_Q8, "q8_0")):
         if kind in args.gguf:
             gguf = convert(peers_dir(), model, peers_dir() / "gguf", kind)
-            chosen.append(Side(name, gguf, llama_server=build(peers_dir())))
+            chosen.append(Side(name, gguf, llama_server=build(peers_dir(), isa=args.isa)))
     return chosen
 
 
@@ -278,6 +299,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--baton-args", default="", help="a second Baton with these serve flags, against Q8_0"
+    )
+    parser.add_argument(
+        "--isa",
+        choices=ISAS,
+        default="native",
+        help="the instructions both sides use: this CPU's own, or AVX2 without AVX-512",
     )
     parser.add_argument("--port", type=int, default=8179)
     parser.add_argument("--seed", type=int, default=0)
@@ -366,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     args.log_dir = args.log_dir or peers_dir() / "logs"
     args.log_dir.mkdir(parents=True, exist_ok=True)
     chosen = sides(args)
-    build_baton_kernels(args.threads)
+    build_baton_kernels(args.threads, args.isa)
     shapes = [
         Shape(prompt_len, streams, args.output_len, args.requests_per_stream)
         for prompt_len in args.prompt_len

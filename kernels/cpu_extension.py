@@ -1,9 +1,10 @@
 """Baton's C++ kernels for the CPU (kernels/csrc), built by torch's extension builder on first use.
 
 The build needs g++ and ninja (scripts/setup installs them) and is cached until the source,
-flags or torch change, for the CPU that built it (`-march=native`: one `TORCH_EXTENSIONS_DIR`
-per kind of machine); a cached build loads without asking torch's builder. Where the build
-fails the CPU keeps the plain-torch path, and says why once.
+flags or torch change, for the CPU that built it (`-march=native`, or the level that
+`BATON_CPU_MARCH` names: one `TORCH_EXTENSIONS_DIR` per kind of machine); a cached build loads
+without asking torch's builder. Where the build fails the CPU keeps the plain-torch path, and
+says why once.
 """
 
 from __future__ import annotations
@@ -39,19 +40,27 @@ STAMP = "baton_build.json"
 # torch's builder waits forever on a lock file a killed build left behind; a build takes well
 # under a minute, so a lock older than this belongs to a process that died mid-build.
 STALE_LOCK_S = 300.0
-# Reassociation lets the compiler vectorize the dot products; the order it picks is fixed in
-# the binary, so results still do not depend on the batch. `at::parallel_for` is inline OpenMP:
-# without -fopenmp it runs on one thread. The library it links (soname libgomp.so.1) resolves to
-# the one torch has already loaded, so both share torch's thread pool.
-FLAGS = [
-    "-fopenmp",
-    "-O3",
-    "-march=native",
-    "-fno-math-errno",
-    "-fassociative-math",
-    "-fno-signed-zeros",
-    "-fno-trapping-math",
-]
+# The instruction set the kernels are built for: this CPU's own by default; a named level
+# (`x86-64-v3` for AVX2 and FMA, `x86-64-v4` for AVX-512) makes one build that a fleet of
+# machines can share, or measures another CPU's code path on this one.
+MARCH_ENV = "BATON_CPU_MARCH"
+
+
+def flags() -> list[str]:
+    """The compiler flags of a build. Reassociation lets the compiler vectorize the dot
+    products; the order it picks is fixed in the binary, so results still do not depend on the
+    batch. `at::parallel_for` is inline OpenMP: without -fopenmp it runs on one thread. The
+    library it links (soname libgomp.so.1) resolves to the one torch has already loaded, so both
+    share torch's thread pool."""
+    return [
+        "-fopenmp",
+        "-O3",
+        f"-march={os.environ.get(MARCH_ENV) or 'native'}",
+        "-fno-math-errno",
+        "-fassociative-math",
+        "-fno-signed-zeros",
+        "-fno-trapping-math",
+    ]
 
 
 @cache
@@ -71,7 +80,7 @@ def cpu_kernels_available() -> bool:
             name=NAME,
             build_directory=str(directory),
             sources=[str(source) for source in SOURCES],
-            extra_cflags=FLAGS,
+            extra_cflags=flags(),
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
         )
@@ -98,7 +107,7 @@ def build_key() -> str:
     digest = hashlib.sha256()
     for source in sorted(SOURCES[0].parent.iterdir()):  # the sources and their headers
         digest.update(source.read_bytes())
-    digest.update(" ".join(FLAGS).encode())
+    digest.update(" ".join(flags()).encode())
     digest.update(f"{torch.__version__} {sys.version}".encode())
     return digest.hexdigest()
 

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import kernels.cpu_extension
 from kernels.cpu_extension import (
+    MARCH_ENV,
     STAMP,
     build_key,
     cached_build,
     cpu_kernels_available,
+    flags,
     record_build,
 )
 
@@ -51,6 +53,17 @@ def test_the_build_key_covers_the_headers_beside_the_sources(tmp_path, monkeypat
     (csrc / "shared.h").write_text("// another schedule\n")
 
     assert build_key() != before
+
+
+def test_the_build_key_and_flags_follow_the_named_instruction_set(monkeypatch) -> None:
+    monkeypatch.delenv(MARCH_ENV, raising=False)
+    native = build_key()
+    assert "-march=native" in flags()
+
+    monkeypatch.setenv(MARCH_ENV, "x86-64-v3")
+
+    assert "-march=x86-64-v3" in flags() and "-march=native" not in flags()
+    assert build_key() != native  # a build for one level is never loaded for another
 
 
 def test_a_cached_build_loads_without_torchs_extension_builder() -> None:

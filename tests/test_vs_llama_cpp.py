@@ -147,6 +147,29 @@ def test_build_is_cpu_only_static_and_fetches_nothing():
     assert build[-4:] == ["--target", "llama-server", "llama-quantize", "-j2"]
 
 
+def test_an_avx2_build_has_its_own_folder_and_no_avx512():
+    command = llama_cpp_peer.cmake_configure_command(Path("/src"), "avx2")
+    assert command[:5] == ["cmake", "-S", "/src", "-B", "/src/build-avx2"]
+    assert {"-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_AVX512=OFF"} <= set(
+        command
+    )
+    assert "-DGGML_NATIVE=ON" not in command and "-DLLAMA_CURL=OFF" in command
+    assert llama_cpp_peer.cmake_build_command(Path("/src"), 2, "avx2")[2] == "/src/build-avx2"
+    peers = Path("/peers")
+    assert llama_cpp_peer.binary(peers, "llama-server", "avx2").parent.parent.name == "build-avx2"
+    with pytest.raises(ValueError, match="native, avx2"):
+        llama_cpp_peer.build(peers, isa="avx512")
+
+
+def test_an_avx2_run_holds_batons_kernels_and_torch_to_avx2(monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/ext")
+    native, avx2 = vs_llama_cpp.child_env(2, "native"), vs_llama_cpp.child_env(2, "avx2")
+    assert native["TORCH_EXTENSIONS_DIR"] == "/ext" and "BATON_CPU_MARCH" not in native
+    assert avx2["TORCH_EXTENSIONS_DIR"] == "/ext-avx2"  # never the native build's folder
+    assert avx2["BATON_CPU_MARCH"] == "x86-64-v3" and avx2["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert vs_llama_cpp.parse_args(["--isa", "avx2"]).isa == "avx2"
+
+
 def test_shape_sizes_context_for_prompt_and_answer():
     assert vs_llama_cpp.Shape(40, 1, 128, 2).context_per_sequence == 256  # 50 + 144 = 194
     assert vs_llama_cpp.Shape(256, 8, 128, 2).context_per_sequence == 512  # 320 + 144 = 464
@@ -307,7 +330,9 @@ def test_measures_a_real_baton_server_end_to_end(llama_checkpoint, tmp_path, mon
 
     # The kernels the rest of the suite builds, not a build of this test's own.
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", get_default_build_root())
-    args = argparse.Namespace(threads=2, port=8197, seed=0, start_timeout=600.0, log_dir=tmp_path)
+    args = argparse.Namespace(
+        threads=2, port=8197, seed=0, start_timeout=600.0, log_dir=tmp_path, isa="native"
+    )
     shape = vs_llama_cpp.Shape(prompt_len=12, streams=2, output_len=6, requests_per_stream=2)
     m = vs_llama_cpp.measure(vs_llama_cpp.Side("baton", llama_checkpoint), shape, 0, args)
     assert (m.completed, m.failed) == (4, 0)
