@@ -50,10 +50,14 @@ constexpr int64_t kBlockBytes = 256 * 1024;
 // chunk of kChunkSteps k steps at a time (2 KiB, in L1) instead of block by block
 // (linear_kernels.h's over_weight_chunks).
 constexpr int64_t kChunkSteps = 32;
-// How far ahead of its stream a lead tile prefetches: 128 k steps, 8 KiB. The hardware
-// prefetcher alone kept too few lines in flight once the multiply-adds of several rows slowed
-// the stream (docs/benchmarks.md, "Issue 20, eighth round").
+// How far ahead of its stream a lead tile prefetches: 128 k steps, 8 KiB, where one tile passes
+// over all of K. The hardware prefetcher alone kept too few lines in flight once the
+// multiply-adds of several rows slowed the stream (docs/benchmarks.md, "Issue 20, eighth round").
 constexpr int64_t kPrefetchSteps = 128;
+// Where several row tiles pass over each chunk in turn, 16 steps: 6-11% faster at 8-32 rows
+// than 128 on the AVX2 and the AVX-512 builds (at one row it was 11% slower; docs/benchmarks.md,
+// "Issue 20, sixteenth round").
+constexpr int64_t kSharedPrefetchSteps = 16;
 // Where a tile keeps its accumulators between chunks: a group's outputs for every row, and
 // after them the next group's, for the tiles that take two panels.
 constexpr int64_t kCarryPanel = baton::kChunkRows * kGroup;
@@ -172,6 +176,8 @@ struct Problem {
   // Whether a group's outputs, where they fill an aligned cache line, are written with
   // non-temporal stores (see `write_outputs`).
   bool stream_out;
+  // How far ahead a lead tile prefetches its weights, in k steps.
+  int64_t prefetch_steps;
 };
 
 // Writes a tile's sums (plus the bias) for rows [m, m + R) of group `g`: row r's line is
@@ -215,7 +221,7 @@ void write_outputs(const Problem& p, int64_t m, int64_t g, const typename V::Vec
 // k = 0 takes its accumulators from `carry` (the tile's rows of it; the second panel's from the
 // carry's second half), one that stops short of K leaves them there; the one that reaches K
 // writes the outputs. Carried through memory, the sums are the same floats as kept in
-// registers. A `lead` tile prefetches its streams kPrefetchSteps ahead. The accumulators are
+// registers. A `lead` tile prefetches its streams `p.prefetch_steps` ahead. The accumulators are
 // named variables (a for a panel's first vector, b for its second where a vector is 8 lanes, or
 // for the second panel's), not an array: GCC kept an array of them on the stack and stored all
 // of them every k (docs/benchmarks.md, "A float32 linear kernel for decode rows").
@@ -255,8 +261,8 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
   const int64_t ldx = p.ldx;
   for (int64_t k = k0; k < k1; ++k, w += kGroup) {
     if (lead) {
-      __builtin_prefetch(w + kPrefetchSteps * kGroup);
-      if constexpr (Panels == 2) __builtin_prefetch(w + second + kPrefetchSteps * kGroup);
+      __builtin_prefetch(w + p.prefetch_steps * kGroup);
+      if constexpr (Panels == 2) __builtin_prefetch(w + second + p.prefetch_steps * kGroup);
     }
     Vec lo = V::load(w), hi = kSecond ? V::load(w + second) : lo;
     if constexpr (kVecs == 2 && R <= 4) V::pin(lo, hi);
@@ -333,7 +339,8 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
   auto out = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
   const Problem p{x.data_ptr<float>(), x.stride(0), weight.data_ptr<float>(),
-                  bias_data, out.data_ptr<float>(), K, N, baton::decode_sized(M)};
+                  bias_data, out.data_ptr<float>(), K, N, baton::decode_sized(M),
+                  M <= kMaxRowTile ? kPrefetchSteps : kSharedPrefetchSteps};
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * K * M);
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
   const int64_t panel_bytes = kGroup * std::max<int64_t>(K, 1) * sizeof(float);

@@ -67,9 +67,14 @@ constexpr int64_t kBlockBytes = 128 * 1024;
 // (linear_kernels.h's over_weight_chunks). It divides kChunkBlocks.
 constexpr int64_t kDecodeChunkBlocks = 32;
 static_assert(kChunkBlocks % kDecodeChunkBlocks == 0, "a decode chunk never spans a flush");
-// How far ahead of the tile its weight stream is prefetched: 16 blocks of a group. At one row
-// the hardware prefetcher alone left the stream short of DRAM's pace (docs/benchmarks.md).
-constexpr int64_t kPrefetchBytes = 16 * kGroup * kLanes;
+// How far ahead of the tile its weight stream is prefetched: where one row tile passes over all
+// of K (up to kMaxRowTile rows), 64 blocks of a group, 6 KiB; at one row the hardware
+// prefetcher alone left the stream short of DRAM's pace (docs/benchmarks.md), and 64 blocks
+// were 9-16% faster than 16 at 1-6 rows on the AVX2 and the AVX-512 builds ("Issue 20,
+// sixteenth round"). Where several row tiles take turns over each chunk, and in prefill,
+// 16 blocks: shorter and longer distances were no faster there.
+constexpr int64_t kPrefetchBytes = 64 * kGroup * kLanes;
+constexpr int64_t kSharedPrefetchBytes = 16 * kGroup * kLanes;
 // Activations quantized per parallel task.
 constexpr int64_t kTaskValues = 1 << 15;
 
@@ -294,6 +299,8 @@ struct Problem {
   float* out;
   int64_t N;
   int64_t k_blocks;  // ceil(K / kLanes)
+  // How far ahead a lead tile prefetches its weights.
+  int64_t prefetch_bytes;
 };
 
 // Where a tile keeps its sums between chunks on the decode path: each row's float and
@@ -336,7 +343,7 @@ void tile(const Problem& p, int64_t m, int64_t g, int pair, int64_t b0, int64_t 
       for (int c = 0; c < C; ++c) sum[r][c] = resumed ? V::load(carried_sum(r, c)) : V::izero();
     for (int64_t b = c0; b < c1; ++b) {
       const int8_t* wb = w + b * kStride;
-      if (lead) __builtin_prefetch(wb + kPrefetchBytes);
+      if (lead) __builtin_prefetch(wb + p.prefetch_bytes);
       for (int c = 0; c < C; ++c) {
         const I wv = V::load_codes(wb + c * kVecPairs * 2 * kLanes);
         for (int r = 0; r < R; ++r) {
@@ -426,7 +433,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   });
   const Problem p{xqp, sp, codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
                   bias_data, out.data_ptr<float>(),
-                  N, k_blocks};
+                  N, k_blocks, M <= kMaxRowTile ? kPrefetchBytes : kSharedPrefetchBytes};
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * k_blocks * kLanes * M);
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
   const int64_t block = std::max<int64_t>(1, kBlockBytes / (kGroup * k_blocks * kLanes));
