@@ -16,7 +16,7 @@ import uvloop
 
 from app.async_engine import AsyncEngine
 from app.llm import build_engine, build_simulated_engine
-from app.server import BatonServer, create_app, uvicorn_config
+from app.server import BatonServer, bind_socket, create_app, uvicorn_config
 from app.settings import ServerSettings
 from app.state import ServerState
 from core.config import EngineConfig
@@ -104,7 +104,9 @@ def running_front_end(
     app = create_app(state, span_exporter=span_exporter)
     server = BatonServer(uvicorn_config(app, settings), state)
     run = uvloop.run if settings.event_loop == "uvloop" else asyncio.run
-    thread = threading.Thread(target=run, args=(server.serve(),), daemon=True)
+    # On a socket bound as `baton serve` binds it, so connections are the ones it accepts.
+    serving = server.serve(sockets=[bind_socket(settings)])
+    thread = threading.Thread(target=run, args=(serving,), daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:

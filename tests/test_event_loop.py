@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 
 import httpx
 import pytest
@@ -50,3 +52,36 @@ def test_a_stream_is_served_whole_on_either_loop(llama_checkpoint, event_loop, l
         assert isinstance(state.engine.loop, loop_type)
     assert events[-1] == "data: [DONE]"
     assert json.loads(events[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 6
+
+
+def server_side_socket(client: socket.socket) -> socket.socket:
+    """The in-process server's end of `client`'s connection (a duplicate of its descriptor)."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            candidate = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        try:
+            if candidate.type == socket.SOCK_STREAM and (
+                candidate.getpeername() == client.getsockname()
+            ):
+                return candidate
+        except OSError:
+            pass
+        candidate.close()
+    raise AssertionError("no server-side socket for the client's connection")
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_connections_send_small_writes_at_once_on_either_loop(llama_checkpoint, event_loop):
+    # asyncio's loop leaves Nagle's algorithm on for uvicorn's connections: a response's body
+    # then waited ~40 ms for the client's delayed acknowledgement of its head.
+    with (
+        running_server(simulated_engine(llama_checkpoint), event_loop=event_loop) as state,
+        socket.create_connection(("127.0.0.1", state.settings.port)) as client,
+    ):
+        client.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        head = client.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        with server_side_socket(client) as server_end:
+            assert server_end.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
