@@ -58,6 +58,10 @@ constexpr int64_t kPrefetchSteps = 128;
 // than 128 on the AVX2 and the AVX-512 builds (at one row it was 11% slower; docs/benchmarks.md,
 // "Issue 20, sixteenth round").
 constexpr int64_t kSharedPrefetchSteps = 16;
+// Prefill tiles, each passing over its block's panels from L2, prefetch 64 steps ahead: a
+// 41-token prefill of the bench Llama 7-10% faster on AVX2 and 5-7% natively than with none,
+// 200 tokens 0-5% (32 and 128 steps about the same; "sixteenth round").
+constexpr int64_t kPrefillPrefetchSteps = 64;
 // Where a tile keeps its accumulators between chunks: a group's outputs for every row, and
 // after them the next group's, for the tiles that take two panels.
 constexpr int64_t kCarryPanel = baton::kChunkRows * kGroup;
@@ -221,10 +225,11 @@ void write_outputs(const Problem& p, int64_t m, int64_t g, const typename V::Vec
 // k = 0 takes its accumulators from `carry` (the tile's rows of it; the second panel's from the
 // carry's second half), one that stops short of K leaves them there; the one that reaches K
 // writes the outputs. Carried through memory, the sums are the same floats as kept in
-// registers. A `lead` tile prefetches its streams `p.prefetch_steps` ahead. The accumulators are
-// named variables (a for a panel's first vector, b for its second where a vector is 8 lanes, or
-// for the second panel's), not an array: GCC kept an array of them on the stack and stored all
-// of them every k (docs/benchmarks.md, "A float32 linear kernel for decode rows").
+// registers. A `lead` tile (at decode sizes a chunk's first, in prefill every tile) prefetches
+// its streams `p.prefetch_steps` ahead. The accumulators are named variables (a for a panel's
+// first vector, b for its second where a vector is 8 lanes, or for the second panel's), not an
+// array: GCC kept an array of them on the stack and stored all of them every k
+// (docs/benchmarks.md, "A float32 linear kernel for decode rows").
 template <class V, int R, int Panels = 1>
 void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float* carry,
           bool lead) {
@@ -340,7 +345,9 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
   if (M == 0 || N == 0) return out;
   const Problem p{x.data_ptr<float>(), x.stride(0), weight.data_ptr<float>(),
                   bias_data, out.data_ptr<float>(), K, N, baton::decode_sized(M),
-                  M <= kMaxRowTile ? kPrefetchSteps : kSharedPrefetchSteps};
+                  M <= kMaxRowTile       ? kPrefetchSteps
+                  : baton::decode_sized(M) ? kSharedPrefetchSteps
+                                           : kPrefillPrefetchSteps};
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * K * M);
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
   const int64_t panel_bytes = kGroup * std::max<int64_t>(K, 1) * sizeof(float);
@@ -351,7 +358,7 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
       [&](Carry& carry, int64_t m, int r, int64_t g, int64_t g_end, int64_t k0, int64_t k1,
           bool lead) { rows(p, m, r, g, g_end, k0, k1, carry.acc, lead); },
       [&](int64_t m, int r, int64_t g, int64_t g_end) {
-        rows(p, m, r, g, g_end, 0, K, nullptr, false);
+        rows(p, m, r, g, g_end, 0, K, nullptr, true);
       });
   return out;
 }
