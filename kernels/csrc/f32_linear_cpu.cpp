@@ -54,9 +54,9 @@ constexpr int64_t kChunkSteps = 32;
 // over all of K. The hardware prefetcher alone kept too few lines in flight once the
 // multiply-adds of several rows slowed the stream (docs/benchmarks.md, "Issue 20, eighth round").
 constexpr int64_t kPrefetchSteps = 128;
-// Where several row tiles pass over each chunk in turn, 16 steps: 6-11% faster at 8-32 rows
-// than 128 on the AVX2 and the AVX-512 builds (at one row it was 11% slower; docs/benchmarks.md,
-// "Issue 20, sixteenth round").
+// Where several row tiles pass over each chunk in turn, 16 steps: 3-14% faster at 8-32 rows
+// than 128 on the AVX2 and the AVX-512 builds (for one tile it was 11% slower at one row;
+// docs/benchmarks.md, "Issue 20, sixteenth round").
 constexpr int64_t kSharedPrefetchSteps = 16;
 // Prefill tiles, each passing over its block's panels from L2, prefetch 64 steps ahead: a
 // 41-token prefill of the bench Llama 7-10% faster on AVX2 and 5-7% natively than with none,

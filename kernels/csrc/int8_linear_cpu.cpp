@@ -70,9 +70,10 @@ static_assert(kChunkBlocks % kDecodeChunkBlocks == 0, "a decode chunk never span
 // How far ahead of the tile its weight stream is prefetched: where one row tile passes over all
 // of K (up to kMaxRowTile rows), 64 blocks of a group, 6 KiB; at one row the hardware
 // prefetcher alone left the stream short of DRAM's pace (docs/benchmarks.md), and 64 blocks
-// were 9-16% faster than 16 at 1-6 rows on the AVX2 and the AVX-512 builds ("Issue 20,
-// sixteenth round"). Where several row tiles take turns over each chunk, and in prefill,
-// 16 blocks: shorter and longer distances were no faster there.
+// were 4-18% faster than 16 at 1-6 rows of the bench Llama on the AVX2 and the AVX-512 builds
+// (the 0.4B's one row the same; "Issue 20, sixteenth round"). Where several row tiles take
+// turns over each chunk 16 blocks, as before: 4, 8 and 32 were no faster there. Prefill keeps
+// 16 too (not measured at other distances).
 constexpr int64_t kPrefetchBytes = 64 * kGroup * kLanes;
 constexpr int64_t kSharedPrefetchBytes = 16 * kGroup * kLanes;
 // Activations quantized per parallel task.
