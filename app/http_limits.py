@@ -7,7 +7,6 @@ header block's size (`--max-header-bytes`) and how long headers and body may tak
 from __future__ import annotations
 
 import asyncio
-import socket
 from http import HTTPStatus
 from typing import Any
 
@@ -46,19 +45,6 @@ def wire_bytes(response: Response) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + response.body
 
 
-def no_delay(transport: asyncio.BaseTransport) -> None:
-    """Turn off Nagle's algorithm on a connection's TCP socket. uvloop does so for every TCP
-    socket; asyncio's own loop only for sockets created with protocol IPPROTO_TCP, which
-    uvicorn's listening socket (protocol 0) and so its connections are not. With Nagle on, the
-    second of two small writes (a response's body after its head, a stream's next token) waited
-    for the client's delayed acknowledgement: 40 ms per request on a kept-alive connection
-    (docs/benchmarks.md, "Issue 20, sixteenth round"). A stream's WebSocket keeps the socket
-    of the HTTP request it was upgraded from."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
 class LimitedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the limits above; build it with `http_protocol`."""
 
@@ -83,7 +69,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._requests_begun = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        no_delay(transport)
         super().connection_made(transport)
         self._start_head_timer()
 

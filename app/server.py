@@ -253,7 +253,11 @@ def bind_socket(settings: ServerSettings) -> socket.socket:
     """The server's listening address, taken before the model loads: a busy port fails in a
     moment with a clear message instead of after a long load. uvicorn serves on this socket."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # Named IPPROTO_TCP, not left 0: asyncio's loop turns Nagle's algorithm off only on
+    # connections whose socket says so (uvloop on every TCP one). With it on, a response's
+    # second small write (a body after its head, a stream's next token) waited for the client's
+    # delayed acknowledgement, ~40 ms (docs/benchmarks.md, "Issue 20, sixteenth round").
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     # As uvicorn does: a restart may take the port while the last run's connections time out.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

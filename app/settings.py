@@ -48,8 +48,9 @@ class ServerSettings:
     metrics_style: str = "baton"
     # The event loop uvicorn runs on. asyncio's own lets the step thread run while a socket
     # write is in the kernel: uvloop holds the GIL through each write, and the step thread
-    # waited for it every token (one stream: 4-13% longer TPOT on uvloop, the same throughput
-    # at 8 and 32; docs/benchmarks.md, "Issue 20, fifteenth round").
+    # waited for it every token (one stream: 7% longer TPOT on uvloop, 1.97 against 1.84 ms;
+    # the same throughput at 8 and 32; docs/benchmarks.md, "Issue 20, fifteenth round" and
+    # "sixteenth round").
     event_loop: str = "asyncio"
 
     @property

@@ -74,8 +74,9 @@ def server_side_socket(client: socket.socket) -> socket.socket:
 
 @pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
 def test_connections_send_small_writes_at_once_on_either_loop(llama_checkpoint, event_loop):
-    # asyncio's loop leaves Nagle's algorithm on for uvicorn's connections: a response's body
-    # then waited ~40 ms for the client's delayed acknowledgement of its head.
+    # asyncio's loop leaves Nagle's algorithm on where the listening socket was not created as
+    # IPPROTO_TCP (app.server.bind_socket): a response's body then waited ~40 ms for the
+    # client's delayed acknowledgement of its head.
     with (
         running_server(simulated_engine(llama_checkpoint), event_loop=event_loop) as state,
         socket.create_connection(("127.0.0.1", state.settings.port)) as client,
