@@ -62,6 +62,13 @@ constexpr int64_t kSharedPrefetchSteps = 16;
 // 41-token prefill of the bench Llama 7-10% faster on AVX2 and 5-7% natively than with none,
 // 200 tokens 0-5% (32 and 128 steps about the same; "sixteenth round").
 constexpr int64_t kPrefillPrefetchSteps = 64;
+// Tiles of this many rows and more unroll their k loop by two: a step's address arithmetic, loop
+// counter and prefetch test then come once per two steps, and on Intel cores they share ports
+// with the multiply-adds (AVX2 tiles of 4-32 rows 5-8% faster with the weights in L2, 3-5% at
+// 16-32 rows from DRAM; docs/benchmarks.md, "Issue 20, seventeenth round"). Below it the
+// tiles wait on the multiply-adds' latency or on DRAM, and a one-row pass over the 0.4B Llama
+// ran 13% slower unrolled.
+constexpr int kUnrollRows = 3;
 // Where a tile keeps its accumulators between chunks: a group's outputs for every row, and
 // after them the next group's, for the tiles that take two panels.
 constexpr int64_t kCarryPanel = baton::kChunkRows * kGroup;
@@ -264,23 +271,34 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
   const float* x = p.x + m * p.ldx;
   const float* w = p.weight + (g * p.K + k0) * kGroup;
   const int64_t ldx = p.ldx;
-  for (int64_t k = k0; k < k1; ++k, w += kGroup) {
-    if (lead) {
-      __builtin_prefetch(w + p.prefetch_steps * kGroup);
-      if constexpr (Panels == 2) __builtin_prefetch(w + second + p.prefetch_steps * kGroup);
-    }
-    Vec lo = V::load(w), hi = kSecond ? V::load(w + second) : lo;
-    if constexpr (kVecs == 2 && R <= 4) V::pin(lo, hi);
-    const float* xk = x + k;
+  const int64_t ahead = p.prefetch_steps * kGroup;
 #define BATON_ROW(r)                                       \
   if (R > r) {                                             \
     const Vec xv = V::broadcast(xk + r * ldx);             \
     a##r = V::fma(xv, lo, a##r);                           \
     if constexpr (kSecond) b##r = V::fma(xv, hi, b##r);    \
   }
-    BATON_ROWS(BATON_ROW)
-#undef BATON_ROW
+#define BATON_STEP                                                                  \
+  if (lead) {                                                                       \
+    __builtin_prefetch(w + ahead);                                                  \
+    if constexpr (Panels == 2) __builtin_prefetch(w + second + ahead);              \
+  }                                                                                 \
+  Vec lo = V::load(w), hi = kSecond ? V::load(w + second) : lo;                     \
+  if constexpr (kVecs == 2 && R <= 4) V::pin(lo, hi);                               \
+  const float* xk = x + k;                                                          \
+  BATON_ROWS(BATON_ROW)
+  if constexpr (R >= kUnrollRows) {
+#pragma GCC unroll 2
+    for (int64_t k = k0; k < k1; ++k, w += kGroup) {
+      BATON_STEP
+    }
+  } else {
+    for (int64_t k = k0; k < k1; ++k, w += kGroup) {
+      BATON_STEP
+    }
   }
+#undef BATON_STEP
+#undef BATON_ROW
   if (k1 < p.K) {
 #define BATON_LEAVE(r)                                       \
   if (R > r) {                                               \
@@ -353,7 +371,8 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
   const int64_t panel_bytes = kGroup * std::max<int64_t>(K, 1) * sizeof(float);
   const int64_t block = std::max<int64_t>(1, kBlockBytes / panel_bytes);
   baton::over_rows<Carry>(
-      groups, grain, K, kChunkSteps, block, M, kMaxRowTile, kPrefillMaxRowTile,
+      groups, grain, K, kChunkSteps, block, M, K * static_cast<int64_t>(sizeof(float)),
+      kMaxRowTile, kPrefillMaxRowTile,
       Wide::kLanes == kGroup && M >= kDecodePairRows ? 2 : 1,
       [&](Carry& carry, int64_t m, int r, int64_t g, int64_t g_end, int64_t k0, int64_t k1,
           bool lead) { rows(p, m, r, g, g_end, k0, k1, carry.acc, lead); },

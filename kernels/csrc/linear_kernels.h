@@ -66,16 +66,38 @@ struct RowTiles {
   }
 };
 
+// Activation bytes of a prefill row block: the weight blocks pass over the rows a row block at a
+// time, so a block's rows stay in the caches while every weight block passes over them. All rows
+// at once re-read every row from DRAM for every weight block: at 2,048 rows of the 0.4B Llama's
+// gate_up (float32) that ran 12% below the pace of 256 rows, int8's qkv 25% below
+// (docs/benchmarks.md, "Issue 20, seventeenth round").
+constexpr int64_t kRowBlockBytes = 1 << 20;
+
 // Prefill-sized batches: `row_tile(first_row, rows, group_begin, group_end)` for every row tile
 // and every block of up to `block` of the `groups` channel groups (fewer where that leaves too
-// few shares for the threads). A block's weights stay in L2 while every row tile passes over it.
+// few shares for the threads), a block of rows of `row_bytes` each at a time. A block's weights
+// stay in L2 while every row tile of the row block passes over them.
 template <typename RowTile>
 void over_channel_blocks(int64_t groups, int64_t grain, int64_t block, int64_t num_rows,
-                         int64_t max_tile, const RowTile& row_tile) {
-  const RowTiles tiles(num_rows, max_tile);
+                         int64_t row_bytes, int64_t max_tile, const RowTile& row_tile) {
   const int64_t share = std::min(block, share_of(groups, grain));
-  parallel_shares(groups, grain, share, [&](int64_t g, int64_t g_end) {
-    tiles.for_each([&](int64_t, int64_t m, int rows) { row_tile(m, rows, g, g_end); });
+  const int64_t shares = (groups + share - 1) / share;
+  // Whole tiles of rows, at least one.
+  const int64_t fit = kRowBlockBytes / std::max<int64_t>(row_bytes, 1) / max_tile * max_tile;
+  const int64_t row_block = std::min(num_rows, std::max(max_tile, fit));
+  const int64_t row_blocks = (num_rows + row_block - 1) / row_block;
+  // A unit is one row block over one share of the groups, the units of a row block in turn:
+  // the threads take shares of the same row block at a time.
+  const int64_t units = row_blocks * shares;
+  const int64_t unit_grain = (grain + share - 1) / share;
+  parallel_shares(units, unit_grain, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t m0 = u / shares * row_block, g = u % shares * share;
+      const RowTiles tiles(std::min(row_block, num_rows - m0), max_tile);
+      tiles.for_each([&](int64_t, int64_t m, int rows) {
+        row_tile(m0 + m, rows, g, std::min(groups, g + share));
+      });
+    }
   });
 }
 
@@ -121,18 +143,18 @@ void over_weight_chunks(int64_t groups, int64_t grain, int64_t k_len, int64_t ch
 // A linear's schedule by its row count: up to kChunkRows rows over_weight_chunks in row tiles of
 // up to `max_tile` rows, `decode_panels` groups at a time, in chunks of `chunk` steps (or of all
 // `k_len` where one row tile is all there is: its single pass is already the only one); past it
-// over_channel_blocks in row tiles of up to `prefill_max_tile` rows and blocks of up to `block`
-// groups.
+// over_channel_blocks in row tiles of up to `prefill_max_tile` rows, blocks of up to `block`
+// groups and row blocks of rows `row_bytes` long.
 template <typename Carry, typename ChunkTile, typename RowTile>
 void over_rows(int64_t groups, int64_t grain, int64_t k_len, int64_t chunk, int64_t block,
-               int64_t num_rows, int64_t max_tile, int64_t prefill_max_tile,
+               int64_t num_rows, int64_t row_bytes, int64_t max_tile, int64_t prefill_max_tile,
                int64_t decode_panels, const ChunkTile& chunk_tile, const RowTile& row_tile) {
   if (decode_sized(num_rows)) {
     const int64_t steps = num_rows <= max_tile ? std::max<int64_t>(k_len, 1) : chunk;
     over_weight_chunks<Carry>(groups, grain, k_len, steps, num_rows, max_tile, decode_panels,
                               chunk_tile);
   } else {
-    over_channel_blocks(groups, grain, block, num_rows, prefill_max_tile, row_tile);
+    over_channel_blocks(groups, grain, block, num_rows, row_bytes, prefill_max_tile, row_tile);
   }
 }
 
