@@ -58,6 +58,11 @@ constexpr int64_t kPrefetchSteps = 128;
 // than 128 on the AVX2 and the AVX-512 builds (for one tile it was 11% slower at one row;
 // docs/benchmarks.md, "Issue 20, sixteenth round").
 constexpr int64_t kSharedPrefetchSteps = 16;
+// There the second tile of a chunk prefetches too, the next chunk's line at its own step
+// (kChunkSteps ahead): the stream then goes on while the tiles after the first pass over the
+// chunk from L1, where it stopped before (AVX2: the 0.4B Llama's 8-row pass 3-6% faster, 12
+// rows 2-3%; 48 steps about the same, 64 less; natively about the same; docs/benchmarks.md,
+// "Issue 20, seventeenth round").
 // Prefill tiles, each passing over its block's panels from L2, prefetch 64 steps ahead: a
 // 41-token prefill of the bench Llama 7-10% faster on AVX2 and 5-7% natively than with none,
 // 200 tokens 0-5% (32 and 128 steps about the same; "sixteenth round").
@@ -187,7 +192,7 @@ struct Problem {
   // Whether a group's outputs, where they fill an aligned cache line, are written with
   // non-temporal stores (see `write_outputs`).
   bool stream_out;
-  // How far ahead a lead tile prefetches its weights, in k steps.
+  // How far ahead the first tile of a chunk (turn 0) prefetches its weights, in k steps.
   int64_t prefetch_steps;
 };
 
@@ -232,14 +237,15 @@ void write_outputs(const Problem& p, int64_t m, int64_t g, const typename V::Vec
 // k = 0 takes its accumulators from `carry` (the tile's rows of it; the second panel's from the
 // carry's second half), one that stops short of K leaves them there; the one that reaches K
 // writes the outputs. Carried through memory, the sums are the same floats as kept in
-// registers. A `lead` tile (at decode sizes a chunk's first, in prefill every tile) prefetches
-// its streams `p.prefetch_steps` ahead. The accumulators are named variables (a for a panel's
+// registers. The tile of `turn` 0 (at decode sizes a chunk's first, in prefill every tile)
+// prefetches its streams `p.prefetch_steps` ahead, that of turn 1 (a chunk's second) a chunk
+// ahead. The accumulators are named variables (a for a panel's
 // first vector, b for its second where a vector is 8 lanes, or for the second panel's), not an
 // array: GCC kept an array of them on the stack and stored all of them every k
 // (docs/benchmarks.md, "A float32 linear kernel for decode rows").
 template <class V, int R, int Panels = 1>
 void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float* carry,
-          bool lead) {
+          int turn) {
   using Vec = typename V::Vec;
   constexpr int kLanes = V::kLanes, kVecs = kGroup / kLanes;
   static_assert(Panels == 1 || (kVecs == 1 && R <= 12), "two panels where a line is a vector");
@@ -272,6 +278,7 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
   const float* w = p.weight + (g * p.K + k0) * kGroup;
   const int64_t ldx = p.ldx;
   const int64_t ahead = p.prefetch_steps * kGroup;
+  constexpr int64_t kNextChunk = kChunkSteps * kGroup;
 #define BATON_ROW(r)                                       \
   if (R > r) {                                             \
     const Vec xv = V::broadcast(xk + r * ldx);             \
@@ -279,9 +286,12 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
     if constexpr (kSecond) b##r = V::fma(xv, hi, b##r);    \
   }
 #define BATON_STEP                                                                  \
-  if (lead) {                                                                       \
+  if (turn == 0) {                                                                  \
     __builtin_prefetch(w + ahead);                                                  \
     if constexpr (Panels == 2) __builtin_prefetch(w + second + ahead);              \
+  } else if (turn == 1) {                                                           \
+    __builtin_prefetch(w + kNextChunk);                                             \
+    if constexpr (Panels == 2) __builtin_prefetch(w + second + kNextChunk);         \
   }                                                                                 \
   Vec lo = V::load(w), hi = kSecond ? V::load(w + second) : lo;                     \
   if constexpr (kVecs == 2 && R <= 4) V::pin(lo, hi);                               \
@@ -326,25 +336,25 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
 // hands them two groups (from kDecodePairRows rows; "fifteenth round").
 template <int R>
 void row_tile(const Problem& p, int64_t m, int64_t g_begin, int64_t g_end, int64_t k0,
-              int64_t k1, float* carry, bool lead) {
+              int64_t k1, float* carry, int turn) {
   using V = std::conditional_t<R == 1, Narrow, Wide>;
   int64_t g = g_begin;
   if constexpr (V::kLanes == kGroup) {
     if (carry != nullptr || R <= kPrefillPairRows) {
-      for (; g + 1 < g_end; g += 2) tile<V, R, 2>(p, m, g, k0, k1, carry, lead);
+      for (; g + 1 < g_end; g += 2) tile<V, R, 2>(p, m, g, k0, k1, carry, turn);
     }
   }
-  for (; g < g_end; ++g) tile<V, R>(p, m, g, k0, k1, carry, lead);
+  for (; g < g_end; ++g) tile<V, R>(p, m, g, k0, k1, carry, turn);
 }
 
 // The tile of R rows, R known at compile time (tiles past kMaxRowTile never come).
 template <int R = 1>
 void rows(const Problem& p, int64_t m, int r, int64_t g_begin, int64_t g_end, int64_t k0,
-          int64_t k1, float* carry, bool lead) {
+          int64_t k1, float* carry, int turn) {
   if constexpr (R < kMaxRowTile) {
-    if (r > R) return rows<R + 1>(p, m, r, g_begin, g_end, k0, k1, carry, lead);
+    if (r > R) return rows<R + 1>(p, m, r, g_begin, g_end, k0, k1, carry, turn);
   }
-  row_tile<R>(p, m, g_begin, g_end, k0, k1, carry, lead);
+  row_tile<R>(p, m, g_begin, g_end, k0, k1, carry, turn);
 }
 
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
@@ -375,9 +385,9 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
       kMaxRowTile, kPrefillMaxRowTile,
       Wide::kLanes == kGroup && M >= kDecodePairRows ? 2 : 1,
       [&](Carry& carry, int64_t m, int r, int64_t g, int64_t g_end, int64_t k0, int64_t k1,
-          bool lead) { rows(p, m, r, g, g_end, k0, k1, carry.acc, lead); },
+          int turn) { rows(p, m, r, g, g_end, k0, k1, carry.acc, turn); },
       [&](int64_t m, int r, int64_t g, int64_t g_end) {
-        rows(p, m, r, g, g_end, 0, K, nullptr, true);
+        rows(p, m, r, g, g_end, 0, K, nullptr, 0);
       });
   return out;
 }

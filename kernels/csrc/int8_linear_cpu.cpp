@@ -446,7 +446,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
       groups, grain, k_blocks, kDecodeChunkBlocks, block, M,
       k_blocks * kBlockInts * static_cast<int64_t>(sizeof(int16_t)), kMaxRowTile, kMaxRowTile, 1,
       [&](Carry& carry, int64_t m, int r, int64_t g, int64_t g_end, int64_t b0, int64_t b1,
-          bool lead) { rows(p, m, r, g, g_end, b0, b1, &carry, lead); },
+          int turn) { rows(p, m, r, g, g_end, b0, b1, &carry, turn == 0); },
       [&](int64_t m, int r, int64_t g, int64_t g_end) {
         rows(p, m, r, g, g_end, 0, k_blocks, nullptr, true);
       });

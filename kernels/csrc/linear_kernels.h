@@ -102,14 +102,14 @@ void over_channel_blocks(int64_t groups, int64_t grain, int64_t block, int64_t n
 }
 
 // Decode-sized batches of a few row tiles: `chunk_tile(carry, first_row, rows, group_begin,
-// group_end, k_begin, k_end, lead)` for every `panels` adjacent groups of a share (the last of a
+// group_end, k_begin, k_end, turn)` for every `panels` adjacent groups of a share (the last of a
 // share may hold fewer), every chunk of `chunk` of the `k_len` steps of their weights, and every
 // row tile, the tiles in turn over one chunk while it is in L1. So the weights stream from DRAM
 // once, at the pace of every row's multiply-adds, where block by block they streamed at the pace
 // of one tile's and the other tiles then ran with DRAM idle (docs/benchmarks.md, "Issue 20,
-// eighth round"). `lead` is set for the first tile of a chunk, the one that meets the weights
-// first (it prefetches ahead of the stream); `carry` is one `Carry` per share, where a tile
-// keeps its accumulators between the chunks.
+// eighth round"). `turn` is a tile's place among the chunk's tiles: 0 for the first, the one that
+// meets the weights first (it prefetches ahead of the stream); `carry` is one `Carry` per
+// share, where a tile keeps its accumulators between the chunks.
 template <typename Carry, typename ChunkTile>
 void over_weight_chunks(int64_t groups, int64_t grain, int64_t k_len, int64_t chunk,
                         int64_t num_rows, int64_t max_tile, int64_t panels,
@@ -127,7 +127,7 @@ void over_weight_chunks(int64_t groups, int64_t grain, int64_t k_len, int64_t ch
       do {
         const int64_t k_end = std::min(k_len, k + chunk);
         tiles.for_each([&](int64_t t, int64_t m, int rows) {
-          chunk_tile(carry, m, rows, g, g_end, k, k_end, t == 0);
+          chunk_tile(carry, m, rows, g, g_end, k, k_end, static_cast<int>(t));
         });
         k = k_end;
       } while (k < k_len);
