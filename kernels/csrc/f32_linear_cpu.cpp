@@ -56,20 +56,19 @@ constexpr int64_t kChunkSteps = 32;
 constexpr int64_t kPrefetchSteps = 128;
 // Where several row tiles pass over each chunk in turn, 16 steps: 3-14% faster at 8-32 rows
 // than 128 on the AVX2 and the AVX-512 builds (for one tile it was 11% slower at one row;
-// docs/benchmarks.md, "Issue 20, sixteenth round").
+// docs/benchmarks.md, "Issue 20, sixteenth round"). There the chunk's second tile prefetches
+// too, the next chunk's line at its own step (kChunkSteps ahead), so the stream goes on while
+// the tiles after the first pass over the chunk from L1, where it stopped before (AVX2: the
+// 0.4B Llama's 8-row pass 3-6% faster, 12 rows 2-3%; 48 steps about the same, 64 less;
+// natively about the same; "seventeenth round").
 constexpr int64_t kSharedPrefetchSteps = 16;
-// There the second tile of a chunk prefetches too, the next chunk's line at its own step
-// (kChunkSteps ahead): the stream then goes on while the tiles after the first pass over the
-// chunk from L1, where it stopped before (AVX2: the 0.4B Llama's 8-row pass 3-6% faster, 12
-// rows 2-3%; 48 steps about the same, 64 less; natively about the same; docs/benchmarks.md,
-// "Issue 20, seventeenth round").
 // Prefill tiles, each passing over its block's panels from L2, prefetch 64 steps ahead: a
 // 41-token prefill of the bench Llama 7-10% faster on AVX2 and 5-7% natively than with none,
 // 200 tokens 0-5% (32 and 128 steps about the same; "sixteenth round").
 constexpr int64_t kPrefillPrefetchSteps = 64;
 // Tiles of this many rows and more unroll their k loop by two: a step's address arithmetic, loop
 // counter and prefetch test then come once per two steps, and on Intel cores they share ports
-// with the multiply-adds (AVX2 tiles of 4-32 rows 5-8% faster with the weights in L2, 3-5% at
+// with the multiply-adds (AVX2 tiles of 4-32 rows 3-8% faster with the weights in L2, 3-5% at
 // 16-32 rows from DRAM; docs/benchmarks.md, "Issue 20, seventeenth round"). Below it the
 // tiles wait on the multiply-adds' latency or on DRAM, and a one-row pass over the 0.4B Llama
 // ran 13% slower unrolled.

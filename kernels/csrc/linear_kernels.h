@@ -67,10 +67,11 @@ struct RowTiles {
 };
 
 // Activation bytes of a prefill row block: the weight blocks pass over the rows a row block at a
-// time, so a block's rows stay in the caches while every weight block passes over them. All rows
-// at once re-read every row from DRAM for every weight block: at 2,048 rows of the 0.4B Llama's
-// gate_up (float32) that ran 12% below the pace of 256 rows, int8's qkv 25% below
-// (docs/benchmarks.md, "Issue 20, seventeenth round").
+// time, so a block's rows stay in the caches while every weight block passes over them. With
+// all rows at once every weight block re-read every row of the batch from memory: at 2,048 rows
+// int8 ran 25% below its 256-row pace on the 0.4B Llama's qkv and 21% on its down projection,
+// 5-27% faster in row blocks (AVX2; blocks of 256 KiB and 4 MiB were slower;
+// docs/benchmarks.md, "Issue 20, seventeenth round").
 constexpr int64_t kRowBlockBytes = 1 << 20;
 
 // Prefill-sized batches: `row_tile(first_row, rows, group_begin, group_end)` for every row tile
