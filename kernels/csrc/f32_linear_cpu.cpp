@@ -276,8 +276,10 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
   const float* x = p.x + m * p.ldx;
   const float* w = p.weight + (g * p.K + k0) * kGroup;
   const int64_t ldx = p.ldx;
-  const int64_t ahead = p.prefetch_steps * kGroup;
-  constexpr int64_t kNextChunk = kChunkSteps * kGroup;
+  // A chunk's first tile prefetches `p.prefetch_steps` ahead, its second the next chunk's line
+  // at its own step, the others nothing.
+  const bool prefetches = turn <= 1;
+  const int64_t ahead = (turn == 0 ? p.prefetch_steps : kChunkSteps) * kGroup;
 #define BATON_ROW(r)                                       \
   if (R > r) {                                             \
     const Vec xv = V::broadcast(xk + r * ldx);             \
@@ -285,17 +287,15 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
     if constexpr (kSecond) b##r = V::fma(xv, hi, b##r);    \
   }
 #define BATON_STEP                                                                  \
-  if (turn == 0) {                                                                  \
+  if (prefetches) {                                                                 \
     __builtin_prefetch(w + ahead);                                                  \
     if constexpr (Panels == 2) __builtin_prefetch(w + second + ahead);              \
-  } else if (turn == 1) {                                                           \
-    __builtin_prefetch(w + kNextChunk);                                             \
-    if constexpr (Panels == 2) __builtin_prefetch(w + second + kNextChunk);         \
   }                                                                                 \
   Vec lo = V::load(w), hi = kSecond ? V::load(w + second) : lo;                     \
   if constexpr (kVecs == 2 && R <= 4) V::pin(lo, hi);                               \
   const float* xk = x + k;                                                          \
   BATON_ROWS(BATON_ROW)
+  // Two copies of the loop: GCC's unroll pragma takes no count that depends on R.
   if constexpr (R >= kUnrollRows) {
 #pragma GCC unroll 2
     for (int64_t k = k0; k < k1; ++k, w += kGroup) {
