@@ -22,7 +22,7 @@ from gpu.input_batch import AttentionMetadata
 from gpu.moe import SparseMoE
 from kernels import ops
 from kernels.cpu_extension import cpu_kernels_available
-from kernels.f32_linear import f32_linear, pack_weight
+from kernels.f32_linear import f32_gated_linear, f32_linear, pack_gated_weight, pack_weight
 from kernels.linear import (
     cpu_has_native_bf16,
     onednn_linear,
@@ -75,7 +75,14 @@ class Linear(nn.Linear):
         return packed_linear(x, self.packed_weight, self.bias, self.out_features)
 
     def pack(self, rows_hint: int) -> None:
-        self.packed_weight = pack_cpu_weight(self.weight, rows_hint)
+        """Pack the weight for its CPU kernel, unless it is packed already (MLP.pack packs its
+        gate_up projection in a layout of its own)."""
+        if self.packed_weight is None:
+            self.pack_as(pack_cpu_weight(self.weight, rows_hint))
+
+    def pack_as(self, packed: torch.Tensor) -> None:
+        """Run over `packed`, a packed copy of the weight, and drop the float weight."""
+        self.packed_weight = packed
         self.weight = nn.Parameter(self.weight.to("meta"), requires_grad=False)
 
 
@@ -161,15 +168,37 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     """Gated feed-forward (SwiGLU, or GeGLU for Gemma) with the gate and up projections fused
-    into one matmul."""
+    into one matmul. Where Baton's float32 kernel runs that matmul, its weight is packed with
+    the gate and up channels side by side and the kernel applies the gate itself
+    (kernels.f32_linear.f32_gated_linear): the [gate | up] outputs are then never written out
+    and read back, and `gate_up_proj` alone no longer gives them."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        self.intermediate_size = config.intermediate_size
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.act_and_mul = ops.gated_activation(config.hidden_act)
+        self.gated_in_kernel = False
+
+    def pack(self, rows_hint: int) -> None:
+        """Where Baton's float32 kernel will run the gate_up projection, pack it for
+        `f32_gated_linear` (its Linear.pack then keeps that layout)."""
+        gate_up = self.gate_up_proj
+        # An int8 gate_up (gpu.quantization) is no Linear; a packed one keeps its layout.
+        if (
+            isinstance(gate_up, Linear)
+            and gate_up.packed_weight is None
+            and uses_f32_kernel(gate_up.weight)
+        ):
+            gate_up.pack_as(pack_gated_weight(gate_up.weight))
+            self.gated_in_kernel = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated_in_kernel:
+            gelu = self.act_and_mul is ops.gelu_tanh_and_mul
+            packed = self.gate_up_proj.packed_weight
+            return self.down_proj(f32_gated_linear(x, packed, self.intermediate_size, gelu))
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
@@ -311,7 +340,7 @@ class CausalLM(nn.Module):
         if embed.dtype != torch.float32 and not native_bf16:
             return False
         for module in self.modules():
-            if isinstance(module, (Linear, SparseMoE)):
+            if isinstance(module, (MLP, Linear, SparseMoE)):
                 module.pack(rows_hint)
         if self.lm_head is None:
             self.packed_logits_weight = pack_cpu_weight(embed, rows_hint)

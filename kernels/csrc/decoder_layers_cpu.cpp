@@ -23,7 +23,9 @@ namespace {
 
 // Per layer, in this order; a linear is (weight, scales, bias): int8 codes packed for
 // baton_cpu::int8_linear when it has scales, else a float weight packed for oneDNN (an MkldnnCPU
-// tensor) or for baton_cpu::f32_linear (which also needs the layer's output width).
+// tensor) or for baton_cpu::f32_linear (which also needs the layer's output width). A gate_up
+// weight packed for Baton's float32 kernel is in baton_cpu::f32_gated_linear's layout
+// (gpu/model.py's MLP.pack), which applies the gate itself.
 enum Slot : int64_t {
   kInputNorm,
   kQkv,
@@ -93,6 +95,9 @@ at::Tensor decoder_layers(const at::Tensor& hidden_in, const at::Tensor& positio
   static const auto silu = find("baton_cpu::silu_and_mul").typed<at::Tensor(const at::Tensor&)>();
   static const auto gelu_tanh =
       find("baton_cpu::gelu_tanh_and_mul").typed<at::Tensor(const at::Tensor&)>();
+  static const auto gated_f32 =
+      find("baton_cpu::f32_gated_linear")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, bool)>();
 
   const int64_t num_layers = static_cast<int64_t>(kv_caches.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == num_layers * kSlotsPerLayer,
@@ -125,9 +130,15 @@ at::Tensor decoder_layers(const at::Tensor& hidden_in, const at::Tensor& positio
     const at::Tensor o = linear(attended.view({num_tokens, -1}), weights, base + kO,
                                 base + kOScales, weights.get(base + kOBias), hidden_size);
     std::tie(normed, residual) = add_norm.call(o, residual, *weights.get(base + kPostNorm), eps);
-    const at::Tensor up =
-        linear(normed, weights, base + kGateUp, base + kGateUpScales, {}, 2 * intermediate_size);
-    const at::Tensor gated = gelu ? gelu_tanh.call(up) : silu.call(up);
+    const at::Tensor gate_up = *weights.get(base + kGateUp);
+    at::Tensor gated;
+    if (!weights.get(base + kGateUpScales).has_value() && !gate_up.is_mkldnn()) {
+      gated = gated_f32.call(normed, gate_up, intermediate_size, gelu);
+    } else {
+      const at::Tensor up = linear(normed, weights, base + kGateUp, base + kGateUpScales, {},
+                                   2 * intermediate_size);
+      gated = gelu ? gelu_tanh.call(up) : silu.call(up);
+    }
     hidden = linear(gated, weights, base + kDown, base + kDownScales, {}, hidden_size);
   }
   return std::get<0>(add_norm.call(hidden, residual, final_norm, eps));

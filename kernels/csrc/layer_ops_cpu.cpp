@@ -24,7 +24,34 @@
 #include <vector>
 
 #include "fast_exp.h"
+#include "gates.h"
 #include "half_convert.h"
+
+namespace baton {
+
+namespace {
+
+template <typename Act>
+void act_and_mul_rows(Act act, const float* x, int64_t ldx, int64_t up, float* out, int64_t ldo,
+                      int64_t rows, int64_t width) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gate = x + r * ldx;
+    for (int64_t i = 0; i < width; ++i) out[r * ldo + i] = act(gate[i]) * gate[up + i];
+  }
+}
+
+}  // namespace
+
+void gate_rows(Gate gate, const float* x, int64_t ldx, int64_t up, float* out, int64_t ldo,
+               int64_t rows, int64_t width) {
+  if (gate == Gate::kSilu) {
+    act_and_mul_rows([](float g) { return silu(g); }, x, ldx, up, out, ldo, rows, width);
+  } else {
+    act_and_mul_rows([](float g) { return gelu_tanh(g); }, x, ldx, up, out, ldo, rows, width);
+  }
+}
+
+}  // namespace baton
 
 namespace {
 
@@ -84,8 +111,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
 }
 
 // [gate | up] -> act(gate) * up, row by row.
-template <typename Act>
-at::Tensor gated(const at::Tensor& x, Act act) {
+at::Tensor gated(const at::Tensor& x, baton::Gate gate) {
   check_rows(x, "x");
   TORCH_CHECK(x.size(1) % 2 == 0, "x holds [gate | up]: an even number of columns");
   const int64_t half = x.size(1) / 2, ldx = x.stride(0);
@@ -93,22 +119,15 @@ at::Tensor gated(const at::Tensor& x, Act act) {
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, x.size(0), kRowGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* gate = xp + r * ldx;
-      const float* up = gate + half;
-      for (int64_t i = 0; i < half; ++i) op[r * half + i] = act(gate[i]) * up[i];
-    }
+    baton::gate_rows(gate, xp + begin * ldx, ldx, half, op + begin * half, half, end - begin,
+                     half);
   });
   return out;
 }
 
-at::Tensor silu_and_mul(const at::Tensor& x) {
-  return gated(x, [](float g) { return baton::silu(g); });
-}
+at::Tensor silu_and_mul(const at::Tensor& x) { return gated(x, baton::Gate::kSilu); }
 
-at::Tensor gelu_tanh_and_mul(const at::Tensor& x) {
-  return gated(x, [](float g) { return baton::gelu_tanh(g); });
-}
+at::Tensor gelu_tanh_and_mul(const at::Tensor& x) { return gated(x, baton::Gate::kGeluTanh); }
 
 // Rotate-half: dim i pairs with dim i + D/2.
 inline void rotate(const float* x, const float* cos, const float* sin, int64_t half, float* out) {
