@@ -85,7 +85,7 @@ def call_seconds(fn: Callable[[], torch.Tensor], iters: int) -> list[float]:
 
 def baseline_kernel(revision: str) -> Callable:
     """The kernel as it was at git `revision`."""
-    return baseline_ops(revision, [KERNEL_SOURCE.name], "baton_int8_before").int8_linear
+    return baseline_ops(revision, "baton_int8_before").int8_linear
 
 
 def cold_chains(generator: torch.Generator) -> dict[str, list]:

@@ -2,12 +2,13 @@
 benchmark can run before and after interleaved in one process (the machine is shared: load drifts
 between two runs are often larger than the change measured).
 
-    ops = baseline_ops("HEAD~1", ["f32_linear_cpu.cpp"], "baton_cpu_before")
+    ops = baseline_ops("HEAD~1", "baton_cpu_before")
     ops.f32_linear(x, packed, None, out_features)
 
-Each build compiles the revision's sources with the current flags (`kernels.cpu_extension.flags()`)
-and its own headers, its ops registered under `namespace` instead of `baton_cpu`; builds are
-cached by the sources' hash.
+Each build compiles every source of the revision's kernels/csrc (one kernel may call code another
+file holds: the float32 linear's gated tiles call layer_ops_cpu.cpp's gate) with the current
+flags (`kernels.cpu_extension.flags()`) and the revision's headers, its ops registered under
+`namespace` instead of `baton_cpu`; builds are cached by the sources' hash.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def build_ops(files: dict[str, str], sources: list[str], namespace: str):
     return getattr(torch.ops, namespace)
 
 
-def baseline_ops(revision: str, sources: list[str], namespace: str):
-    """`sources` of kernels/csrc as they were at git `revision`, built under `namespace`."""
-    return build_ops(sources_at(revision), sources, namespace)
+def baseline_ops(revision: str, namespace: str):
+    """The kernels of kernels/csrc as they were at git `revision`, built under `namespace`."""
+    files = sources_at(revision)
+    return build_ops(files, sorted(name for name in files if name.endswith(".cpp")), namespace)

@@ -97,8 +97,7 @@ def main() -> None:
         raise SystemExit("the C++ CPU kernels did not build: nothing to time")
     kernels = {"": torch.ops.baton_cpu}
     if args.baseline:
-        sources = ["f32_linear_cpu.cpp", "int8_linear_cpu.cpp"]
-        kernels["before "] = baseline_ops(args.baseline, sources, "baton_cpu_before")
+        kernels["before "] = baseline_ops(args.baseline, "baton_cpu_before")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     f32, int8 = [], []

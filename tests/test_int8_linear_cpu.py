@@ -238,3 +238,22 @@ def test_kernel_refuses_a_width_that_does_not_match_the_codes():
 
     with pytest.raises(RuntimeError, match="in = x's columns"):
         kernel(x[:, :7], codes, scales, None)
+
+
+# More threads than this machine's two cores: each thread's run of shares is cut where it loses
+# its core, and the others take the rest of it from the back.
+@pytest.mark.parametrize("rows", [1, 9, 300])
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_a_rows_result_does_not_depend_on_the_thread_count(rows, threads):
+    x, codes, scales, bias = problem(rows, 512, 1024)
+    packed = pack_codes(codes)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.ops.baton_cpu.int8_linear(x, packed, scales, bias)
+        torch.set_num_threads(threads)
+        many = [torch.ops.baton_cpu.int8_linear(x, packed, scales, bias) for _ in range(5)]
+    finally:
+        torch.set_num_threads(before)
+
+    assert all(torch.equal(one, out) for out in many)
