@@ -208,21 +208,12 @@ struct Problem {
   int64_t prefetch_steps;
 };
 
-// Writes a tile's sums (plus the bias) for rows [m, m + R) of group `g`: row r's line is
-// acc[r][first], acc[r][first + 1] (the latter where a line is two vectors). At decode sizes the
-// weights stream from DRAM and a row's outputs for a group are written once, a whole cache line
-// of them, long after that line left the caches: a plain store first reads the line (a
-// read-for-ownership), one more DRAM miss per row and group in the middle of the weight stream.
-// At 8 rows the 0.4B Llama's float32 chain took 72 ms with plain stores and 63 with
-// non-temporal ones, which take the line without reading it: about what it took with no output
-// stores at all (docs/benchmarks.md, "Issue 20, fourteenth round"). The next op then reads the
-// outputs from DRAM, once, in order.
-// Prefill sizes keep plain stores: there the outputs are few against the arithmetic and their
-// reader finds them in the cache. The same floats either way.
 // A gated layout's tile end: group `g`'s line is 8 gate sums, then the 8 up sums of the same
 // outputs, and rows [m, m + R) get act(gate) * up for outputs [8g, 8g + 8): half a cache line a
-// row, written, at decode sizes, with non-temporal stores as write_outputs says (an 8-row pass
-// over the 0.4B Llama's gate_up weights ran 11% slower with plain ones, AVX2).
+// row, written, at decode sizes, with non-temporal stores as write_outputs says: with plain
+// ones an 8-row pass over the 0.4B Llama's gate_up weights ran 16% slower than the unfused
+// linear and gate, with these 3% faster (AVX2; docs/benchmarks.md, "Issue 20, eighteenth
+// round").
 template <class V, int R>
 void write_gated(const Problem& p, int64_t m, int64_t g, const typename V::Vec (&acc)[12][2],
                  int first) {
@@ -246,6 +237,17 @@ void write_gated(const Problem& p, int64_t m, int64_t g, const typename V::Vec (
   baton::gate_rows(p.gate, sums[0], kGroup, kHalf, o, p.N, R, width);
 }
 
+// Writes a tile's sums (plus the bias) for rows [m, m + R) of group `g`: row r's line is
+// acc[r][first], acc[r][first + 1] (the latter where a line is two vectors). At decode sizes the
+// weights stream from DRAM and a row's outputs for a group are written once, a whole cache line
+// of them, long after that line left the caches: a plain store first reads the line (a
+// read-for-ownership), one more DRAM miss per row and group in the middle of the weight stream.
+// At 8 rows the 0.4B Llama's float32 chain took 72 ms with plain stores and 63 with
+// non-temporal ones, which take the line without reading it: about what it took with no output
+// stores at all (docs/benchmarks.md, "Issue 20, fourteenth round"). The next op then reads the
+// outputs from DRAM, once, in order.
+// Prefill sizes keep plain stores: there the outputs are few against the arithmetic and their
+// reader finds them in the cache. The same floats either way.
 template <class V, int R>
 void write_outputs(const Problem& p, int64_t m, int64_t g, const typename V::Vec (&acc)[12][2],
                    int first = 0) {
