@@ -14,7 +14,8 @@ enum class Gate { kSilu, kGeluTanh };
 // out[r * ldo + i] = act(x[r * ldx + i]) * x[r * ldx + up + i] for r < rows, i < width: the
 // gate's `width` values of a row, then at `up` past them its up values. Hidden: no other
 // library's copy (a benchmark's build of an older revision) stands in for this one's.
-__attribute__((visibility("hidden"))) void gate_rows(Gate gate, const float* x, int64_t ldx, int64_t up, float* out, int64_t ldo,
-               int64_t rows, int64_t width);
+__attribute__((visibility("hidden"))) void gate_rows(Gate gate, const float* x, int64_t ldx,
+                                                     int64_t up, float* out, int64_t ldo,
+                                                     int64_t rows, int64_t width);
 
 }  // namespace baton

@@ -19,8 +19,8 @@ namespace baton {
 // event loop and its clients share with the step, a thread that loses its core for a while is
 // the common case, and the other then takes its last shares. Shares handed out in turn from
 // one counter kept the threads balanced too, but cut each thread's stream into pieces a share
-// long, and a decode step's float32 pass over the 0.4B Llama ran 5-7% slower for it
-// (docs/benchmarks.md, "Issue 20, eighteenth round"). Which thread computes a unit, and where
+// long: an 8-row float32 pass over the 0.4B Llama's linears ran 4% slower for it, over the
+// bench Llama's 16% (AVX2; docs/benchmarks.md, "Issue 20, eighteenth round"). Which thread computes a unit, and where
 // a share begins, change nothing in the unit's result.
 template <typename Work>
 void parallel_shares(int64_t units, int64_t grain, int64_t share, const Work& work) {
