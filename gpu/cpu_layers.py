@@ -49,7 +49,7 @@ class CpuLayers:
         self.scale = first.self_attn.scale
         self.eps = config.rms_norm_eps
         # The gate the MLP was built with (ops.gated_activation: SiLU or GeLU-tanh).
-        self.gelu = first.mlp.act_and_mul is ops.gelu_tanh_and_mul
+        self.gelu = first.mlp.gelu
 
     @classmethod
     def of(cls, model: CausalLM) -> CpuLayers | None:
@@ -77,6 +77,10 @@ class CpuLayers:
                     return None
                 slots.append(linear_slots)
             qkv, o, gate_up, down = slots
+            # The C++ side reads a float32 gate_up of Baton's kernel in the gated layout.
+            plain_f32 = gate_up[1] is None and not gate_up[0].is_mkldnn
+            if plain_f32 and not mlp.gated_in_kernel:
+                return None
             weights += [layer.input_layernorm.weight, *qkv, attn.qkv_proj.bias]
             weights += [*o, attn.o_proj.bias, layer.post_attention_layernorm.weight]
             weights += [*gate_up, *down]

@@ -179,6 +179,8 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.act_and_mul = ops.gated_activation(config.hidden_act)
+        # The gate `act_and_mul` applies, as f32_gated_linear and the decoder-layers op name it.
+        self.gelu = self.act_and_mul is ops.gelu_tanh_and_mul
         self.gated_in_kernel = False
 
     def pack(self, rows_hint: int) -> None:
@@ -196,9 +198,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated_in_kernel:
-            gelu = self.act_and_mul is ops.gelu_tanh_and_mul
             packed = self.gate_up_proj.packed_weight
-            return self.down_proj(f32_gated_linear(x, packed, self.intermediate_size, gelu))
+            return self.down_proj(f32_gated_linear(x, packed, self.intermediate_size, self.gelu))
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 

@@ -90,3 +90,16 @@ def test_unpacked_float_weights_stay_in_python(make_checkpoint):
 
     quantize_decoder_layers(model)  # int8 linears, packed for the kernel
     assert CpuLayers.of(model) is not None
+
+
+def test_a_float32_gate_up_packed_without_its_gate_stays_in_python(make_checkpoint):
+    # The C++ op reads a float32 gate_up of Baton's kernel in the gated layout: one packed as
+    # a plain linear (its rows in [gate | up] order) is not handed to it.
+    config = ModelConfig.from_pretrained(make_checkpoint("llama"))
+    model = load_model(config, "cpu", torch.float32)
+    for layer in model.layers:
+        layer.mlp.gate_up_proj.pack(rows_hint=4)  # plain, not MLP.pack's gated layout
+    model.pack_linear_weights(rows_hint=4)
+
+    assert not any(layer.mlp.gated_in_kernel for layer in model.layers)
+    assert CpuLayers.of(model) is None

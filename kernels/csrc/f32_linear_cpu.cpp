@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -197,10 +198,9 @@ struct Problem {
   float* out;
   // N: the outputs a row (its length in `out`); gated, half the packed channels.
   int64_t K, N;
-  // Whether the weight is in the gated layout, whose tiles write act(gate) * up (`gate`'s act)
-  // of each pair of sums rather than the sums.
-  bool gated;
-  baton::Gate gate;
+  // With a gate, the weight is in the gated layout, whose tiles write act(gate) * up of each
+  // pair of sums rather than the sums.
+  std::optional<baton::Gate> gate;
   // Whether a group's outputs, where they fill an aligned cache line, are written with
   // non-temporal stores (see `write_outputs`).
   bool stream_out;
@@ -226,15 +226,15 @@ void write_gated(const Problem& p, int64_t m, int64_t g, const typename V::Vec (
   }
   float* o = p.out + m * p.N + n;
 #if defined(__AVX2__)
-  if (p.stream_out && width == kHalf && reinterpret_cast<uintptr_t>(o) % 32 == 0 &&
-      p.N % 8 == 0) {
+  // Every row's 8 outputs aligned: N a multiple of 8 (so every group is whole) and row m's.
+  if (p.stream_out && p.N % kHalf == 0 && reinterpret_cast<uintptr_t>(o) % 32 == 0) {
     alignas(32) float gated[R][kHalf];
-    baton::gate_rows(p.gate, sums[0], kGroup, kHalf, gated[0], kHalf, R, kHalf);
+    baton::gate_rows(*p.gate, sums[0], kGroup, kHalf, gated[0], kHalf, R, kHalf);
     for (int r = 0; r < R; ++r) _mm256_stream_ps(o + r * p.N, _mm256_load_ps(gated[r]));
     return;
   }
 #endif
-  baton::gate_rows(p.gate, sums[0], kGroup, kHalf, o, p.N, R, width);
+  baton::gate_rows(*p.gate, sums[0], kGroup, kHalf, o, p.N, R, width);
 }
 
 // Writes a tile's sums (plus the bias) for rows [m, m + R) of group `g`: row r's line is
@@ -251,7 +251,7 @@ void write_gated(const Problem& p, int64_t m, int64_t g, const typename V::Vec (
 template <class V, int R>
 void write_outputs(const Problem& p, int64_t m, int64_t g, const typename V::Vec (&acc)[12][2],
                    int first = 0) {
-  if (p.gated) return write_gated<V, R>(p, m, g, acc, first);
+  if (p.gate) return write_gated<V, R>(p, m, g, acc, first);
   constexpr int kLanes = V::kLanes, kVecs = kGroup / kLanes;
   const int64_t n = g * kGroup, width = std::min<int64_t>(kGroup, p.N - n);
   for (int r = 0; r < R; ++r) {
@@ -402,19 +402,19 @@ void rows(const Problem& p, int64_t m, int r, int64_t g_begin, int64_t g_end, in
 // out = x W^T (+ bias) over `groups` packed channel groups, `N` outputs a row (gated: the
 // gate applied to each of the groups' 8 sum pairs).
 at::Tensor run(const at::Tensor& x, const at::Tensor& weight, const float* bias, int64_t N,
-               int64_t groups, bool gated, baton::Gate gate) {
+               int64_t groups, std::optional<baton::Gate> gate) {
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous(),
               "the weight is contiguous float32, packed by kernels.f32_linear.pack_weight");
   TORCH_CHECK(weight.dim() == 3 && weight.size(0) == groups && weight.size(1) == K &&
                   weight.size(2) == kGroup,
               "the weight is packed [", groups, ", in, 16] with in = x's columns: ",
-              gated ? "[ceil(intermediate / 8), in, 16] (pack_gated_weight)"
-                    : "[ceil(out / 16), in, 16] for out = out_features");
+              gate ? "[ceil(intermediate / 8), in, 16] (pack_gated_weight)"
+                   : "[ceil(out / 16), in, 16] for out = out_features");
   auto out = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
   const Problem p{x.data_ptr<float>(), x.stride(0), weight.data_ptr<float>(),
-                  bias, out.data_ptr<float>(), K, N, gated, gate, baton::decode_sized(M),
+                  bias, out.data_ptr<float>(), K, N, gate, baton::decode_sized(M),
                   M <= kMaxRowTile       ? kPrefetchSteps
                   : baton::decode_sized(M) ? kSharedPrefetchSteps
                                            : kPrefillPrefetchSteps};
@@ -438,8 +438,8 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& weight,
                       const c10::optional<at::Tensor>& bias, int64_t out_features) {
   baton::check_linear_input(x);
   const float* bias_data = baton::checked_bias(bias, out_features);
-  return run(x, weight, bias_data, out_features, (out_features + kGroup - 1) / kGroup, false,
-             baton::Gate::kSilu);
+  return run(x, weight, bias_data, out_features, (out_features + kGroup - 1) / kGroup,
+             std::nullopt);
 }
 
 // act(x W_gate^T) * (x W_up^T) for a gated MLP, over pack_gated_weight's layout of its
@@ -450,7 +450,7 @@ at::Tensor f32_gated_linear(const at::Tensor& x, const at::Tensor& weight,
   TORCH_CHECK(intermediate_size >= 0, "intermediate_size is not negative");
   constexpr int64_t kHalf = kGroup / 2;
   return run(x, weight, nullptr, intermediate_size, (intermediate_size + kHalf - 1) / kHalf,
-             true, gelu ? baton::Gate::kGeluTanh : baton::Gate::kSilu);
+             gelu ? baton::Gate::kGeluTanh : baton::Gate::kSilu);
 }
 
 }  // namespace
