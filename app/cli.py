@@ -10,16 +10,20 @@ import sys
 import time
 from pathlib import Path
 
-from app.bench import add_bench_parser
-from app.replica_settings import ReplicaModel, add_replica_args, replica_settings_from
-from app.settings import EVENT_LOOPS, METRICS_STYLES, ServerSettings
-from app.simulate import add_simulate_parser
-from app.tool_parsers import PARSERS
-from core.config import KV_CACHE_DTYPES, MODEL_IMPLS, POLICIES, QUANTIZATIONS, EngineConfig
-from core.host_memory import parse_memory_size
-from core.sampling_params import InvalidRequestError, SamplingParams
+from baton.app.api.tool_parsers import PARSERS
+from baton.app.commands.bench import add_bench_parser
+from baton.app.commands.simulate import add_simulate_parser
+from baton.app.replicas.replica_settings import (
+    ReplicaModel,
+    add_replica_args,
+    replica_settings_from,
+)
+from baton.app.settings import EVENT_LOOPS, METRICS_STYLES, ServerSettings
+from baton.core.config import KV_CACHE_DTYPES, MODEL_IMPLS, POLICIES, QUANTIZATIONS, EngineConfig
+from baton.core.kv_cache.host_memory import parse_memory_size
+from baton.core.sampling_params import InvalidRequestError, SamplingParams
 
-# The checkpoint gpu/train_demo.py trained, shipped inside the package (docs/demo_model.md), so
+# The checkpoint tools/train_demo.py trained, shipped inside the package (docs/demo_model.md), so
 # `baton serve` answers with no arguments.
 DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
 DEMO_MODEL_NAME = "baton-demo"
@@ -172,7 +176,7 @@ def sampling_params_from(args: argparse.Namespace) -> SamplingParams:
 
 
 def generate(args: argparse.Namespace) -> int:
-    from app.llm import LLM
+    from baton.app.llm import LLM
 
     params = sampling_params_from(args)
     llm = LLM(
@@ -328,7 +332,7 @@ def serving_model(args: argparse.Namespace) -> ReplicaModel:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from app.server import bind_socket, configure_logging, log_startup, serve_engine
+    from baton.app.http.server import bind_socket, configure_logging, log_startup, serve_engine
 
     settings = server_settings_from(args)
     replicas = replica_settings_from(args)
@@ -336,7 +340,7 @@ def serve(args: argparse.Namespace) -> int:
     configure_logging()
     sock = bind_socket(settings)
     if replicas.num_replicas > 1:
-        from app.replica_server import serve_replicas  # Ray loads only with replicas
+        from baton.app.replicas.replica_server import serve_replicas  # Ray loads only with replicas
 
         serve_replicas(serving_model(args), name, settings, replicas, sock)
         exit_without_teardown(0)
@@ -352,7 +356,7 @@ def exit_without_teardown(code: int) -> None:
     """End a server that has shut down cleanly (streams drained, spans flushed) without the
     interpreter's teardown, which has nothing left to do for it: freeing torch's objects would
     take seconds past --shutdown-timeout, and the objects the step thread's frozen GC
-    generation keeps (core.step_loop) would make triton, which torch imports where it is
+    generation keeps (baton.core.step_loop) would make triton, which torch imports where it is
     installed, print nanobind's "leaked instances" report."""
     logging.shutdown()
     sys.stdout.flush()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import orjson
 from starlette.responses import Response
 
-from core.outputs import RequestOutput
-from core.request import FinishReason
+from baton.core.outputs import RequestOutput
+from baton.core.request import FinishReason
 
 ERROR_TYPES = {
     400: "invalid_request_error",

@@ -10,19 +10,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.batch import TokenLogprobs
-from core.config import EngineConfig
-from core.engine import Engine
-from core.executor import Executor
-from core.host_memory import release_freed_heap
-from core.model_impl import resolve_model_config
-from core.outputs import RequestOutput, RequestTiming
-from core.request import EngineRequest, FinishReason
-from core.sampling_params import SamplingParams
-from core.simulated_executor import SimulatedExecutor
-from core.step_cost import CostCoefficients
-from core.step_cost_profile import profile_executor
-from core.tokenizer import Tokenizer
+from baton.core.batch import TokenLogprobs
+from baton.core.checkpoint.model_impl import resolve_model_config
+from baton.core.config import EngineConfig
+from baton.core.engine import Engine
+from baton.core.executor import Executor
+from baton.core.kv_cache.host_memory import release_freed_heap
+from baton.core.outputs import RequestOutput, RequestTiming
+from baton.core.request import EngineRequest, FinishReason
+from baton.core.sampling_params import SamplingParams
+from baton.core.scheduling.step_cost import CostCoefficients
+from baton.core.scheduling.step_cost_profile import profile_executor
+from baton.core.simulation.simulated_executor import SimulatedExecutor
+from baton.core.text.tokenizer import Tokenizer
 
 Prompt = str | list[int]
 
@@ -85,14 +85,14 @@ def _load_engine(
     profile_step_cost: bool,
 ) -> Engine:
     if load_format == "dummy" and Path(model).is_file():
-        from gpu.config_folder import write_config_folder
+        from baton.gpu.config_folder import write_config_folder
 
         model = write_config_folder(model, tempfile.mkdtemp(prefix="baton-dummy-"))
     # Before torch loads: a checkpoint that cannot be served fails in milliseconds.
     model_config = resolve_model_config(
         model, config.model_impl, needs_weights=load_format != "dummy"
     )
-    from gpu.executor import TorchExecutor  # torch loads only when a model is actually built
+    from baton.gpu.executor import TorchExecutor  # torch loads only when a model is actually built
 
     tokenizer = Tokenizer.from_pretrained(model)
     executor = TorchExecutor(
@@ -131,9 +131,9 @@ def build_simulated_engine(
     executor: Executor | None = None,
     max_model_len: int = 8192,
 ) -> Engine:
-    """An engine on `core.simulated_executor` (instant tokens unless the executor says
-    otherwise) with a real tokenizer: for server tests and benchmarks where only the serving
-    path should cost anything."""
+    """An engine on the simulated executor (instant tokens unless the executor says otherwise)
+    with a real tokenizer: for server tests and benchmarks where only the serving path should
+    cost anything."""
     executor = executor or SimulatedExecutor(
         config.num_kv_blocks or 4096,
         config.block_size,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from core.request import SLO
-from core.sampling_params import InvalidRequestError
+from baton.core.request import SLO
+from baton.core.sampling_params import InvalidRequestError
 
-# What `/metrics` names its series after (app.prometheus).
+# What `/metrics` names its series after (baton.app.observability.prometheus).
 METRICS_STYLES = ("baton", "vllm", "both")
 EVENT_LOOPS = ("asyncio", "uvloop")
 
@@ -20,13 +20,13 @@ class ServerSettings:
     served_model_name: str | None = None
     api_keys: list[str] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)
-    # Host names answered beyond loopback's own when bound to loopback (app.security).
+    # Host names answered beyond loopback's own when bound to loopback (baton.app.http.security).
     allowed_hosts: list[str] = field(default_factory=list)
     max_queued_requests: int = 256
     # Bodies past this get 413 before they are read whole.
     max_body_bytes: int = 4 * 1024 * 1024
     shutdown_timeout_s: float = 30.0
-    # The request target and header fields past this get 431 (app.http_limits).
+    # The request target and header fields past this get 431 (baton.app.http.http_limits).
     max_header_bytes: int = 64 * 1024
     # A request whose headers, or whose body, take longer than this to arrive gets 408.
     header_timeout_s: float = 10.0
@@ -41,7 +41,7 @@ class ServerSettings:
     # Off only to measure what metrics cost (benchmarks/server_throughput.py): the engine's
     # step and finish listeners are then not attached and the aggregates stay at zero.
     record_metrics: bool = True
-    # The format `tool_choice: auto` parses calls in (app.tool_parsers); None: read it off
+    # The format `tool_choice: auto` parses calls in (baton.app.api.tool_parsers); None: read it off
     # the chat template.
     tool_call_parser: str | None = None
     # Names on /metrics: Baton's (`baton:`), vLLM's (`vllm:`, for its dashboards), or both.
@@ -55,7 +55,8 @@ class ServerSettings:
 
     @property
     def exports_spans(self) -> bool:
-        """Whether a flag asks for request traces (app.telemetry exports them)."""
+        """Whether a flag asks for request traces (baton.app.observability.telemetry exports
+        them)."""
         return bool(self.otlp_traces_endpoint) or self.trace_console
 
     def __post_init__(self) -> None:

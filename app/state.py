@@ -11,13 +11,13 @@ import orjson
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
-from app.async_engine import AsyncEngine
-from app.prometheus import ServerMetrics
-from app.settings import ServerSettings
-from core.tokenizer import Tokenizer
+from baton.app.engine.async_engine import AsyncEngine
+from baton.app.observability.prometheus import ServerMetrics
+from baton.app.settings import ServerSettings
+from baton.core.text.tokenizer import Tokenizer
 
-if TYPE_CHECKING:  # OpenTelemetry loads only where tracing is configured (app.server)
-    from app.telemetry import Tracing
+if TYPE_CHECKING:  # OpenTelemetry loads only where tracing is configured (baton.app.http.server)
+    from baton.app.observability.telemetry import Tracing
 
 
 @dataclass

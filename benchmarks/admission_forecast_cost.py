@@ -11,9 +11,9 @@ import json
 import random
 import time
 
-from core.request import SLO
-from core.step_cost import StepCostModel
-from core.ttft_forecast import TTFTForecast
+from baton.core.request import SLO
+from baton.core.scheduling.step_cost import StepCostModel
+from baton.core.scheduling.ttft_forecast import TTFTForecast
 
 
 def main() -> None:

@@ -149,7 +149,16 @@ def summary(runs: list[dict[str, float]]) -> dict[str, object]:
 
 
 def baton_command(port: int, model: str | None, extra: list[str]) -> list[str]:
-    command = [sys.executable, "-m", "app.cli", "serve", "--device", "cpu", "--port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "baton.app.cli",
+        "serve",
+        "--device",
+        "cpu",
+        "--port",
+        str(port),
+    ]
     return command + (["--model", model] if model else []) + extra
 
 

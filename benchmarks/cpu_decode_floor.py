@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gpu.random_checkpoint import PRESETS
-from kernels.linear import onednn_linear, pack_linear_weight
+from baton.kernels.linear import onednn_linear, pack_linear_weight
+from baton.tools.random_checkpoint import PRESETS
 
 
 def weights() -> list[torch.Tensor]:
-    """The bench Llama's linear weights (gpu.random_checkpoint's `bench` shape), random."""
+    """The bench Llama's linear weights (baton.tools.random_checkpoint's `bench` shape), random."""
     bench = PRESETS["bench"]
     hidden, intermediate = bench["hidden_size"], bench["intermediate_size"]
     kv = hidden // bench["num_attention_heads"] * bench["num_key_value_heads"]
@@ -96,8 +96,8 @@ def linear_chains(rows: int) -> dict[str, float]:
 
 
 def bench_llm():
-    from app.llm import LLM
-    from gpu.random_checkpoint import write_checkpoint
+    from baton.app.llm import LLM
+    from baton.tools.random_checkpoint import write_checkpoint
 
     model = write_checkpoint(Path(tempfile.mkdtemp()) / "bench", "llama", "bench")
     return LLM(model, max_num_seqs=64, max_num_batched_tokens=2048)
@@ -108,8 +108,8 @@ PROMPT = [7 + i % 50 for i in range(40)]
 
 def step_ms(rounds: int = 4) -> dict[str, float]:
     """Median ms per token of one stream, the C++ layer ops off and on, interleaved."""
-    from core.sampling_params import SamplingParams
-    from kernels import ops
+    from baton.core.sampling_params import SamplingParams
+    from baton.kernels import ops
 
     llm = bench_llm()
     params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
@@ -129,8 +129,8 @@ def step_ms(rounds: int = 4) -> dict[str, float]:
 def ops_per_step() -> dict[str, tuple[float, float]]:
     from torch.profiler import ProfilerActivity, profile
 
-    from core.sampling_params import SamplingParams
-    from kernels import ops
+    from baton.core.sampling_params import SamplingParams
+    from baton.kernels import ops
 
     llm = bench_llm()
     prompt = PROMPT

@@ -22,9 +22,9 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_extension import cpu_kernels_available
-from kernels.linear import onednn_linear, pack_linear_weight
-from kernels.paged_attention import paged_attention_cpu, plain_torch_decodes
+from baton.kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.linear import onednn_linear, pack_linear_weight
+from baton.kernels.paged_attention import paged_attention_cpu, plain_torch_decodes
 
 # (rows, in, out): qkv, gate_up, down and the LM head at 64 decodes; gate_up at a 2,048-token
 # prefill chunk.

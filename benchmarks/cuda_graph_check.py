@@ -8,7 +8,7 @@ eager Triton path and the torch references, on one checkpoint, in one run.
 Three engines get the same prompts (mixed lengths, so steps go from mixed prefill to decode-only
 batches of shrinking size, i.e. every padded graph size below the batch): graphs (the default
 CUDA path), `enforce_eager=True` (Triton, no graphs) and `enforce_eager=True` under
-`kernels.ops.force_reference()` (the plain-torch references on the GPU). It reports, per pair,
+`baton.kernels.ops.force_reference()` (the plain-torch references on the GPU). It reports, per pair,
 how many requests generated the same tokens and where the first one differs, and for the graph
 engine how many of its steps replayed a graph. Run it in float32 for an exactness check (the
 Triton kernels then compute in IEEE fp32, so all three should agree token for token; random
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from app.llm import LLM
-from core.sampling_params import SamplingParams
-from kernels import ops
+from baton.app.llm import LLM
+from baton.core.sampling_params import SamplingParams
+from baton.kernels import ops
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -52,7 +52,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def tiny_config(folder: Path) -> Path:
-    from gpu.random_checkpoint import write_checkpoint
+    from baton.tools.random_checkpoint import write_checkpoint
 
     return write_checkpoint(folder, "llama", "tiny")
 

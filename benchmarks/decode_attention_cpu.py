@@ -21,7 +21,7 @@ import argparse
 import torch
 from kernel_timing import cpu_times_ms
 
-from kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.cpu_extension import cpu_kernels_available
 
 SEQS, HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 8, 8, 4, 64, 16, 8
 EVICT_BYTES = 64 * 2**20

@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 from kernel_timing import copy_bandwidth_gbs, describe, time_ms, write_report
 
-from core.batch import Batch, ScheduledSequence
-from core.config import EngineConfig
-from core.model_config import ModelConfig
-from core.sampling_params import SamplingParams
-from gpu.executor import DTYPES, TorchExecutor
-from gpu.kv_cache import kv_cache_bytes_per_block
+from baton.core.batch import Batch, ScheduledSequence
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.core.config import EngineConfig
+from baton.core.sampling_params import SamplingParams
+from baton.gpu.executor import DTYPES, TorchExecutor
+from baton.gpu.kv_cache import kv_cache_bytes_per_block
 
 LLAMA_8B = Path(__file__).parent / "configs" / "llama-3.1-8b.json"
 TINY = {

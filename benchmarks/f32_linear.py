@@ -22,9 +22,9 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.cpu_extension import cpu_kernels_available
-from kernels.f32_linear import f32_linear, pack_weight
-from kernels.linear import onednn_linear, pack_linear_weight
+from baton.kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.f32_linear import f32_linear, pack_weight
+from baton.kernels.linear import onednn_linear, pack_linear_weight
 
 # (case, in, out): each model's qkv, o, gate_up and down, and the bench LM head.
 LAYERS = [

@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.llm import LLM
-from core.sampling_params import SamplingParams
-from gpu.random_checkpoint import write_checkpoint
+from baton.app.llm import LLM
+from baton.core.sampling_params import SamplingParams
+from baton.tools.random_checkpoint import write_checkpoint
 
 IMPLS = ("native", "transformers")
 # Not the workload's prompts: a warm-up on those would leave them in the prefix cache.
@@ -61,7 +61,7 @@ def run(model: Path, impl: str, prompts, outputs, args) -> tuple[float, list[lis
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="bench", help="gpu.random_checkpoint's shape")
+    parser.add_argument("--preset", default="bench", help="baton.tools.random_checkpoint's shape")
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--input-len", type=int, nargs=2, default=(32, 256))
     parser.add_argument("--output-len", type=int, nargs=2, default=(32, 128))

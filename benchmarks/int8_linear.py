@@ -38,9 +38,14 @@ import torch
 import torch.nn.functional as F
 from kernel_sources import baseline_ops, build_ops
 
-import kernels.int8_linear
-from kernels.int8_linear import int8_linear, int8_linear_torch, pack_codes, quantize_per_channel
-from kernels.linear import cpu_has_native_bf16, onednn_linear, pack_linear_weight
+import baton.kernels.int8_linear
+from baton.kernels.int8_linear import (
+    int8_linear,
+    int8_linear_torch,
+    pack_codes,
+    quantize_per_channel,
+)
+from baton.kernels.linear import cpu_has_native_bf16, onednn_linear, pack_linear_weight
 
 # (model, layer, in, out): qkv, o, gate_up and down of each model, and the bench LM head.
 LAYERS = [
@@ -203,15 +208,15 @@ def step_ms(rounds: int, before: Callable | None) -> dict:
     """One stream's decode of the bench Llama: float32, int8 through the C++ kernel (and, given
     `before`, through that kernel instead) and int8 through the plain-torch path, interleaved
     round by round in one process."""
-    from app.llm import LLM
-    from core.sampling_params import SamplingParams
-    from gpu.random_checkpoint import write_checkpoint
+    from baton.app.llm import LLM
+    from baton.core.sampling_params import SamplingParams
+    from baton.tools.random_checkpoint import write_checkpoint
 
     model = write_checkpoint(Path(tempfile.mkdtemp()) / "bench", "llama", "bench")
     settings = dict(max_num_seqs=64, max_num_batched_tokens=2048)
     engines = {"f32": LLM(model, **settings), "int8": LLM(model, quantization="int8", **settings)}
     params = SamplingParams(max_tokens=STEP_TOKENS, temperature=0.0, ignore_eos=True)
-    kernel_takes = kernels.int8_linear.uses_int8_kernel
+    kernel_takes = baton.kernels.int8_linear.uses_int8_kernel
     contenders = {"f32": True, "int8": True, "int8_torch": False}
     if before is not None:
         contenders["int8_before"] = True
@@ -225,7 +230,7 @@ def step_ms(rounds: int, before: Callable | None) -> dict:
     for _ in range(rounds + 1):  # the first round warms up
         for name, kernel in contenders.items():
             if not kernel:
-                kernels.int8_linear.uses_int8_kernel = lambda *args: False
+                baton.kernels.int8_linear.uses_int8_kernel = lambda *args: False
             if name == "int8_before":
                 torch.ops.baton_cpu.int8_linear = before
             llm = engines[name.removesuffix("_torch").removesuffix("_before")]
@@ -233,7 +238,7 @@ def step_ms(rounds: int, before: Callable | None) -> dict:
             tokens[name] = llm.generate([PROMPT], params)[0].token_ids
             times[name].append((time.perf_counter() - start) / STEP_TOKENS * 1e3)
             cpu_times[name].append((time.process_time() - cpu_start) / STEP_TOKENS * 1e3)
-            kernels.int8_linear.uses_int8_kernel = kernel_takes
+            baton.kernels.int8_linear.uses_int8_kernel = kernel_takes
             torch.ops.baton_cpu.int8_linear = current
     return dict(
         ms_per_token_median={name: round(statistics.median(v[1:]), 2) for name, v in times.items()},

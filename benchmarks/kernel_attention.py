@@ -59,10 +59,10 @@ def parse_args() -> argparse.Namespace:
 
 def measure(args, batch: int, context: int, bandwidth: float, num_sms: int) -> list[dict]:
     """Time every implementation on one (batch, context) shape; [] when it does not fit."""
-    from kernels.ops import split_kv_max_partitions, use_split_kv
-    from kernels.paged_attention import paged_attention_ref
-    from kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
-    from kernels.paged_attention_triton import paged_attention_triton
+    from baton.kernels.ops import split_kv_max_partitions, use_split_kv
+    from baton.kernels.paged_attention import paged_attention_ref
+    from baton.kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
+    from baton.kernels.paged_attention_triton import paged_attention_triton
 
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     blocks_per_seq = -(-context // args.block_size)
@@ -137,7 +137,7 @@ def main() -> None:
         # Read when the kernels are decorated, so it must precede their import.
         os.environ["TRITON_INTERPRET"] = "1"
     bandwidth = copy_bandwidth_gbs(device, 64 if args.tiny else 1024)
-    from kernels import ops
+    from baton.kernels import ops
 
     num_sms = ops.device_num_sms(device)
     print(f"{describe(device)}: copy bandwidth {bandwidth:.1f} GB/s, {args.dtype}")
@@ -148,7 +148,7 @@ def main() -> None:
     for context in args.contexts:
         for batch in args.batches:
             rows += measure(args, batch, context, bandwidth, num_sms)
-    print("* = what kernels.ops.paged_attention picks for this shape")
+    print("* = what baton.kernels.ops.paged_attention picks for this shape")
     if args.json:
         write_report(args.json, device, bandwidth, args, rows)
 

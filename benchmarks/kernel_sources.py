@@ -7,7 +7,7 @@ between two runs are often larger than the change measured).
 
 Each build compiles every source of the revision's kernels/csrc (one kernel may call code another
 file holds: the float32 linear's gated tiles call layer_ops_cpu.cpp's gate) with the current
-flags (`kernels.cpu_extension.flags()`) and the revision's headers, its ops registered under
+flags (`baton.kernels.cpu_extension.flags()`) and the revision's headers, its ops registered under
 `namespace` instead of `baton_cpu`; builds are cached by the sources' hash.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu_extension import SOURCES, flags
+from baton.kernels.cpu_extension import SOURCES, flags
 
 CSRC = SOURCES[0].parent
 ROOT = CSRC.parents[1]

@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from kernel_sources import baseline_ops
 
-from gpu.huge_pages import move_to_huge_pages
-from kernels.cpu_extension import cpu_kernels_available
-from kernels.f32_linear import pack_weight
-from kernels.int8_linear import pack_codes, quantize_per_channel
+from baton.gpu.huge_pages import move_to_huge_pages
+from baton.kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.f32_linear import pack_weight
+from baton.kernels.int8_linear import pack_codes, quantize_per_channel
 
 # (hidden, intermediate, qkv width, layers): the bench Llama and the 0.4B one.
 MODELS = {"bench": (512, 1408, 1024, 8), "0.4b": (896, 4864, 1152, 24)}

@@ -19,9 +19,9 @@ from functools import partial
 import torch
 from kernel_timing import cpu_times_ms
 
-from kernels.cpu_extension import cpu_kernels_available
-from kernels.f32_linear import pack_weight
-from kernels.int8_linear import pack_codes, quantize_per_channel
+from baton.kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.f32_linear import pack_weight
+from baton.kernels.int8_linear import pack_codes, quantize_per_channel
 
 SHAPES = [(512, 2816), (1408, 512)]  # (in, out): gate_up and down
 

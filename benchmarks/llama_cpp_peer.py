@@ -137,8 +137,8 @@ def build(peers: Path, jobs: int | None = None, isa: str = "native") -> Path:
 def pre_tokenizer_label(spec: dict) -> str | None:
     """llama.cpp's name for the pre-tokenizer of a `tokenizer.json`, where its converter's list
     of known tokenizer hashes has no entry: byte-level BPE splitting with GPT-2's pattern and
-    nothing in front (what `gpu.tokenizer_trainer` writes) is llama.cpp's "gpt-2"; None for any
-    other, which the converter then refuses as before."""
+    nothing in front (what `baton.tools.tokenizer_trainer` writes) is llama.cpp's "gpt-2"; None for
+    any other, which the converter then refuses as before."""
     pre = spec.get("pre_tokenizer") or {}
     gpt2_split = (
         pre.get("type") == "ByteLevel"

@@ -14,13 +14,13 @@ import random
 import statistics
 import time
 
-from app.async_engine import AsyncEngine
-from app.prometheus import ServerMetrics
-from app.settings import METRICS_STYLES
-from core.config import EngineConfig
-from core.engine import Engine
-from core.metric_aggregates import EngineMetrics
-from core.simulated_executor import SimulatedExecutor
+from baton.app.engine.async_engine import AsyncEngine
+from baton.app.observability.prometheus import ServerMetrics
+from baton.app.settings import METRICS_STYLES
+from baton.core.config import EngineConfig
+from baton.core.engine import Engine
+from baton.core.metrics.metric_aggregates import EngineMetrics
+from baton.core.simulation.simulated_executor import SimulatedExecutor
 
 
 def filled(aggregates: EngineMetrics, seed: int = 0) -> None:

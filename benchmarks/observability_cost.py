@@ -14,12 +14,12 @@ import time
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from app.telemetry import Tracing
-from core.config import EngineConfig
-from core.metric_aggregates import EngineMetrics
-from core.outputs import RequestOutput, RequestTiming
-from core.request import FinishReason, Request
-from core.sampling_params import SamplingParams
+from baton.app.observability.telemetry import Tracing
+from baton.core.config import EngineConfig
+from baton.core.metrics.metric_aggregates import EngineMetrics
+from baton.core.outputs import RequestOutput, RequestTiming
+from baton.core.request import FinishReason, Request
+from baton.core.sampling_params import SamplingParams
 
 
 class Keep(SpanExporter):

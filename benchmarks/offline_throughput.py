@@ -30,10 +30,10 @@ from pathlib import Path
 import torch
 import transformers
 
-from app.llm import LLM
-from core.config import QUANTIZATIONS
-from core.sampling_params import SamplingParams
-from gpu.random_checkpoint import FAMILIES, write_checkpoint
+from baton.app.llm import LLM
+from baton.core.config import QUANTIZATIONS
+from baton.core.sampling_params import SamplingParams
+from baton.tools.random_checkpoint import FAMILIES, write_checkpoint
 
 CONFIGS = Path(__file__).parent / "configs"
 CONTENDERS = ("baton", "generate", "generate_batch")

@@ -27,9 +27,9 @@ OUTPUT_TOKENS = 64
 
 def measure(model: str, streams: int, rounds: int, serve_args: list[str]) -> dict:
     """Median decode-step ms of each side, per round and over the rounds."""
-    from app.cli import build_parser, serving_model
-    from core.request import EngineRequest
-    from core.sampling_params import SamplingParams
+    from baton.app.cli import build_parser, serving_model
+    from baton.core.request import EngineRequest
+    from baton.core.sampling_params import SamplingParams
 
     serve = ["serve", "--model", model, "--max-num-seqs", str(streams), *serve_args]
     engine = serving_model(build_parser().parse_args(serve)).build_engine()

@@ -60,9 +60,9 @@ def engine_child(serve_args: list[str]) -> None:
     """Child process: the engine alone. Reads a prompt length per line on stdin, generates
     OUTPUT_LEN greedy tokens for a random prompt of that length on a thread, and prints the
     milliseconds per token after the first."""
-    from app.cli import build_parser, serving_model
-    from core.request import EngineRequest
-    from core.sampling_params import SamplingParams
+    from baton.app.cli import build_parser, serving_model
+    from baton.core.request import EngineRequest
+    from baton.core.sampling_params import SamplingParams
 
     args = build_parser().parse_args(["serve", *serve_args])
     engine = serving_model(args).build_engine()
@@ -99,7 +99,7 @@ class Server:
         self.root = root
         self.port = free_port()
         env = os.environ | {"PYTHONPATH": str(root), "TOKENIZERS_PARALLELISM": "false"}
-        command = [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port)]
+        command = [sys.executable, "-m", "baton.app.cli", "serve", "--port", str(self.port)]
         self.process = subprocess.Popen(
             [*command, "--host", "127.0.0.1", *serve_args],
             cwd=root,
@@ -115,7 +115,7 @@ class Server:
 
     def bench(self, prompt_len: int, num_prompts: int, output_len: int = OUTPUT_LEN) -> dict | None:
         command = [
-            *(sys.executable, "-m", "app.cli", "bench", "--base-url"),
+            *(sys.executable, "-m", "baton.app.cli", "bench", "--base-url"),
             *(f"http://127.0.0.1:{self.port}", "--dataset", "random"),
             *("--input-len", str(prompt_len), "--output-len", str(output_len), "--ignore-eos"),
             *("--num-prompts", str(num_prompts), "--max-concurrency", "1", "--json"),

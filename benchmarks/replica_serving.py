@@ -4,18 +4,17 @@ configurations interleaved round by round so a shared machine's drift hits each 
     python benchmarks/replica_serving.py threads --rounds 2
     python benchmarks/replica_serving.py overhead --rounds 2
 
-`threads`: the bench model (gpu.random_checkpoint's `bench` preset) served as 1 replica with 2
-torch threads (`baton serve`, the single-process server) and as 2 replicas with 1 CPU each
-(`baton serve --replicas 2 --replica-cpus 1`'s code: Ray gives each actor OMP_NUM_THREADS=1),
-at an open-loop request rate below saturation (TTFT) and with every request at once
-(throughput). `overhead`: the tiny model, where the forward costs least, as the single-process
-server and as one Ray replica of both CPUs behind the front end, every request at once: the
-replica path (one Ray message per step, the follower task, the ledger, and the engine in a
-process of its own) against the single-process server. In the replica runs the front end's own
-work per request is timed inside the server: the admission forecast over every replica
-(`forecast_ttft`) and routing plus the submit (`_send`: hashing the prompt's blocks, the
-router, the ledger, the actor call). For a 2-CPU machine (the split of CPUs is fixed). One
-JSON line per run, then a summary per configuration.
+`threads`: the bench model (baton.tools.random_checkpoint's `bench` preset) served as 1 replica with
+2 torch threads (`baton serve`, the single-process server) and as 2 replicas with 1 CPU each (`baton
+serve --replicas 2 --replica-cpus 1`'s code: Ray gives each actor OMP_NUM_THREADS=1), at an
+open-loop request rate below saturation (TTFT) and with every request at once (throughput).
+`overhead`: the tiny model, where the forward costs least, as the single-process server and as one
+Ray replica of both CPUs behind the front end, every request at once: the replica path (one Ray
+message per step, the follower task, the ledger, and the engine in a process of its own) against the
+single-process server. In the replica runs the front end's own work per request is timed inside the
+server: the admission forecast over every replica (`forecast_ttft`) and routing plus the submit
+(`_send`: hashing the prompt's blocks, the router, the ledger, the actor call). For a 2-CPU machine
+(the split of CPUs is fixed). One JSON line per run, then a summary per configuration.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from core.latency import percentile
+from baton.core.metrics.latency import percentile
 
 HEALTH_WAIT_S = 600.0
 MAX_NUM_SEQS = 32
@@ -51,7 +50,7 @@ def serve_command(kind: str, model: str, port: int, timings: str) -> tuple[list[
         flags = ["--device", "cpu", "--port", str(port), "--max-num-seqs", str(MAX_NUM_SEQS)]
         flags += ["--ttft-slo-ms", str(TTFT_SLO_MS)]
         env["OMP_NUM_THREADS"] = "2"
-        return [sys.executable, "-m", "app.cli", "serve", "--model", model, *flags], env
+        return [sys.executable, "-m", "baton.app.cli", "serve", "--model", model, *flags], env
     # "2x1" / "ray-1": `baton serve --replicas N` (2 replicas of 1 CPU, 1 of 2), timed.
     replicas = "2" if kind == "2x1" else "1"
     child = [sys.executable, __file__, "serve-timed", "--model", model, "--port", str(port)]
@@ -59,17 +58,17 @@ def serve_command(kind: str, model: str, port: int, timings: str) -> tuple[list[
 
 
 def serve_timed(args: argparse.Namespace) -> None:
-    """Child: `baton serve --replicas N` as app/replica_server.py's `serve_replicas` runs it,
-    the 2 CPUs split between the replicas, with the front end's replica work per request
+    """Child: `baton serve --replicas N` as app/replicas/replica_server.py's `serve_replicas`
+    runs it, the 2 CPUs split between the replicas, with the front end's replica work per request
     timed; the timings go to `--timings` when the server stops."""
     import ray
 
-    from app.replica_server import start_replicas
-    from app.replica_settings import ReplicaModel, ReplicaSettings
-    from app.server import serve_front_end
-    from app.settings import ServerSettings
-    from core.config import EngineConfig
-    from core.tokenizer import Tokenizer
+    from baton.app.http.server import serve_front_end
+    from baton.app.replicas.replica_server import start_replicas
+    from baton.app.replicas.replica_settings import ReplicaModel, ReplicaSettings
+    from baton.app.settings import ServerSettings
+    from baton.core.config import EngineConfig
+    from baton.core.text.tokenizer import Tokenizer
 
     cpus = 2 / args.replicas
     spec = ReplicaModel(args.model, EngineConfig(max_num_seqs=MAX_NUM_SEQS), device="cpu")
@@ -104,7 +103,14 @@ def _time_method(engine: object, name: str, into: list[float]) -> None:
 
 
 def bench(port: int, args: argparse.Namespace, rate: str) -> dict:
-    command = [sys.executable, "-m", "app.cli", "bench", "--base-url", f"http://127.0.0.1:{port}"]
+    command = [
+        sys.executable,
+        "-m",
+        "baton.app.cli",
+        "bench",
+        "--base-url",
+        f"http://127.0.0.1:{port}",
+    ]
     command += ["--dataset", "random", "--input-len", str(args.input_len)]
     command += ["--output-len", str(args.output_len), "--num-prompts", str(args.num_prompts)]
     command += ["--request-rate", rate, "--ignore-eos", "--seed", "0", "--json"]
@@ -176,7 +182,7 @@ def _wait_healthy(port: int, server: subprocess.Popen) -> None:
 
 
 def checkpoint(preset: str, scratch: Path) -> str:
-    from gpu.random_checkpoint import write_checkpoint
+    from baton.tools.random_checkpoint import write_checkpoint
 
     return str(write_checkpoint(scratch / preset, "llama", preset))
 

@@ -1,7 +1,7 @@
 """What routing buys in capacity (issue 16): each router's SLO attainment at given shares of
 the replicas' combined saturation, and its SLO capacity, the highest load with at least 90%
-attainment (refusals count as misses), by bisection, as benchmarks/slo_attainment.py does for
-one engine. N engines behind the router in the replica simulator (core/replica_simulator.py),
+attainment (refusals count as misses), by bisection, as benchmarks/slo_attainment.py does for one
+engine. N engines behind the router in the replica simulator (core/simulation/replica_simulator.py),
 simulated time, so the machine's load changes the wall time only.
 
     python benchmarks/router_capacity.py --replicas 4,8 --seeds 0,1,2 --jobs 2
@@ -20,12 +20,12 @@ import json
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 
-from app.simulate import saturation_rps
-from core.config import EngineConfig
-from core.replica_simulator import simulate_replicas
-from core.router import ROUTERS
-from core.simulator import SimulationConfig, summarize
-from core.workloads import cap_max_tokens, sample_requests
+from baton.app.commands.simulate import saturation_rps
+from baton.core.config import EngineConfig
+from baton.core.replicas.router import ROUTERS
+from baton.core.simulation.replica_simulator import simulate_replicas
+from baton.core.simulation.simulator import SimulationConfig, summarize
+from baton.core.simulation.workloads import cap_max_tokens, sample_requests
 
 TARGET_ATTAINMENT = 0.9
 # Bisection bounds as shares of saturation: a router's capacity lies between them (the

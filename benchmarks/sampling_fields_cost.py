@@ -22,9 +22,9 @@ from collections.abc import Callable
 import torch
 from kernel_timing import cpu_times_ms
 
-from core.batch import ScheduledSequence
-from core.sampling_params import SamplingParams
-from gpu.sampler import Sampler
+from baton.core.batch import ScheduledSequence
+from baton.core.sampling_params import SamplingParams
+from baton.gpu.sampler import Sampler
 
 
 def median_ms(run: Callable[[], object], iters: int) -> float:
@@ -46,7 +46,7 @@ def sequences(batch: int, biased: int) -> list[ScheduledSequence]:
 
 def engine_step_ms(checkpoint: str, biased: int, scored: int) -> float:
     """Mean step time of 32 requests (64-token prompts, 32 sampled tokens each)."""
-    from app.llm import LLM
+    from baton.app.llm import LLM
 
     llm = LLM(checkpoint, device="cpu", num_kv_blocks=512, max_num_seqs=32)
     params = []
@@ -92,8 +92,8 @@ def main() -> None:
     ms = median_ms(lambda: sampler(logits, biased), args.iters)
     print(f"sampler, {args.batch // 4} of {args.batch} rows with 50-token logit_bias: {ms:.3f} ms")
 
-    from core.batch import Batch
-    from gpu.prompt_logprobs import prompt_logprobs
+    from baton.core.batch import Batch
+    from baton.gpu.prompt_logprobs import prompt_logprobs
 
     head = torch.nn.Linear(args.hidden, args.vocab, bias=False)
     chunk = 512

@@ -13,11 +13,11 @@ import random
 import statistics
 import time
 
-from core.config import EngineConfig
-from core.engine import Engine
-from core.request import EngineRequest
-from core.sampling_params import SamplingParams
-from core.simulated_executor import SimulatedClock, SimulatedExecutor
+from baton.core.config import EngineConfig
+from baton.core.engine import Engine
+from baton.core.request import EngineRequest
+from baton.core.sampling_params import SamplingParams
+from baton.core.simulation.simulated_executor import SimulatedClock, SimulatedExecutor
 
 
 def main() -> None:

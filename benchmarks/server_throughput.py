@@ -38,11 +38,11 @@ PROMPT = "The for statement is used to iterate over the elements of a sequence"
 
 def serve(args: argparse.Namespace) -> None:
     """Child process: a Baton server over the simulated, zero-cost executor."""
-    from app.llm import build_simulated_engine
-    from app.server import serve_engine
-    from app.settings import ServerSettings
-    from core.config import EngineConfig
-    from core.tokenizer import Tokenizer
+    from baton.app.http.server import serve_engine
+    from baton.app.llm import build_simulated_engine
+    from baton.app.settings import ServerSettings
+    from baton.core.config import EngineConfig
+    from baton.core.text.tokenizer import Tokenizer
 
     sys.setswitchinterval(args.switch_interval_ms / 1000)
     config = EngineConfig(
@@ -79,7 +79,7 @@ async def sse_client(port: int, body: bytes, deadline: float, gaps: list[float])
     while time.perf_counter() < deadline:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(
-            # The Host a loopback server answers (app.security's Host check).
+            # The Host a loopback server answers (baton.app.http.security's Host check).
             b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n"
             b"\r\n%s" % (len(body), body)
@@ -177,7 +177,7 @@ def main() -> None:
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     with tempfile.TemporaryDirectory() as scratch:
         if args.checkpoint is None:
-            from gpu.random_checkpoint import write_checkpoint
+            from baton.tools.random_checkpoint import write_checkpoint
 
             args.checkpoint = str(write_checkpoint(Path(scratch) / "tiny", "llama", "tiny"))
         child = subprocess.Popen(

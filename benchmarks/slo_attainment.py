@@ -1,5 +1,5 @@
 """SLO attainment of every policy on the same arrivals, over seeds and load points: the table
-issue 19's targets are stated in. Simulated time (core/simulator.py, `baton simulate`'s
+issue 19's targets are stated in. Simulated time (core/simulation/simulator.py, `baton simulate`'s
 defaults), so the machine's load changes the wall time only.
 
     python benchmarks/slo_attainment.py --loads 0.8,0.9,1.0,1.05 --seeds 0,1,2,3,4 --jobs 2
@@ -18,10 +18,10 @@ import itertools
 import json
 from concurrent.futures import ProcessPoolExecutor
 
-from app.simulate import saturation_rps
-from core.config import EngineConfig
-from core.simulator import SimulationConfig, simulate, summarize
-from core.workloads import sample_requests
+from baton.app.commands.simulate import saturation_rps
+from baton.core.config import EngineConfig
+from baton.core.simulation.simulator import SimulationConfig, simulate, summarize
+from baton.core.simulation.workloads import sample_requests
 
 BASELINES = "slo,sjf,fcfs,hrrn,ltr,priority"
 TARGET_ATTAINMENT = 0.9

@@ -19,9 +19,9 @@ import json
 
 from slo_attainment import config_for
 
-from app.simulate import saturation_rps
-from core.simulator import RequestRecord, simulate, summarize
-from core.workloads import sample_requests
+from baton.app.commands.simulate import saturation_rps
+from baton.core.simulation.simulator import RequestRecord, simulate, summarize
+from baton.core.simulation.workloads import sample_requests
 
 
 def miss_kind(record: RequestRecord) -> str:

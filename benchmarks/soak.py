@@ -34,7 +34,7 @@ import httpx
 import orjson
 import websockets
 
-from app.bench import WORDS
+from baton.app.commands.bench import WORDS
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

@@ -80,8 +80,8 @@ class TimedModel:
 
 def measure(engine: Any, model: TimedModel, streams: int, steps: int) -> dict[str, float]:
     """Decode `steps` tokens in each of `streams` requests; medians per decode step, in ms."""
-    from core.request import EngineRequest
-    from core.sampling_params import SamplingParams
+    from baton.core.request import EngineRequest
+    from baton.core.sampling_params import SamplingParams
 
     rng = random.Random(streams)
     params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
@@ -107,7 +107,7 @@ def measure(engine: Any, model: TimedModel, streams: int, steps: int) -> dict[st
 
 def child(model_dir: str, serve_args: list[str], steps: int, fake: bool, cost_fit: bool) -> None:
     """Child process: reads a stream count per line, prints one `measure` as JSON."""
-    from app.cli import build_parser, serving_model
+    from baton.app.cli import build_parser, serving_model
 
     engines: dict[int, tuple[Any, TimedModel]] = {}
 

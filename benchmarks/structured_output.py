@@ -19,13 +19,13 @@ from pathlib import Path
 
 import torch
 
-from app.guided import Tool, required_calls_schema
-from app.llm import LLM
-from core.request import EngineRequest
-from core.sampling_params import SamplingParams
-from core.step_stats import StepStats
-from core.structured_output import GuideKind, StructuredOutput
-from gpu.structured_output import XGrammarCompiler
+from baton.app.api.guided import Tool, required_calls_schema
+from baton.app.llm import LLM
+from baton.core.request import EngineRequest
+from baton.core.sampling_params import SamplingParams
+from baton.core.step_stats import StepStats
+from baton.core.structured_output import GuideKind, StructuredOutput
+from baton.gpu.structured_output import XGrammarCompiler
 
 DEMO_MODEL = Path(__file__).parent.parent / "app" / "demo_model"
 # Long-running: at least 40 items, so no constrained request ends inside the measured steps.

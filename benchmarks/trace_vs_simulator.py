@@ -27,7 +27,7 @@ from pathlib import Path
 
 from vs_llama_cpp import checkpoint, child_env, first_answer, load_1min, machine
 
-from core.workloads import sample_requests
+from baton.core.simulation.workloads import sample_requests
 
 SERVER_FLAGS = ("--max-num-seqs", "16", "--max-num-batched-tokens", "512")
 
@@ -57,7 +57,7 @@ def bench(url: str, trace: Path, seed: int) -> dict:
     """The trace replayed; `seed` draws its prompts' token ids (the simulator does not look at
     them, but the server's prefix cache would: a replay of the same prompts skips prefill)."""
     command = [
-        *(sys.executable, "-m", "app.cli", "bench", "--base-url", url, "--seed", str(seed)),
+        *(sys.executable, "-m", "baton.app.cli", "bench", "--base-url", url, "--seed", str(seed)),
         *("--dataset", "trace", "--trace-file", str(trace), "--token-prompts"),
         *("--slo-classes", "--send-slo", "--ignore-eos", "--json"),
     ]
@@ -67,7 +67,7 @@ def bench(url: str, trace: Path, seed: int) -> dict:
 
 def simulate(url: str, trace: Path) -> dict:
     command = [
-        *(sys.executable, "-m", "app.cli", "simulate", "--workload-file", str(trace)),
+        *(sys.executable, "-m", "baton.app.cli", "simulate", "--workload-file", str(trace)),
         *("--calibrate-from", url, *SERVER_FLAGS, "--policy", "slo", "--json"),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=True, env=child_env(1))
@@ -81,7 +81,7 @@ def measure(model: Path, trace: Path, rate: float, round_: int, log_dir: Path) -
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     serve = [
-        *(sys.executable, "-m", "app.cli", "serve", "--model", str(model), "--device", "cpu"),
+        *(sys.executable, "-m", "baton.app.cli", "serve", "--model", str(model), "--device", "cpu"),
         *("--host", "127.0.0.1", "--port", str(port), *SERVER_FLAGS),
         *("--scheduling-policy", "slo"),
     ]
@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--length-scale", type=float, default=0.1)
     parser.add_argument("--slo-scale", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0, help="the trace's draw")
-    parser.add_argument("--preset", default="bench", help="gpu.random_checkpoint preset")
+    parser.add_argument("--preset", default="bench", help="baton.tools.random_checkpoint preset")
     args = parser.parse_args()
     model = checkpoint(args.preset)
     print(json.dumps({"machine": machine(), "args": vars(args)}), flush=True)

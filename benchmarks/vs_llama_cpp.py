@@ -105,7 +105,7 @@ def server_command(side: Side, shape: Shape, port: int, threads: int) -> list[st
             threads=threads,
         )
     return [
-        *(sys.executable, "-m", "app.cli", "serve", "--model", str(side.weights)),
+        *(sys.executable, "-m", "baton.app.cli", "serve", "--model", str(side.weights)),
         *("--host", "127.0.0.1", "--port", str(port), "--device", "cpu"),
         *("--max-num-seqs", str(shape.streams)),
         *("--max-model-len", str(shape.context_per_sequence)),
@@ -116,7 +116,7 @@ def server_command(side: Side, shape: Shape, port: int, threads: int) -> list[st
 def bench_command(shape: Shape, port: int, seed: int) -> list[str]:
     """The same client and the same prompts (one seed) for every side."""
     return [
-        *(sys.executable, "-m", "app.cli", "bench", "--base-url", f"http://127.0.0.1:{port}"),
+        *(sys.executable, "-m", "baton.app.cli", "bench", "--base-url", f"http://127.0.0.1:{port}"),
         *("--dataset", "random", "--input-len", str(shape.prompt_len)),
         *("--output-len", str(shape.output_len), "--ignore-eos"),
         *("--num-prompts", str(shape.num_prompts), "--max-concurrency", str(shape.streams)),
@@ -147,7 +147,7 @@ def child_env(threads: int, isa: str = "native") -> dict[str, str]:
 def build_baton_kernels(threads: int, isa: str) -> None:
     """Baton's C++ CPU kernels built before any cold start is timed, as a deployed server finds
     them: torch's extension cache, in the servers' environment."""
-    check = "import kernels.cpu_extension as k; assert k.cpu_kernels_available()"
+    check = "import baton.kernels.cpu_extension as k; assert k.cpu_kernels_available()"
     env = child_env(threads, isa)
     subprocess.run([sys.executable, "-c", check], cwd=REPO, env=env, check=True)
 
@@ -249,8 +249,9 @@ def measure(side: Side, shape: Shape, round_: int, args: argparse.Namespace) -> 
 
 
 def checkpoint(preset: str) -> Path:
-    """A random-weight Llama of `gpu.random_checkpoint`'s `preset`, written once into the cache."""
-    from gpu.random_checkpoint import write_checkpoint
+    """A random-weight Llama of `baton.tools.random_checkpoint`'s `preset`, written once into the
+    cache."""
+    from baton.tools.random_checkpoint import write_checkpoint
 
     path = peers_dir() / "models" / f"llama-{preset}"
     if not (path / "config.json").is_file():
@@ -285,7 +286,9 @@ def machine() -> dict:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="bench", help="gpu.random_checkpoint preset (Llama)")
+    parser.add_argument(
+        "--preset", default="bench", help="baton.tools.random_checkpoint preset (Llama)"
+    )
     parser.add_argument("--checkpoint", default=None, help="a Llama checkpoint folder instead")
     parser.add_argument("--prompt-len", type=int, nargs="+", default=[40, 256], help="words")
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8, 32])

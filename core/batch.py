@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.sampling_params import SamplingParams
+from baton.core.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)
@@ -59,11 +59,11 @@ NO_PADDING = Padding()
 class Batch:
     """Everything one step computes: decodes first, then prefill chunks.
 
-    `num_prompt_logprobs` counts the sequences' `prompt_logprob_positions`, so a step without
-    any costs one test. `finished_request_ids` are requests that ended since the previous
-    batch, so an executor that keeps state per request (grammar matchers) can drop theirs.
-    `padding` is a cost only (static batching, core/static_batch.py): an executor packs the
-    sequences and never computes it, so it cannot change a token; a simulated one charges it.
+    `num_prompt_logprobs` counts the sequences' `prompt_logprob_positions`, so a step without any
+    costs one test. `finished_request_ids` are requests that ended since the previous batch, so an
+    executor that keeps state per request (grammar matchers) can drop theirs. `padding` is a cost
+    only (static batching, core/scheduling/static_batch.py): an executor packs the sequences and
+    never computes it, so it cannot change a token; a simulated one charges it.
     """
 
     sequences: list[ScheduledSequence] = field(default_factory=list)

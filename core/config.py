@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.policy_registry import POLICIES
+from baton.core.scheduling.policy_registry import POLICIES
 
-# How a checkpoint's model runs (core.model_impl): auto, Baton's native model, or transformers'.
+# How a checkpoint's model runs (baton.core.checkpoint.model_impl): auto, Baton's native model, or
+# transformers'.
 MODEL_IMPLS = ("auto", "native", "transformers")
-# How the native CPU model stores its linear weights (gpu.quantization): as loaded, or int8.
+# How the native CPU model stores its linear weights (baton.gpu.models.quantization): as loaded, or
+# int8.
 QUANTIZATIONS = ("none", "int8")
 # What the KV cache holds: the model's dtype (auto), or float16 on the CPU, where the cache read
 # is a decode step's largest cost at long contexts and llama.cpp's default is float16 too.
@@ -33,7 +35,7 @@ class EngineConfig:
     scheduling_policy: str = "slo"
     # Hard bounds under every policy: no request waits longer for its first token, and none is
     # preempted more often (after that it is protected). Static batching keeps only the second
-    # (its batch is closed; core/scheduler.py).
+    # (its batch is closed; core/scheduling/scheduler.py).
     max_wait_ms: float = 20_000.0
     max_preemptions: int = 3
     # With the slo policy, no request with a TTFT target starts later than this times its
@@ -45,7 +47,7 @@ class EngineConfig:
     enforce_eager: bool = False
     seed: int = 0
     # auto: Baton's native model where it has one, else transformers' modeling code (the generic
-    # path); native or transformers forces one (core.model_impl).
+    # path); native or transformers forces one (baton.core.checkpoint.model_impl).
     model_impl: str = "auto"
     # int8: the native model's linear layers over int8 weights with per-channel scales,
     # quantized at load (CPU only).

@@ -10,24 +10,24 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from core.batch import Batch, ExecutorOutput, TokenLogprobs
-from core.config import EngineConfig
-from core.engine_stats import EngineStats
-from core.executor import Executor
-from core.kv_cache_manager import KVCacheManager
-from core.length_predictor import LengthPredictor
-from core.lifetime import LifetimeMean
-from core.output_processor import OutputProcessor
-from core.outputs import RequestOutput, RequestTiming
-from core.policy import PolicyContext
-from core.policy_registry import make_policy
-from core.request import EngineRequest, FinishReason, Request, check_priority
-from core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, SamplingParams
-from core.scheduler import Scheduler
-from core.step_cost import StepCostModel
-from core.step_stats import StepStats
-from core.structured_output import GrammarCompiler
-from core.tokenizer import Tokenizer
+from baton.core.batch import Batch, ExecutorOutput, TokenLogprobs
+from baton.core.config import EngineConfig
+from baton.core.engine_stats import EngineStats
+from baton.core.executor import Executor
+from baton.core.kv_cache.kv_cache_manager import KVCacheManager
+from baton.core.outputs import RequestOutput, RequestTiming
+from baton.core.request import EngineRequest, FinishReason, Request, check_priority
+from baton.core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, SamplingParams
+from baton.core.scheduling.length_predictor import LengthPredictor
+from baton.core.scheduling.lifetime import LifetimeMean
+from baton.core.scheduling.policy import PolicyContext
+from baton.core.scheduling.policy_registry import make_policy
+from baton.core.scheduling.scheduler import Scheduler
+from baton.core.scheduling.step_cost import StepCostModel
+from baton.core.step_stats import StepStats
+from baton.core.structured_output import GrammarCompiler
+from baton.core.text.output_processor import OutputProcessor
+from baton.core.text.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 # What a client is told when its request failed inside the engine; the details are logged.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.step_cost import CostCoefficients
+from baton.core.scheduling.step_cost import CostCoefficients
 
 
 @dataclass(slots=True, frozen=True)
@@ -26,7 +26,7 @@ class EngineStats:
     step_cost: CostCoefficients = field(default_factory=CostCoefficients)
     step_cost_error: float | None = None
     step_cost_observations: int = 0
-    # Mean seconds from a request's first token to its finish (core/lifetime.py).
+    # Mean seconds from a request's first token to its finish (core/scheduling/lifetime.py).
     mean_lifetime_s: float = 0.0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from core.batch import Batch, ExecutorOutput
+from baton.core.batch import Batch, ExecutorOutput
 
 
 class Executor(Protocol):

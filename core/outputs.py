@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.batch import TokenLogprobs
-from core.latency import tpot_ms
-from core.request import FinishReason, Request
+from baton.core.batch import TokenLogprobs
+from baton.core.metrics.latency import tpot_ms
+from baton.core.request import FinishReason, Request
 
 
 @dataclass(slots=True)

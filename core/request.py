@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from core.batch import TokenLogprobs
-from core.sampling_params import InvalidRequestError, SamplingParams
+from baton.core.batch import TokenLogprobs
+from baton.core.sampling_params import InvalidRequestError, SamplingParams
 
 
 class RequestStatus(enum.Enum):

@@ -7,7 +7,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
-from core.structured_output import StructuredOutput
+from baton.core.structured_output import StructuredOutput
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256

@@ -11,11 +11,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.engine import INTERNAL_ERROR, Engine
-from core.engine_stats import EngineStats
-from core.outputs import RequestOutput
-from core.request import EngineRequest, FinishReason
-from core.sampling_params import InvalidRequestError
+from baton.core.engine import INTERNAL_ERROR, Engine
+from baton.core.engine_stats import EngineStats
+from baton.core.outputs import RequestOutput
+from baton.core.request import EngineRequest, FinishReason
+from baton.core.sampling_params import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 

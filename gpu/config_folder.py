@@ -6,9 +6,12 @@ from pathlib import Path
 
 
 def write_config_folder(config_file: str | Path, out: str | Path) -> Path:
-    """`config_file` as `out`/config.json plus a 512-token tokenizer from `gpu.tokenizer_trainer`
+    """`config_file` as `out`/config.json plus a 512-token tokenizer from
+    `baton.tools.tokenizer_trainer`
     (ids past its vocabulary decode to nothing)."""
-    from gpu.tokenizer_trainer import train_tokenizer  # trained only when a folder is written
+    from baton.tools.tokenizer_trainer import (
+        train_tokenizer,  # trained only when a folder is written
+    )
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 A decode step launches a few hundred small kernels; replaying them as one graph takes the
 launch cost off the step. A batch of n one-token sequences is padded to the smallest captured
-size >= n (padding rows as `gpu.input_batch` writes them), its inputs land in the same device
+size >= n (padding rows as `baton.gpu.input_batch` writes them), its inputs land in the same device
 buffers the graph was captured on, and the graph replays. Only the model body is captured: the
 LM head and sampling run eagerly on the real rows' hidden states.
 """
@@ -13,9 +13,9 @@ import bisect
 
 import torch
 
-from core.batch import Batch
-from gpu.input_batch import InputBuffers, ModelInputs
-from gpu.model import CausalLM, LayerKVCache
+from baton.core.batch import Batch
+from baton.gpu.input_batch import InputBuffers, ModelInputs
+from baton.gpu.models.model import CausalLM, LayerKVCache
 
 # Small batches are common and cheap to capture, so they get fine steps; past 32, every 16.
 SMALL_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32)

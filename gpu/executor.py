@@ -10,33 +10,33 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from core.batch import Batch, ExecutorOutput, ScheduledSequence
-from core.config import EngineConfig
-from core.host_memory import format_size, release_freed_heap
-from core.model_config import ModelConfig
-from core.sampling_params import SamplingParams
-from gpu.cpu_layers import CpuLayers, streamed_weights
-from gpu.cuda_graph import DecodeGraphs, graph_batch_sizes
-from gpu.huge_pages import huge_page_bytes, move_to_huge_pages
-from gpu.input_batch import InputBuffers, prepare_inputs
-from gpu.kv_cache import (
+from baton.core.batch import Batch, ExecutorOutput, ScheduledSequence
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.core.config import EngineConfig
+from baton.core.kv_cache.host_memory import format_size, release_freed_heap
+from baton.core.sampling_params import SamplingParams
+from baton.gpu.cuda_graph import DecodeGraphs, graph_batch_sizes
+from baton.gpu.huge_pages import huge_page_bytes, move_to_huge_pages
+from baton.gpu.input_batch import InputBuffers, prepare_inputs
+from baton.gpu.kv_cache import (
     allocate_kv_caches,
     budget_num_kv_blocks,
     cpu_num_kv_blocks,
     cuda_num_kv_blocks,
     kv_cache_bytes_per_block,
 )
-from gpu.loader import load_model
-from gpu.model import uses_f32_kernel
-from gpu.prompt_logprobs import prompt_logprobs
-from gpu.quantization import check_quantization, quantize_as_loaded, quantize_lm_head
-from gpu.sampler import Sampler
-from gpu.transformers_model import load_transformers_model
-from kernels.cpu_extension import cpu_kernels_available
-from kernels.linear import cpu_has_native_bf16
+from baton.gpu.loader import load_model
+from baton.gpu.models.cpu_layers import CpuLayers, streamed_weights
+from baton.gpu.models.model import uses_f32_kernel
+from baton.gpu.models.quantization import check_quantization, quantize_as_loaded, quantize_lm_head
+from baton.gpu.models.transformers_model import load_transformers_model
+from baton.gpu.prompt_logprobs import prompt_logprobs
+from baton.gpu.sampler import Sampler
+from baton.kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.linear import cpu_has_native_bf16
 
 if TYPE_CHECKING:  # xgrammar (and transformers) load with the first structured-output request
-    from gpu.structured_output import GrammarMask, GrammarMatchers, XGrammarCompiler
+    from baton.gpu.structured_output import GrammarMask, GrammarMatchers, XGrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -268,11 +268,11 @@ class TorchExecutor:
 
     @property
     def grammar_compiler(self) -> XGrammarCompiler:
-        """Structured output's compiler (core.structured_output.GrammarCompiler), built on
+        """Structured output's compiler (baton.core.structured_output.GrammarCompiler), built on
         first use: reading the vocabulary costs start-up time a server without it never pays."""
         with self._grammar_compiler_lock:
             if self._grammar_compiler is None:
-                from gpu.structured_output import XGrammarCompiler
+                from baton.gpu.structured_output import XGrammarCompiler
 
                 self._grammar_compiler = XGrammarCompiler(
                     self.model_config.path,
@@ -287,7 +287,7 @@ class TorchExecutor:
         if not any(seq.sampling_params.structured_output is not None for seq in to_sample):
             return None
         if self._grammar_matchers is None:
-            from gpu.structured_output import GrammarMatchers
+            from baton.gpu.structured_output import GrammarMatchers
 
             self._grammar_matchers = GrammarMatchers(self.model_config.vocab_size)
         return self._mask_worker.submit(self._grammar_matchers.fill_mask, to_sample)

@@ -7,7 +7,7 @@ bench Llama's linears read 5-13% faster in float32 and ~3% in int8, the 0.4B's 5
 most the unused tail of one huge page. Linux only, where transparent huge pages are not turned
 off (`always` or `madvise` in /sys/kernel/mm/transparent_hugepage/enabled); a no-op elsewhere.
 
-The KV cache stays on normal pages: it is mapped lazily (gpu.kv_cache), and on huge pages each
+The KV cache stays on normal pages: it is mapped lazily (baton.gpu.kv_cache), and on huge pages each
 first write of a block would make 2 MiB of it resident instead of 4 KiB.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from core.host_memory import release_freed_heap
+from baton.core.kv_cache.host_memory import release_freed_heap
 
 HUGE_PAGE = 2 * 1024**2
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")

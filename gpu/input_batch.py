@@ -14,8 +14,8 @@ from itertools import accumulate, chain, repeat
 import numpy as np
 import torch
 
-from core.batch import Batch, ScheduledSequence
-from kernels.paged_attention import CpuAttentionPlan, cpu_attention_plan
+from baton.core.batch import Batch, ScheduledSequence
+from baton.kernels.paged_attention import CpuAttentionPlan, cpu_attention_plan
 
 # Shapes whose buffer views `InputBuffers` keeps; past this many it starts over.
 _MAX_CACHED_SHAPES = 64

@@ -7,9 +7,9 @@ import mmap
 
 import torch
 
-from core.host_memory import available_memory_bytes, format_size
-from core.model_config import ModelConfig
-from gpu.model import LayerKVCache
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.core.kv_cache.host_memory import available_memory_bytes, format_size
+from baton.gpu.models.model import LayerKVCache
 
 # Without --kv-cache-memory the CPU's cache holds max_num_seqs full-length sequences, but takes
 # no more than this nor this fraction of the memory available at start-up, so a large checkpoint

@@ -18,9 +18,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from core.model_config import ModelConfig
-from gpu.model import CausalLM
-from gpu.moe import SparseMoE
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.gpu.models.model import CausalLM
+from baton.gpu.models.moe import SparseMoE
 
 # Baton's fused projections and the checkpoint's tensors that fill them, in order.
 SPLIT_PROJECTIONS = {

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from core.batch import Batch, TokenLogprobs
+from baton.core.batch import Batch, TokenLogprobs
 
 # Rows per pass through the LM head: bounds the logits tensor to ROWS × vocab floats.
 ROWS_PER_SLICE = 256

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from core.batch import ExecutorOutput, ScheduledSequence, TokenLogprobs
-from core.sampling_params import SamplingParams
-from kernels import ops
+from baton.core.batch import ExecutorOutput, ScheduledSequence, TokenLogprobs
+from baton.core.sampling_params import SamplingParams
+from baton.kernels import ops
 
 if TYPE_CHECKING:  # xgrammar loads with the first structured-output request, not here
-    from gpu.structured_output import GrammarMask
+    from baton.gpu.structured_output import GrammarMask
 
 _NEG_INF = float("-inf")
 

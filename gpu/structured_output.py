@@ -21,9 +21,9 @@ import torch
 import xgrammar
 from transformers import PreTrainedTokenizerFast
 
-from core.batch import ScheduledSequence
-from core.sampling_params import InvalidRequestError
-from core.structured_output import GuideKind, StructuredOutput
+from baton.core.batch import ScheduledSequence
+from baton.core.sampling_params import InvalidRequestError
+from baton.core.structured_output import GuideKind, StructuredOutput
 
 logger = logging.getLogger(__name__)
 

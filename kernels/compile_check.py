@@ -1,5 +1,5 @@
 """Compile every Triton kernel for a GPU architecture, no GPU needed: `python -m
-kernels.compile_check --arch 90`.
+baton.kernels.compile_check --arch 90`.
 
 The interpreter tests check what the kernels compute; this checks that the compiler accepts
 them (types, shapes of `tl.dot`, shared memory) for the shapes of the shipped benchmark models,
@@ -15,15 +15,15 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.activation_triton import _silu_and_mul_kernel
-from kernels.kv_cache_triton import _write_kv_cache_kernel
-from kernels.paged_attention_split_kv_triton import (
+from baton.kernels.activation_triton import _silu_and_mul_kernel
+from baton.kernels.kv_cache_triton import _write_kv_cache_kernel
+from baton.kernels.paged_attention_split_kv_triton import (
     _split_kv_partial_kernel,
     _split_kv_reduce_kernel,
 )
-from kernels.paged_attention_triton import _paged_attention_kernel
-from kernels.rms_norm_triton import _rms_norm_kernel
-from kernels.rotary_triton import _rotary_kernel
+from baton.kernels.paged_attention_triton import _paged_attention_kernel
+from baton.kernels.rms_norm_triton import _rms_norm_kernel
+from baton.kernels.rotary_triton import _rotary_kernel
 
 TRITON_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 # (query heads per KV head, head dim) of Llama-3.1-8B, Qwen2.5-0.5B, Qwen2.5-1.5B, Qwen3-0.6B.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.cpu_extension import cpu_kernels_available
 
 # Symmetric: -127..127, so negating a weight negates its code (-128 would have no mirror).
 INT8_MAX = 127

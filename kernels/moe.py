@@ -7,7 +7,7 @@ loop over tokens. `moe_experts_ref` is the plain definition it is tested against
 on every token, weighted by the routing (zero for experts not picked).
 
 With `--quantization int8` the stacked expert weights are int8 codes with a scale per output
-row, and gpu.moe hands `moe_experts` an expert MLP over `int8_linear`.
+row, and baton.gpu.models.moe hands `moe_experts` an expert MLP over `int8_linear`.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def moe_experts(
 ) -> torch.Tensor:
     """The weighted sum of each token's experts: hidden [T, H], weights and expert_ids [T, k]
     -> [T, H]. `expert_mlp` runs one expert on its rows (over stacked float weights, or
-    packed ones: gpu.moe)."""
+    packed ones: baton.gpu.models.moe)."""
     top_k = expert_ids.shape[1]
     flat_ids = expert_ids.reshape(-1)
     # Stable, so a token's pairs keep their order within an expert whatever the batch.

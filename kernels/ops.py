@@ -1,13 +1,13 @@
 """Kernel dispatch: Triton on CUDA tensors, Baton's C++ kernels on float32 CPU tensors, the
 plain-torch references everywhere else.
 
-The model calls only these (its linear layers excepted: kernels.linear; and the MoE experts
-and logit soft-capping, plain torch on every device: kernels.moe, kernels.softcap). On the CPU,
-attention is `paged_attention_cpu` over the step's plan, and the norms, gated activations and
-rotary with the cache write are one C++ call each (kernels/csrc/layer_ops_cpu.cpp) where the
-extension built; Triton is imported only once a CUDA tensor arrives. The Triton path reads
-only tensors and the scalars fixed per graph bucket, never the batch's lists, and never syncs,
-so a CUDA graph can capture it.
+The model calls only these (its linear layers excepted: baton.kernels.linear; and the MoE experts
+and logit soft-capping, plain torch on every device: baton.kernels.moe, baton.kernels.softcap). On
+the CPU, attention is `paged_attention_cpu` over the step's plan, and the norms, gated activations
+and rotary with the cache write are one C++ call each (kernels/csrc/layer_ops_cpu.cpp) where the
+extension built; Triton is imported only once a CUDA tensor arrives. The Triton path reads only
+tensors and the scalars fixed per graph bucket, never the batch's lists, and never syncs, so a CUDA
+graph can capture it.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import Protocol
 
 import torch
 
-from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
-from kernels.cpu_extension import cpu_kernels_available
-from kernels.kv_cache import write_kv_cache_ref
-from kernels.paged_attention import CpuAttentionPlan, paged_attention_cpu, paged_attention_ref
-from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-from kernels.rotary import apply_rotary_ref
+from baton.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from baton.kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.kv_cache import write_kv_cache_ref
+from baton.kernels.paged_attention import CpuAttentionPlan, paged_attention_cpu, paged_attention_ref
+from baton.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from baton.kernels.rotary import apply_rotary_ref
 
 # Flash-decoding pays for its second kernel when the plain grid (one program per sequence and
 # KV head) leaves SMs idle. A program walks its keys one tile after another, each tile waiting on
@@ -42,7 +42,7 @@ _forced: bool | None = None
 
 
 class PackedAttentionBatch(Protocol):
-    """What attention needs of a packed batch (gpu.input_batch.AttentionMetadata has it)."""
+    """What attention needs of a packed batch (baton.gpu.input_batch.AttentionMetadata has it)."""
 
     block_tables: torch.Tensor
     query_start_loc: list[int]
@@ -154,8 +154,8 @@ def paged_attention(
                 q, kv_cache, tables, starts, lens, scale, batch.cpu_plan, window, softcap
             )
         return paged_attention_ref(q, kv_cache, tables, starts, lens, scale, window, softcap)
-    from kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
-    from kernels.paged_attention_triton import paged_attention_triton
+    from baton.kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
+    from baton.kernels.paged_attention_triton import paged_attention_triton
 
     # Shapes and per-bucket scalars only: a graph replay must take the same branch.
     num_seqs = batch.seq_lens_tensor.shape[0]
@@ -192,7 +192,7 @@ def write_kv_cache(
     if not uses_triton(key):
         write_kv_cache_ref(key, value, kv_cache, slot_mapping)
         return
-    from kernels.kv_cache_triton import write_kv_cache_triton
+    from baton.kernels.kv_cache_triton import write_kv_cache_triton
 
     write_kv_cache_triton(key, value, kv_cache, slot_mapping)
 
@@ -211,7 +211,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return torch.ops.baton_cpu.rms_norm(x, weight, eps)
     if not uses_triton(x):
         return rms_norm_ref(x, weight, eps)
-    from kernels.rms_norm_triton import rms_norm_triton
+    from baton.kernels.rms_norm_triton import rms_norm_triton
 
     return rms_norm_triton(x, weight, eps)
 
@@ -223,7 +223,7 @@ def fused_add_rms_norm(
         return torch.ops.baton_cpu.fused_add_rms_norm(x, residual, weight, eps)
     if not uses_triton(x):
         return fused_add_rms_norm_ref(x, residual, weight, eps)
-    from kernels.rms_norm_triton import fused_add_rms_norm_triton
+    from baton.kernels.rms_norm_triton import fused_add_rms_norm_triton
 
     return fused_add_rms_norm_triton(x, residual, weight, eps)
 
@@ -262,7 +262,7 @@ def apply_rotary(
     """Rotated (q, k): new tensors from the reference, q and k themselves from Triton."""
     if not uses_triton(q):
         return apply_rotary_ref(q, k, positions, cos_sin_cache)
-    from kernels.rotary_triton import apply_rotary_triton
+    from baton.kernels.rotary_triton import apply_rotary_triton
 
     return apply_rotary_triton(q, k, positions, cos_sin_cache)
 
@@ -281,7 +281,7 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
         return torch.ops.baton_cpu.gelu_tanh_and_mul(x)
     if not uses_triton(x):
         return gelu_tanh_and_mul_ref(x)
-    from kernels.activation_triton import gelu_tanh_and_mul_triton
+    from baton.kernels.activation_triton import gelu_tanh_and_mul_triton
 
     return gelu_tanh_and_mul_triton(x)
 
@@ -291,6 +291,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return torch.ops.baton_cpu.silu_and_mul(x)
     if not uses_triton(x):
         return silu_and_mul_ref(x)
-    from kernels.activation_triton import silu_and_mul_triton
+    from baton.kernels.activation_triton import silu_and_mul_triton
 
     return silu_and_mul_triton(x)

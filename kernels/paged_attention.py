@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_extension import cpu_kernels_available
-from kernels.softcap import softcap_ref
+from baton.kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.softcap import softcap_ref
 
 # Decodes are padded up to a multiple of this many tokens and run together per multiple, at
 # most DECODE_GROUP sequences per SDPA call. The padded length depends only on a sequence's own

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_attention_triton import (
+from baton.kernels.paged_attention_triton import (
     LOG2E,
     NEG_START,
     attend_tile,

@@ -1,7 +1,8 @@
 """Rotary position embedding (NeoX / rotate-half layout, as Llama and Qwen use), in plain torch.
 
 The cos/sin cache holds, per position, the cosines then the sines of its rotation angles, in
-float32, with the checkpoint's frequency scaling (core.rope_config's types) applied.
+float32, with the checkpoint's frequency scaling (baton.core.checkpoint.rope_config's types)
+applied.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import math
 
 import torch
 
-from core.rope_config import RopeConfig
+from baton.core.checkpoint.rope_config import RopeConfig
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int, seq_len: int | None = None) -> torch.Tensor:

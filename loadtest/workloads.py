@@ -1,4 +1,5 @@
-"""Workloads for the load tests: requests drawn with a fixed seed from `core.workloads`' request
+"""Workloads for the load tests: requests drawn with a fixed seed from
+`baton.core.simulation.workloads`' request
 classes (the simulator's and `baton bench`'s), shared or randomized system-prompt prefixes, and
 the user-count profiles behind the load shapes (constant, step ramp, spike).
 
@@ -13,7 +14,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from core.workloads import WORKLOADS
+from baton.core.simulation.workloads import WORKLOADS
 
 # Common English words: each is one token in most vocabularies, so word count ≈ token count.
 _WORD_TEXT = (

@@ -31,7 +31,7 @@ atexit.register(_drop_triton_teardown_report)
 @pytest.fixture(scope="session")
 def hf_tokenizer():
     """The byte-level BPE tokenizer every test checkpoint shares (trained once per session)."""
-    from gpu.tokenizer_trainer import train_tokenizer
+    from baton.tools.tokenizer_trainer import train_tokenizer
 
     return train_tokenizer(512)
 
@@ -39,7 +39,7 @@ def hf_tokenizer():
 @pytest.fixture(scope="session")
 def make_checkpoint(tmp_path_factory, hf_tokenizer):
     """Build (and cache) a tiny random checkpoint: `make_checkpoint("qwen3", hidden_size=...)`."""
-    from gpu.random_checkpoint import write_checkpoint
+    from baton.tools.random_checkpoint import write_checkpoint
 
     built: dict[tuple, Path] = {}
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from core.batch import Batch
-from core.config import EngineConfig
-from core.engine import Engine
-from core.engine_stats import EngineStats
-from core.replica_ledger import ReplicaLedger
-from core.request import SLO, EngineRequest, Request
-from core.sampling_params import SamplingParams
-from core.simulated_executor import SimulatedClock, SimulatedExecutor
-from core.step_cost import CostCoefficients
+from baton.core.batch import Batch
+from baton.core.config import EngineConfig
+from baton.core.engine import Engine
+from baton.core.engine_stats import EngineStats
+from baton.core.replicas.replica_ledger import ReplicaLedger
+from baton.core.request import SLO, EngineRequest, Request
+from baton.core.sampling_params import SamplingParams
+from baton.core.scheduling.step_cost import CostCoefficients
+from baton.core.simulation.simulated_executor import SimulatedClock, SimulatedExecutor
 
 VOCAB_SIZE = 1000
 

@@ -5,7 +5,7 @@ where one parts, float32's top two candidates there must be a near tie."""
 
 from __future__ import annotations
 
-from core.outputs import RequestOutput
+from baton.core.outputs import RequestOutput
 
 PROMPTS = [
     "Once upon a time",

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import uvloop
 
-from app.async_engine import AsyncEngine
-from app.llm import build_engine, build_simulated_engine
-from app.server import BatonServer, bind_socket, create_app, uvicorn_config
-from app.settings import ServerSettings
-from app.state import ServerState
-from core.config import EngineConfig
-from core.engine import Engine
-from core.simulated_executor import SimulatedExecutor
-from core.tokenizer import Tokenizer
+from baton.app.engine.async_engine import AsyncEngine
+from baton.app.http.server import BatonServer, bind_socket, create_app, uvicorn_config
+from baton.app.llm import build_engine, build_simulated_engine
+from baton.app.settings import ServerSettings
+from baton.app.state import ServerState
+from baton.core.config import EngineConfig
+from baton.core.engine import Engine
+from baton.core.simulation.simulated_executor import SimulatedExecutor
+from baton.core.text.tokenizer import Tokenizer
 
 
 def free_port() -> int:

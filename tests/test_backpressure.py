@@ -12,12 +12,12 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-import app.async_engine
-from app.async_engine import MAX_RETRY_AFTER_S, AsyncEngine, QueueFullError
-from core.batch import Batch, ExecutorOutput
-from core.engine import Engine
-from core.simulated_executor import SimulatedExecutor
-from core.tokenizer import Tokenizer
+import baton.app.engine.async_engine
+from baton.app.engine.async_engine import MAX_RETRY_AFTER_S, AsyncEngine, QueueFullError
+from baton.core.batch import Batch, ExecutorOutput
+from baton.core.engine import Engine
+from baton.core.simulation.simulated_executor import SimulatedExecutor
+from baton.core.text.tokenizer import Tokenizer
 from tests.factory import make_request
 from tests.server_harness import base_url, running_server, simulated_engine
 
@@ -100,7 +100,9 @@ class FakeClock:
 
 def test_retry_after_is_the_drain_time_at_the_recent_completion_rate(llama_checkpoint, monkeypatch):
     clock = FakeClock(1000.0)
-    monkeypatch.setattr(app.async_engine, "time", SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(
+        baton.app.engine.async_engine, "time", SimpleNamespace(monotonic=clock.monotonic)
+    )
     engine, gate = gated_engine(llama_checkpoint, max_num_seqs=2)
     bridge = AsyncEngine(engine, max_queued_requests=2)
 

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from app.llm import LLM
-from core.sampling_params import SamplingParams
+from baton.app.llm import LLM
+from baton.core.sampling_params import SamplingParams
 
 NUM_REQUESTS = 32
 

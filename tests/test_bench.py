@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from app.bench_client import sse_lines
-from app.cli import main
-from core.trace import load_trace
+from baton.app.cli import main
+from baton.app.commands.bench_client import sse_lines
+from baton.core.simulation.trace import load_trace
 from tests.server_harness import base_url, running_server, simulated_engine
 from tests.test_trace import AZURE_TRACE, JSONL_TRACE
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
 
-from core.block_pool import BlockPool, hash_block
-from core.kv_cache_manager import KVCacheManager
-from core.request import Request
+from baton.core.kv_cache.block_pool import BlockPool, hash_block
+from baton.core.kv_cache.kv_cache_manager import KVCacheManager
+from baton.core.request import Request
 from tests.factory import make_core_request
 
 BLOCK_SIZE = 4

@@ -13,14 +13,14 @@ import time
 import httpx
 import pytest
 
-from app.cli import DEMO_MODEL
-from app.server import log_startup
+from baton.app.cli import DEMO_MODEL
+from baton.app.http.server import log_startup
 from tests.server_harness import free_port, simulated_engine
 
 
 def baton(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "baton.app.cli", *args], capture_output=True, text=True, timeout=120
     )
 
 
@@ -125,7 +125,7 @@ def test_a_busy_port_fails_fast_without_loading_the_model(llama_checkpoint):
 def test_serve_logs_what_it_loaded_and_exits_cleanly_on_sigint(llama_checkpoint, tmp_path):
     port = free_port()
     log = tmp_path / "serve.log"
-    command = [sys.executable, "-m", "app.cli", "serve", "--model", str(llama_checkpoint)]
+    command = [sys.executable, "-m", "baton.app.cli", "serve", "--model", str(llama_checkpoint)]
     with log.open("w") as out:
         process = subprocess.Popen(
             [*command, "--device", "cpu", "--port", str(port)],

@@ -1,5 +1,5 @@
 """The C++ CPU kernels' build cache: a recorded build loads straight away, and only for the
-sources, flags and torch it was built from (kernels.cpu_extension)."""
+sources, flags and torch it was built from (baton.kernels.cpu_extension)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import kernels.cpu_extension
-from kernels.cpu_extension import (
+import baton.kernels.cpu_extension
+from baton.kernels.cpu_extension import (
     MARCH_ENV,
     STAMP,
     build_key,
@@ -47,7 +47,7 @@ def test_the_build_key_covers_the_headers_beside_the_sources(tmp_path, monkeypat
     csrc.mkdir()
     (csrc / "kernel.cpp").write_text('#include "shared.h"\n')
     (csrc / "shared.h").write_text("// one schedule\n")
-    monkeypatch.setattr(kernels.cpu_extension, "SOURCES", [csrc / "kernel.cpp"])
+    monkeypatch.setattr(baton.kernels.cpu_extension, "SOURCES", [csrc / "kernel.cpp"])
     before = build_key()
 
     (csrc / "shared.h").write_text("// another schedule\n")
@@ -72,7 +72,7 @@ def test_a_cached_build_loads_without_torchs_extension_builder() -> None:
     code = (
         "import sys\n"
         "import torch\n"
-        "from kernels.cpu_extension import cpu_kernels_available\n"
+        "from baton.kernels.cpu_extension import cpu_kernels_available\n"
         "assert cpu_kernels_available() and hasattr(torch.ops.baton_cpu, 'paged_attention')\n"
         "print('torch.utils.cpp_extension' in sys.modules, 'setuptools' in sys.modules)\n"
     )

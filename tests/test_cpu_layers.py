@@ -1,4 +1,5 @@
-"""A step's decoder layers in one C++ call (gpu/cpu_layers.py): the same logprobs, bit for bit,
+"""A step's decoder layers in one C++ call (gpu/models/cpu_layers.py): the same logprobs, bit for
+bit,
 as the layers run from Python, for float32 and int8 weights, alone and batched, prefills and
 decodes; and the models it leaves to Python."""
 
@@ -9,13 +10,13 @@ import random
 import pytest
 import torch
 
-from app.llm import LLM
-from core.model_config import ModelConfig
-from core.sampling_params import SamplingParams
-from gpu.cpu_layers import CpuLayers
-from gpu.loader import load_model
-from gpu.quantization import quantize_decoder_layers
-from kernels.cpu_extension import cpu_kernels_available
+from baton.app.llm import LLM
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.core.sampling_params import SamplingParams
+from baton.gpu.loader import load_model
+from baton.gpu.models.cpu_layers import CpuLayers
+from baton.gpu.models.quantization import quantize_decoder_layers
+from baton.kernels.cpu_extension import cpu_kernels_available
 
 
 @pytest.fixture(autouse=True)

@@ -13,15 +13,15 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from app.cli import build_parser, engine_config_from
-from app.llm import LLM
-from core.batch import Batch, ScheduledSequence
-from core.config import EngineConfig
-from core.model_config import ModelConfig
-from core.sampling_params import SamplingParams
-from gpu.cuda_graph import DecodeGraphs, graph_batch_sizes, padded_batch_size
-from gpu.executor import TorchExecutor
-from kernels import ops
+from baton.app.cli import build_parser, engine_config_from
+from baton.app.llm import LLM
+from baton.core.batch import Batch, ScheduledSequence
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.core.config import EngineConfig
+from baton.core.sampling_params import SamplingParams
+from baton.gpu.cuda_graph import DecodeGraphs, graph_batch_sizes, padded_batch_size
+from baton.gpu.executor import TorchExecutor
+from baton.kernels import ops
 
 
 def test_batch_sizes_step_finely_to_32_then_by_16_up_to_max_num_seqs() -> None:

@@ -7,10 +7,10 @@ from functools import cache
 
 import pytest
 
-from app.cli import DEMO_MODEL, DEMO_MODEL_NAME, build_parser, served_model_name
-from core.model_config import ModelConfig
-from core.request import FinishReason
-from core.sampling_params import SamplingParams
+from baton.app.cli import DEMO_MODEL, DEMO_MODEL_NAME, build_parser, served_model_name
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.core.request import FinishReason
+from baton.core.sampling_params import SamplingParams
 
 PROMPTS = [
     "What is the with statement?",
@@ -23,7 +23,7 @@ PROMPTS = [
 @cache
 def corpus_words() -> frozenset[str]:
     """Every word of the text the demo model was trained on."""
-    from gpu.train_demo import docstring_sections, is_validation, topic_sections
+    from baton.tools.train_demo import docstring_sections, is_validation, topic_sections
 
     sections = topic_sections() + docstring_sections()
     text = " ".join(s.text for s in sections if not is_validation(s))
@@ -38,7 +38,7 @@ def words(text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def demo_llm():
-    from app.llm import LLM
+    from baton.app.llm import LLM
 
     return LLM(DEMO_MODEL, device="cpu")
 

@@ -1,4 +1,5 @@
-"""core.detokenizer: streamed deltas add up to the full decode, and never split a character."""
+"""baton.core.text.detokenizer: streamed deltas add up to the full decode, and never split a
+character."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, decoders, models, normalizers
 from tokenizers import Tokenizer as BackendTokenizer
 
-from core.detokenizer import MAX_HELD_TOKENS, WINDOW_TOKENS, IncrementalDetokenizer
-from core.tokenizer import Tokenizer
+from baton.core.text.detokenizer import MAX_HELD_TOKENS, WINDOW_TOKENS, IncrementalDetokenizer
+from baton.core.text.tokenizer import Tokenizer
 
 TEXTS = [
     "Hello, world! This is a plain ASCII sentence.",

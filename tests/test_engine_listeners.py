@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from core.engine import Engine
-from core.request import FinishReason
-from core.step_cost import CostCoefficients
+from baton.core.engine import Engine
+from baton.core.request import FinishReason
+from baton.core.scheduling.step_cost import CostCoefficients
 from tests.factory import make_engine, make_request
 
 

@@ -12,9 +12,9 @@ import httpx
 import pytest
 import uvloop
 
-from app.cli import build_parser, server_settings_from
-from app.server import uvicorn_config
-from app.settings import ServerSettings
+from baton.app.cli import build_parser, server_settings_from
+from baton.app.http.server import uvicorn_config
+from baton.app.settings import ServerSettings
 from tests.server_harness import base_url, running_server, simulated_engine
 
 
@@ -75,7 +75,7 @@ def server_side_socket(client: socket.socket) -> socket.socket:
 @pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
 def test_connections_send_small_writes_at_once_on_either_loop(llama_checkpoint, event_loop):
     # asyncio's loop leaves Nagle's algorithm on where the listening socket was not created as
-    # IPPROTO_TCP (app.server.bind_socket): a response's body then waited ~40 ms for the
+    # IPPROTO_TCP (baton.app.http.server.bind_socket): a response's body then waited ~40 ms for the
     # client's delayed acknowledgement of its head.
     with (
         running_server(simulated_engine(llama_checkpoint), event_loop=event_loop) as state,

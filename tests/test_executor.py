@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.batch import Batch, ScheduledSequence
-from core.config import EngineConfig
-from core.model_config import ModelConfig
-from core.sampling_params import SamplingParams
-from gpu.executor import TorchExecutor
-from gpu.kv_cache import (
+from baton.core.batch import Batch, ScheduledSequence
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.core.config import EngineConfig
+from baton.core.sampling_params import SamplingParams
+from baton.gpu.executor import TorchExecutor
+from baton.gpu.kv_cache import (
     CPU_KV_CACHE_BYTES,
     allocate_kv_caches,
     cpu_num_kv_blocks,
@@ -192,7 +192,7 @@ def test_startup_logs_the_kv_capacity_in_blocks_tokens_and_bytes(make_checkpoint
     config = ModelConfig.from_pretrained(make_checkpoint("llama"))
     num_bytes = 5 * kv_cache_bytes_per_block(config, 8, torch.float32)
 
-    with caplog.at_level("INFO", logger="gpu.executor"):
+    with caplog.at_level("INFO", logger="baton.gpu.executor"):
         TorchExecutor(config, EngineConfig(num_kv_blocks=5, block_size=8), device="cpu")
 
     assert f"KV cache: 5 blocks of 8 tokens = 40 tokens, {num_bytes / 2**30:.2f} GiB" in caplog.text

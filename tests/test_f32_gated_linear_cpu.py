@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpu.model import MLP
-from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
-from kernels.cpu_extension import cpu_kernels_available
-from kernels.f32_linear import (
+from baton.gpu.models.model import MLP
+from baton.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from baton.kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.f32_linear import (
     PACK_CHANNELS,
     f32_gated_linear,
     f32_linear,

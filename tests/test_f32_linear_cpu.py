@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_extension import cpu_kernels_available
-from kernels.f32_linear import f32_linear, pack_weight, unpack_weight
+from baton.kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.f32_linear import f32_linear, pack_weight, unpack_weight
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,8 @@ import openai
 import pytest
 import torch
 
-from app.llm import LLM
-from core.sampling_params import SamplingParams
+from baton.app.llm import LLM
+from baton.core.sampling_params import SamplingParams
 from tests.server_harness import base_url, model_engine, running_server
 from tests.test_greedy_vs_transformers import assert_same_or_near_tie, transformers_greedy
 

@@ -13,12 +13,12 @@ import openai
 import pytest
 import torch
 
-from app.llm import LLM
-from core.detokenizer import IncrementalDetokenizer
-from core.model_config import UnsupportedModelError
-from core.sampling_params import SamplingParams
-from gpu.transformers_model import PackedLinear
-from kernels.linear import onednn_linear_available
+from baton.app.llm import LLM
+from baton.core.checkpoint.model_config import UnsupportedModelError
+from baton.core.sampling_params import SamplingParams
+from baton.core.text.detokenizer import IncrementalDetokenizer
+from baton.gpu.models.transformers_model import PackedLinear
+from baton.kernels.linear import onednn_linear_available
 from tests.server_harness import base_url, model_engine, running_server
 from tests.test_greedy_vs_transformers import transformers_greedy
 

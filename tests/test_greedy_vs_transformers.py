@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
-from app.llm import LLM
-from core.sampling_params import SamplingParams
+from baton.app.llm import LLM
+from baton.core.sampling_params import SamplingParams
 
 NEAR_TIE = 1e-3
 PROMPT_LENGTHS = (1, 7, 64, 300, 520)

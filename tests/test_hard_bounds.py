@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from core.config import POLICIES
-from core.request import SLO
-from core.simulator import SimulationConfig, simulate, summarize
-from core.workloads import CHAT, LONG_GENERATION, WorkloadRequest, sample_requests
+from baton.core.config import POLICIES
+from baton.core.request import SLO
+from baton.core.simulation.simulator import SimulationConfig, simulate, summarize
+from baton.core.simulation.workloads import CHAT, LONG_GENERATION, WorkloadRequest, sample_requests
 from tests.factory import make_engine, make_request
 
 

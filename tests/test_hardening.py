@@ -18,11 +18,11 @@ import websockets
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from app.settings import ServerSettings
-from core.engine import Engine
-from core.request import MAX_SLO_MS, SLO, FinishReason
-from core.sampling_params import InvalidRequestError
-from core.tokenizer import Tokenizer
+from baton.app.settings import ServerSettings
+from baton.core.engine import Engine
+from baton.core.request import MAX_SLO_MS, SLO, FinishReason
+from baton.core.sampling_params import InvalidRequestError
+from baton.core.text.tokenizer import Tokenizer
 from tests.factory import make_engine, make_request
 from tests.server_harness import base_url, paced_executor, running_server, simulated_engine
 

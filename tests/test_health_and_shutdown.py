@@ -23,9 +23,9 @@ from starlette.testclient import TestClient
 from websockets.sync.client import connect
 
 import tests.server_harness
-from app.async_engine import AsyncEngine
-from app.server import ServerState, create_app
-from app.settings import ServerSettings
+from baton.app.engine.async_engine import AsyncEngine
+from baton.app.http.server import ServerState, create_app
+from baton.app.settings import ServerSettings
 from tests.server_harness import base_url, free_port, running_server, simulated_engine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,7 +104,7 @@ def long_context_checkpoint(make_checkpoint) -> Path:
 
 @contextlib.contextmanager
 def baton_serve(checkpoint: Path, port: int, log: Path) -> Iterator[subprocess.Popen]:
-    command = [sys.executable, "-m", "app.cli", "serve", "--model", str(checkpoint)]
+    command = [sys.executable, "-m", "baton.app.cli", "serve", "--model", str(checkpoint)]
     command += ["--device", "cpu", "--port", str(port)]
     command += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
     with log.open("w") as out:

@@ -1,11 +1,11 @@
 """Memory sizes as flags spell them, the host's available memory and the process's resident
-set (core.host_memory)."""
+set (baton.core.kv_cache.host_memory)."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.host_memory import (
+from baton.core.kv_cache.host_memory import (
     available_memory_bytes,
     format_size,
     parse_memory_size,

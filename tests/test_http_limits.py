@@ -1,4 +1,5 @@
-"""Header size limit, header timeout and body timeout (app.http_limits) against a real uvicorn on
+"""Header size limit, header timeout and body timeout (baton.app.http.http_limits) against a real
+uvicorn on
 loopback, driven byte by byte over raw sockets; streams and WebSockets that run past both
 timeouts still complete."""
 
@@ -16,9 +17,9 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from app.cli import build_parser, server_settings_from
-from app.settings import ServerSettings
-from core.simulated_executor import SimulatedExecutor
+from baton.app.cli import build_parser, server_settings_from
+from baton.app.settings import ServerSettings
+from baton.core.simulation.simulated_executor import SimulatedExecutor
 from tests.server_harness import base_url, running_server, simulated_engine
 
 MAX_HEADER_BYTES = 4096

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import gpu.executor
-from app.llm import LLM
-from core.sampling_params import SamplingParams
-from gpu import huge_pages
-from gpu.cpu_layers import streamed_weights
-from gpu.huge_pages import HUGE_PAGE, huge_page_bytes, move_to_huge_pages, thp_mode
+import baton.gpu.executor
+from baton.app.llm import LLM
+from baton.core.sampling_params import SamplingParams
+from baton.gpu import huge_pages
+from baton.gpu.huge_pages import HUGE_PAGE, huge_page_bytes, move_to_huge_pages, thp_mode
+from baton.gpu.models.cpu_layers import streamed_weights
 
 THP = thp_mode() in ("always", "madvise")
 
@@ -83,6 +83,6 @@ def test_an_engine_on_huge_pages_gives_the_same_logprobs(
         addresses = sorted(w.data_ptr() for w in weights)
         assert addresses[0] % HUGE_PAGE == 0
         assert addresses[-1] - addresses[0] < sum(w.nbytes for w in weights) + HUGE_PAGE
-    monkeypatch.setattr(gpu.executor, "move_to_huge_pages", lambda tensors: 0)
+    monkeypatch.setattr(baton.gpu.executor, "move_to_huge_pages", lambda tensors: 0)
     stayed, _ = run()
     assert moved == stayed

@@ -19,17 +19,31 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+import tomllib
 
-PACKAGES = ("app", "core", "gpu", "kernels")
+# The card's folders, installed as sub-packages of `baton` (pyproject.toml's package-dir).
+LAYERS = ("app", "core", "gpu", "kernels", "tools")
+PACKAGES = tuple(f"baton.{layer}" for layer in LAYERS)
 WEB_STACK = ("starlette", "uvicorn", "websockets")
-# What a package must never import, not even lazily.
+# What a layer must never import, not even lazily.
 FORBIDDEN = {
-    "core": ("torch", "triton", *WEB_STACK, "app", "gpu", "kernels"),
+    "core": ("torch", "triton", *WEB_STACK, "app", "gpu", "kernels", "tools"),
     "gpu": (*WEB_STACK, "app"),
-    "kernels": (*WEB_STACK, "app", "gpu"),
+    "kernels": (*WEB_STACK, "app", "gpu", "tools"),
 }
 # Offline tools a server never needs.
-OFFLINE_TOOLS = ("gpu.train_demo", "gpu.random_checkpoint", "gpu.tokenizer_trainer")
+OFFLINE_TOOLS = (
+    "baton.tools.train_demo",
+    "baton.tools.random_checkpoint",
+    "baton.tools.tokenizer_trainer",
+)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def layer(name: str) -> str:
+    """The layer a dotted name belongs to: `baton.core.engine` -> core, `torch.nn` -> torch."""
+    parts = name.split(".")
+    return parts[1] if parts[0] == "baton" and len(parts) > 1 else parts[0]
 
 
 @cache
@@ -159,11 +173,11 @@ def test_circles_are_found_and_named() -> None:
 
 
 def test_an_imported_submodule_resolves_to_itself_not_its_package() -> None:
-    # `from kernels import ops` names the module kernels.ops, not the package.
-    assert resolve("kernels.ops") == "kernels.ops"
-    assert resolve("kernels.ops.paged_attention") == "kernels.ops"
+    # `from baton.kernels import ops` names the module baton.kernels.ops, not the package.
+    assert resolve("baton.kernels.ops") == "baton.kernels.ops"
+    assert resolve("baton.kernels.ops.paged_attention") == "baton.kernels.ops"
     assert resolve("torch.nn") is None
-    assert "kernels.ops" in import_graph()["gpu.model"]
+    assert "baton.kernels.ops" in import_graph()["baton.gpu.models.model"]
 
 
 def test_no_import_circle_among_app_core_gpu_and_kernels() -> None:
@@ -177,9 +191,9 @@ def test_no_import_circle_among_app_core_gpu_and_kernels() -> None:
 def test_each_package_imports_only_what_lies_below_it() -> None:
     wrong = []
     for module in package_modules():
-        forbidden = FORBIDDEN.get(module.partition(".")[0], ())
+        forbidden = FORBIDDEN.get(layer(module), ())
         for name in sorted(imported_names(module)):
-            if name.partition(".")[0] in forbidden:
+            if layer(name) in forbidden:
                 wrong.append(f"{module} imports {name}")
 
     assert not wrong, "\n".join(wrong)
@@ -195,19 +209,19 @@ def loaded_after_importing(*modules: str) -> set[str]:
 
 
 def test_importing_core_loads_neither_torch_nor_the_web_stack() -> None:
-    core_modules = [m for m in package_modules() if m.partition(".")[0] == "core"]
+    core_modules = [m for m in package_modules() if layer(m) == "core"]
 
     loaded = loaded_after_importing(*core_modules)
 
-    assert "core.engine" in loaded
+    assert "baton.core.engine" in loaded
     roots = {name.partition(".")[0] for name in loaded}
     assert roots.isdisjoint({"torch", "triton", *WEB_STACK})
 
 
 def test_a_server_import_loads_no_offline_tool() -> None:
-    loaded = loaded_after_importing("app.server", "app.cli", "gpu.executor")
+    loaded = loaded_after_importing("baton.app.http.server", "baton.app.cli", "baton.gpu.executor")
 
-    assert "gpu.executor" in loaded
+    assert "baton.gpu.executor" in loaded
     assert loaded.isdisjoint(OFFLINE_TOOLS)
 
 
@@ -217,14 +231,14 @@ def test_a_server_import_loads_no_offline_tool() -> None:
 LAZY = ("xgrammar", "transformers", "opentelemetry", "triton", "sympy", "setuptools")
 SERVE_THEN_CONSTRAIN = """
 import json, sys
-from app.async_engine import AsyncEngine
-from app.cli import DEMO_MODEL
-from app.llm import LLM
-from app.server import create_app
-from app.settings import ServerSettings
-from app.state import ServerState
-from core.sampling_params import SamplingParams
-from core.structured_output import GuideKind, StructuredOutput
+from baton.app.engine.async_engine import AsyncEngine
+from baton.app.cli import DEMO_MODEL
+from baton.app.llm import LLM
+from baton.app.http.server import create_app
+from baton.app.settings import ServerSettings
+from baton.app.state import ServerState
+from baton.core.sampling_params import SamplingParams
+from baton.core.structured_output import GuideKind, StructuredOutput
 
 def roots():
     return sorted({name.partition(".")[0] for name in sys.modules})
@@ -255,3 +269,41 @@ def test_a_cpu_server_loads_xgrammar_tracing_and_triton_only_when_asked() -> Non
     assert re.fullmatch("[0-9]{3}", constrained_text)
     assert "xgrammar" in after_constraint and "triton" not in after_constraint
     assert "sympy" not in after_constraint
+
+
+def test_every_import_of_baton_says_baton() -> None:
+    # A checkout puts the card's folders on sys.path under their bare names (pytest's rootdir,
+    # `python -c` in the repository), so `from core.engine import ...` would work here and fail
+    # in an installed wheel. Every Python file of the repository is read.
+    bare = []
+    for path in sorted(REPO.rglob("*.py")):
+        relative = path.relative_to(REPO)
+        if relative.parts[0].startswith(".") or "build" in relative.parts:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            bare += [f"{relative}:{node.lineno} {n}" for n in names if n.split(".")[0] in LAYERS]
+
+    assert not bare, "\n".join(bare)
+
+
+def test_the_import_package_lists_every_folder_with_modules() -> None:
+    # setuptools installs only the packages pyproject.toml lists: a new sub-package left out of
+    # the list would work in the checkout and be missing from the wheel.
+    listed = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {
+        "baton." + ".".join(init.parent.relative_to(REPO).parts)
+        for layer_name in LAYERS
+        for init in (REPO / layer_name).rglob("__init__.py")
+    }
+
+    assert folders - listed == set()
+    assert listed - folders == {"baton.static"}

@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.batch import Batch, ScheduledSequence
-from core.sampling_params import SamplingParams
-from gpu.input_batch import InputBuffers, ModelInputs, prepare_inputs
-from kernels.paged_attention import plain_torch_decodes
+from baton.core.batch import Batch, ScheduledSequence
+from baton.core.sampling_params import SamplingParams
+from baton.gpu.input_batch import InputBuffers, ModelInputs, prepare_inputs
+from baton.kernels.paged_attention import plain_torch_decodes
 
 
 def scheduled(

@@ -1,4 +1,4 @@
-"""Weight-only int8 linear layers (kernels.int8_linear): the quantizer's codes and scales, and
+"""Weight-only int8 linear layers (baton.kernels.int8_linear): the quantizer's codes and scales, and
 both paths, `int8_linear` (the C++ kernel for float32 where it built) and the plain-torch
 `int8_linear_torch`, against the dequantized float matmul they stand for. The kernel's own
 cases: tests/test_int8_linear_cpu.py."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.int8_linear import (
+from baton.kernels.int8_linear import (
     INT8_MATMUL_MAX_ROWS,
     dequantize,
     int8_linear,

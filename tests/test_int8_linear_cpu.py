@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_extension import cpu_kernels_available
-from kernels.int8_linear import (
+from baton.kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.int8_linear import (
     int8_linear,
     int8_linear_ref,
     pack_codes,

@@ -1,7 +1,7 @@
 """Every Triton kernel compiles for an H100 (sm_90) down to a cubin, with no GPU present.
 
 The interpreter accepts code the compiler rejects (dot shapes, dtypes, shared memory), so CPU
-machines check compilation too; `kernels.compile_check` runs in a subprocess because the
+machines check compilation too; `baton.kernels.compile_check` runs in a subprocess because the
 interpreter tests set `TRITON_INTERPRET` for this process.
 """
 
@@ -28,7 +28,15 @@ KERNELS = (
 def test_every_kernel_compiles_for_sm90_in_bf16():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(
-        [sys.executable, "-m", "kernels.compile_check", "--arch", "90", "--dtypes", "bfloat16"],
+        [
+            sys.executable,
+            "-m",
+            "baton.kernels.compile_check",
+            "--arch",
+            "90",
+            "--dtypes",
+            "bfloat16",
+        ],
         capture_output=True,
         text=True,
         timeout=600,

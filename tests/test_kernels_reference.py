@@ -7,12 +7,12 @@ import random
 import pytest
 import torch
 
-from core.model_config import RopeConfig
-from kernels.activation import silu_and_mul_ref
-from kernels.kv_cache import write_kv_cache_ref
-from kernels.paged_attention import paged_attention_ref
-from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-from kernels.rotary import apply_rotary_ref, build_cos_sin_cache, rope_inv_freq
+from baton.core.checkpoint.model_config import RopeConfig
+from baton.kernels.activation import silu_and_mul_ref
+from baton.kernels.kv_cache import write_kv_cache_ref
+from baton.kernels.paged_attention import paged_attention_ref
+from baton.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from baton.kernels.rotary import apply_rotary_ref, build_cos_sin_cache, rope_inv_freq
 
 HEAD_DIM = 32
 # (seq_len, query_len): decodes, whole prompts, chunks starting and ending on and off block edges.

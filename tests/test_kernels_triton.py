@@ -16,19 +16,19 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from core.model_config import RopeConfig
-from kernels import ops
-from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
-from kernels.activation_triton import gelu_tanh_and_mul_triton, silu_and_mul_triton
-from kernels.kv_cache import write_kv_cache_ref
-from kernels.kv_cache_triton import write_kv_cache_triton
-from kernels.paged_attention import paged_attention_ref
-from kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
-from kernels.paged_attention_triton import paged_attention_triton
-from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-from kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton
-from kernels.rotary import apply_rotary_ref, build_cos_sin_cache
-from kernels.rotary_triton import apply_rotary_triton
+from baton.core.checkpoint.model_config import RopeConfig
+from baton.kernels import ops
+from baton.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from baton.kernels.activation_triton import gelu_tanh_and_mul_triton, silu_and_mul_triton
+from baton.kernels.kv_cache import write_kv_cache_ref
+from baton.kernels.kv_cache_triton import write_kv_cache_triton
+from baton.kernels.paged_attention import paged_attention_ref
+from baton.kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
+from baton.kernels.paged_attention_triton import paged_attention_triton
+from baton.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from baton.kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton
+from baton.kernels.rotary import apply_rotary_ref, build_cos_sin_cache
+from baton.kernels.rotary_triton import apply_rotary_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter emulates bfloat16 unfaithfully (numpy has no such type): bf16 runs natively only.

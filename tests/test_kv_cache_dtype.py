@@ -10,16 +10,20 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-import kernels.cpu_extension as cpu_extension
-from app.cli import DEMO_MODEL, build_parser, engine_config_from
-from app.llm import LLM
-from core.config import EngineConfig
-from core.model_config import ModelConfig
-from core.sampling_params import SamplingParams
-from gpu.executor import TorchExecutor, resolve_kv_cache_dtype
-from gpu.kv_cache import kv_cache_bytes_per_block
-from kernels.kv_cache import write_kv_cache_ref
-from kernels.paged_attention import cpu_attention_plan, paged_attention_cpu, plain_torch_decodes
+import baton.kernels.cpu_extension as cpu_extension
+from baton.app.cli import DEMO_MODEL, build_parser, engine_config_from
+from baton.app.llm import LLM
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.core.config import EngineConfig
+from baton.core.sampling_params import SamplingParams
+from baton.gpu.executor import TorchExecutor, resolve_kv_cache_dtype
+from baton.gpu.kv_cache import kv_cache_bytes_per_block
+from baton.kernels.kv_cache import write_kv_cache_ref
+from baton.kernels.paged_attention import (
+    cpu_attention_plan,
+    paged_attention_cpu,
+    plain_torch_decodes,
+)
 from tests.greedy_agreement import NUM_NEW_TOKENS, PROMPTS, assert_greedy_agreement
 
 needs_kernels = pytest.mark.skipif(

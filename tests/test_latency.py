@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.latency import SLOOutcome, percentile, tpot_ms
+from baton.core.metrics.latency import SLOOutcome, percentile, tpot_ms
 
 
 def test_percentile_interpolates_between_the_closest_ranks_as_numpy():

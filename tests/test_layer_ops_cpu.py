@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.model_config import RopeConfig
-from kernels import ops
-from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
-from kernels.cpu_extension import cpu_kernels_available
-from kernels.kv_cache import write_kv_cache_ref
-from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-from kernels.rotary import apply_rotary_ref, build_cos_sin_cache
+from baton.core.checkpoint.model_config import RopeConfig
+from baton.kernels import ops
+from baton.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from baton.kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.kv_cache import write_kv_cache_ref
+from baton.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from baton.kernels.rotary import apply_rotary_ref, build_cos_sin_cache
 
 # A decode step's rows, a few, and a prefill chunk's, split across threads.
 ROWS = [1, 3, 97]

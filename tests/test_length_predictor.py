@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from core.length_predictor import LengthPredictor
-from core.request import FinishReason
+from baton.core.request import FinishReason
+from baton.core.scheduling.length_predictor import LengthPredictor
 from tests.factory import make_core_request
 
 

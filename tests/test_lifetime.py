@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.lifetime import LIFETIME_EMA_WEIGHT, LifetimeMean
-from core.step_cost import CostCoefficients
+from baton.core.scheduling.lifetime import LIFETIME_EMA_WEIGHT, LifetimeMean
+from baton.core.scheduling.step_cost import CostCoefficients
 from tests.factory import make_engine, make_request
 
 

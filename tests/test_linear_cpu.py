@@ -1,4 +1,4 @@
-"""Linear layers over weights packed once: through oneDNN (kernels.linear, bfloat16's path and
+"""Linear layers over weights packed once: through oneDNN (baton.kernels.linear, bfloat16's path and
 float32's where the C++ kernels did not build), F.linear's results up to float rounding and a
 row's bits independent of its batch; and the model's packing, where float32 takes Baton's own
 kernel (tests/test_f32_linear_cpu.py tests the kernel itself)."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.model_config import ModelConfig
-from gpu.loader import load_model
-from gpu.model import Linear
-from kernels.linear import (
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.gpu.loader import load_model
+from baton.gpu.models.model import Linear
+from baton.kernels.linear import (
     cpu_has_native_bf16,
     onednn_linear,
     onednn_linear_available,
@@ -81,7 +81,7 @@ def test_model_packs_every_linear_and_a_tied_lm_head(make_checkpoint) -> None:
 def test_bfloat16_models_are_not_packed_where_the_cpu_emulates_it(
     make_checkpoint, monkeypatch
 ) -> None:
-    monkeypatch.setattr("gpu.model.cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr("baton.gpu.models.model.cpu_has_native_bf16", lambda: False)
     config = ModelConfig.from_pretrained(make_checkpoint("llama"))
     model = load_model(config, "cpu", torch.bfloat16)
 

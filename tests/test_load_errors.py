@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from core.checkpoint_check import CheckpointFormatError, check_checkpoint
+from baton.app.cli import main
+from baton.core.checkpoint.checkpoint_check import CheckpointFormatError, check_checkpoint
 
 
 def serve_error(model: str | Path, capsys, *flags: str) -> str:
@@ -138,7 +138,7 @@ def test_baton_serve_prints_the_message_and_exits_2_in_a_real_process(tmp_path):
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "serve", "--model", str(gguf)],
+        [sys.executable, "-m", "baton.app.cli", "serve", "--model", str(gguf)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.llm import LLM
-from core.model_config import ModelConfig
-from core.sampling_params import SamplingParams
-from gpu.config_folder import write_config_folder
-from gpu.loader import CheckpointError, load_model
-from gpu.model import CausalLM
+from baton.app.llm import LLM
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.core.sampling_params import SamplingParams
+from baton.gpu.config_folder import write_config_folder
+from baton.gpu.loader import CheckpointError, load_model
+from baton.gpu.models.model import CausalLM
 
 CONFIGS = Path(__file__).parent.parent / "benchmarks" / "configs"
 # A Qwen3 shape whose vocabulary is larger than the 512-token tokenizer a config file gets.
@@ -70,7 +70,7 @@ def test_generate_cli_takes_load_format_dummy(tiny_config_file):
         [
             sys.executable,
             "-m",
-            "app.cli",
+            "baton.app.cli",
             "generate",
             "--model",
             str(tiny_config_file),

@@ -1,4 +1,5 @@
-"""`app.llm.build_engine` loads on a thread of its own, so the caller keeps no OpenMP thread pool
+"""`baton.app.llm.build_engine` loads on a thread of its own, so the caller keeps no OpenMP thread
+pool
 from the loader's parallel ops: with one beside the step thread's, libgomp manages more threads
 than CPUs and cuts every barrier's spin short (the docstring of `build_engine` says more)."""
 
@@ -11,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import app.llm
-from app.llm import build_engine
-from core.checkpoint_check import CheckpointFormatError
-from core.config import EngineConfig
+import baton.app.llm
+from baton.app.llm import build_engine
+from baton.core.checkpoint.checkpoint_check import CheckpointFormatError
+from baton.core.config import EngineConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 NATIVE_THREADS_AFTER_LOAD = """
 import os, sys, threading, time
 import torch
-from app.llm import build_engine
-from core.config import EngineConfig
+from baton.app.llm import build_engine
+from baton.core.config import EngineConfig
 
 def native_threads():
     return len(os.listdir("/proc/self/task")) - threading.active_count()
@@ -64,11 +65,13 @@ def test_the_heap_is_trimmed_after_the_warm_up_profile(llama_checkpoint, monkeyp
     # The profile's steps free their activations last; a trim before it would leave them
     # resident for the server's whole life.
     calls = []
-    profile = app.llm.profile_executor
+    profile = baton.app.llm.profile_executor
     monkeypatch.setattr(
-        app.llm, "profile_executor", lambda *a, **k: (calls.append("profile"), profile(*a, **k))
+        baton.app.llm,
+        "profile_executor",
+        lambda *a, **k: (calls.append("profile"), profile(*a, **k)),
     )
-    monkeypatch.setattr(app.llm, "release_freed_heap", lambda: calls.append("trim") or True)
+    monkeypatch.setattr(baton.app.llm, "release_freed_heap", lambda: calls.append("trim") or True)
     config = EngineConfig(max_num_seqs=2, max_num_batched_tokens=64, num_kv_blocks=64)
     build_engine(llama_checkpoint, config, "cpu", profile_step_cost=True)
     assert calls == ["profile", "trim"]

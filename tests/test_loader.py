@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from core.model_config import ModelConfig
-from gpu.loader import CheckpointError, checkpoint_tensors, load_model, load_weights
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.gpu.loader import CheckpointError, checkpoint_tensors, load_model, load_weights
 
 
 def copy_with_tensors(source: Path, out: Path, edit) -> Path:

@@ -24,7 +24,7 @@ REQUEST_ROWS = ("E2E", "TTFT", "ITL", "TPOT", "output tokens")
 def baton_url(make_checkpoint, tmp_path: Path) -> Iterator[str]:
     port = free_port()
     command = [
-        *(sys.executable, "-m", "app.cli", "serve", "--model", str(make_checkpoint("llama"))),
+        *(sys.executable, "-m", "baton.app.cli", "serve", "--model", str(make_checkpoint("llama"))),
         *("--device", "cpu", "--num-kv-blocks", "512", "--max-model-len", "1024"),
         *("--port", str(port)),
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.workloads import CHAT, LONG_GENERATION, RAG
+from baton.core.simulation.workloads import CHAT, LONG_GENERATION, RAG
 from loadtest.workloads import RequestSampler, WorkloadConfig
 
 

@@ -3,11 +3,11 @@ plain-Python aggregates built from them, on a simulated clock."""
 
 from __future__ import annotations
 
-from core.engine import Engine
-from core.metric_aggregates import EngineMetrics, Histogram, token_gaps
-from core.request import SLO
-from core.simulated_executor import SimulatedClock
-from core.step_cost import CostCoefficients
+from baton.core.engine import Engine
+from baton.core.metrics.metric_aggregates import EngineMetrics, Histogram, token_gaps
+from baton.core.request import SLO
+from baton.core.scheduling.step_cost import CostCoefficients
+from baton.core.simulation.simulated_executor import SimulatedClock
 from tests.factory import make_engine, make_request
 
 

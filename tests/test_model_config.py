@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from core.model_config import ModelConfig, UnsupportedModelError
+from baton.core.checkpoint.model_config import ModelConfig, UnsupportedModelError
 
 BASE = {
     "architectures": ["LlamaForCausalLM"],

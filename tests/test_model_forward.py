@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.batch import Batch, ScheduledSequence
-from core.model_config import ModelConfig
-from core.sampling_params import SamplingParams
-from gpu.input_batch import prepare_inputs
-from gpu.kv_cache import allocate_kv_caches
-from gpu.loader import load_model
-from kernels import paged_attention
+from baton.core.batch import Batch, ScheduledSequence
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.core.sampling_params import SamplingParams
+from baton.gpu.input_batch import prepare_inputs
+from baton.gpu.kv_cache import allocate_kv_caches
+from baton.gpu.loader import load_model
+from baton.kernels import paged_attention
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 128
@@ -218,7 +218,8 @@ def test_every_layer_of_a_step_follows_the_attention_plan_its_inputs_carry(
     def plan_per_layer(*args):
         raise AssertionError("an attention layer planned the step again")
 
-    # The step's inputs are planned once by gpu.input_batch; a layer planning anew would call this.
+    # The step's inputs are planned once by baton.gpu.input_batch; a layer planning anew would call
+    # this.
     monkeypatch.setattr(paged_attention, "cpu_attention_plan", plan_per_layer)
     ours = PagedModel(path).run_in_chunks(token_ids, [9, 1, 1, 1])
 

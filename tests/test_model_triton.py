@@ -19,19 +19,20 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from core.batch import Batch, ScheduledSequence
-from core.model_config import ModelConfig, RopeConfig
-from core.sampling_params import SamplingParams
-from gpu.input_batch import ModelInputs, prepare_inputs
-from gpu.kv_cache import allocate_kv_caches
-from gpu.model import CausalLM
-from kernels import ops
+from baton.core.batch import Batch, ScheduledSequence
+from baton.core.checkpoint.model_config import ModelConfig, RopeConfig
+from baton.core.sampling_params import SamplingParams
+from baton.gpu.input_batch import ModelInputs, prepare_inputs
+from baton.gpu.kv_cache import allocate_kv_caches
+from baton.gpu.models.model import CausalLM
+from baton.kernels import ops
 from tests.test_kernels_triton import Unreadable
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BLOCK_SIZE = 4
 NUM_BLOCKS = 24
-# A decode bucket's static bound long enough for the split-KV kernel (kernels.ops.use_split_kv).
+# A decode bucket's static bound long enough for the split-KV kernel
+# (baton.kernels.ops.use_split_kv).
 MAX_MODEL_LEN = 4096
 ATOL = RTOL = 1e-4
 
@@ -182,8 +183,8 @@ def padded_to_bucket(inputs: ModelInputs, bucket: int, max_seq_len: int) -> Mode
 @pytest.fixture
 def kernels_run(monkeypatch) -> list[str]:
     """The names of the attention kernels launched, in order."""
-    import kernels.paged_attention_split_kv_triton as split_kv
-    import kernels.paged_attention_triton as unified
+    import baton.kernels.paged_attention_split_kv_triton as split_kv
+    import baton.kernels.paged_attention_triton as unified
 
     launched: list[str] = []
     for module, name in (

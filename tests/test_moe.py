@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu.moe import int8_expert_mlp
-from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
-from kernels.int8_linear import dequantize, quantize_per_channel
-from kernels.moe import moe_experts, moe_experts_ref, route, stacked_expert_mlp
+from baton.gpu.models.moe import int8_expert_mlp
+from baton.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from baton.kernels.int8_linear import dequantize, quantize_per_channel
+from baton.kernels.moe import moe_experts, moe_experts_ref, route, stacked_expert_mlp
 
 
 @pytest.mark.parametrize("renormalize", [True, False])

@@ -13,8 +13,8 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from app.llm import LLM
-from core.sampling_params import SamplingParams
+from baton.app.llm import LLM
+from baton.core.sampling_params import SamplingParams
 from tests.server_harness import base_url, model_engine, running_server
 
 PROMPTS = [

@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
-from kernels.cpu_extension import cpu_kernels_available
-from kernels.paged_attention import (
+from baton.kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.paged_attention import (
     DECODE_GROUP,
     cpu_attention_plan,
     paged_attention_cpu,
@@ -233,7 +233,7 @@ def test_kernel_refuses_a_length_past_its_block_table_with_a_clear_error() -> No
 
 
 def test_a_build_lock_left_by_a_dead_build_is_cleared_and_a_live_one_kept(tmp_path, monkeypatch):
-    from kernels.cpu_extension import STALE_LOCK_S, build_directory, clear_stale_build_lock
+    from baton.kernels.cpu_extension import STALE_LOCK_S, build_directory, clear_stale_build_lock
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     directory = build_directory("/unused")

@@ -10,15 +10,15 @@ import math
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from core import feasibility
-from core.feasibility import Job
-from core.lifetime import LifetimeMean
-from core.policy import PolicyContext, SchedulerView
-from core.policy_registry import make_policy
-from core.request import SLO, FinishReason, Request, RequestStatus
-from core.sampling_params import SamplingParams
-from core.step_cost import CostCoefficients, StepCostModel
-from core.ttft_forecast import TTFTForecast
+from baton.core.request import SLO, FinishReason, Request, RequestStatus
+from baton.core.sampling_params import SamplingParams
+from baton.core.scheduling import feasibility
+from baton.core.scheduling.feasibility import Job
+from baton.core.scheduling.lifetime import LifetimeMean
+from baton.core.scheduling.policy import PolicyContext, SchedulerView
+from baton.core.scheduling.policy_registry import make_policy
+from baton.core.scheduling.step_cost import CostCoefficients, StepCostModel
+from baton.core.scheduling.ttft_forecast import TTFTForecast
 from tests.factory import make_engine, make_request
 
 COST = CostCoefficients(

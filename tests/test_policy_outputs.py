@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from app.llm import LLM
-from core.config import POLICIES
-from core.sampling_params import SamplingParams
+from baton.app.llm import LLM
+from baton.core.config import POLICIES
+from baton.core.sampling_params import SamplingParams
 
 
 def workload(vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:

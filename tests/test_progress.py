@@ -1,4 +1,5 @@
-"""Progress bars (app.progress): drawn for a person at a terminal, never into a pipe or with
+"""Progress bars (baton.app.commands.progress): drawn for a person at a terminal, never into a pipe
+or with
 `--json`; `baton simulate` shows one over its policies."""
 
 from __future__ import annotations
@@ -6,8 +7,8 @@ from __future__ import annotations
 import io
 import json
 
-from app.cli import main
-from app.progress import each
+from baton.app.cli import main
+from baton.app.commands.progress import each
 
 SIMULATE_QUICK = ["simulate", "--policy", "fcfs,sjf", "--rate", "4", "--num-requests", "20"]
 

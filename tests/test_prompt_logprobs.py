@@ -10,11 +10,11 @@ import random
 import pytest
 import torch
 
-from app.llm import LLM
-from core.batch import Batch, ScheduledSequence
-from core.request import FinishReason
-from core.sampling_params import InvalidRequestError, SamplingParams
-from core.simulated_executor import SimulatedExecutor
+from baton.app.llm import LLM
+from baton.core.batch import Batch, ScheduledSequence
+from baton.core.request import FinishReason
+from baton.core.sampling_params import InvalidRequestError, SamplingParams
+from baton.core.simulation.simulated_executor import SimulatedExecutor
 from tests.factory import make_engine, make_request
 
 TOP = 3

@@ -9,16 +9,16 @@ import weakref
 import pytest
 import torch
 
-from app.cli import DEMO_MODEL, build_parser, engine_config_from
-from app.llm import LLM
-from core.config import EngineConfig
-from core.model_config import ModelConfig
-from core.model_impl import resolve_model_config
-from core.sampling_params import SamplingParams
-from gpu.executor import TorchExecutor
-from gpu.loader import load_model
-from gpu.model import Linear
-from gpu.quantization import (
+from baton.app.cli import DEMO_MODEL, build_parser, engine_config_from
+from baton.app.llm import LLM
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.core.checkpoint.model_impl import resolve_model_config
+from baton.core.config import EngineConfig
+from baton.core.sampling_params import SamplingParams
+from baton.gpu.executor import TorchExecutor
+from baton.gpu.loader import load_model
+from baton.gpu.models.model import Linear
+from baton.gpu.models.quantization import (
     Int8Linear,
     check_quantization,
     quantize_decoder_layers,
@@ -169,7 +169,7 @@ def test_moe_experts_become_int8_and_the_model_stays_close(make_checkpoint, fami
 def test_startup_logs_the_quantization(make_checkpoint, caplog) -> None:
     config = ModelConfig.from_pretrained(make_checkpoint("llama"))
 
-    with caplog.at_level("INFO", logger="gpu.executor"):
+    with caplog.at_level("INFO", logger="baton.gpu.executor"):
         TorchExecutor(config, EngineConfig(num_kv_blocks=4, quantization="int8"), device="cpu")
 
     expected = "quantization int8: 8 weight tensors of the decoder layers and the LM head"
@@ -203,10 +203,10 @@ def test_int8_on_cuda_says_it_runs_on_the_cpu_only() -> None:
 def test_bfloat16_on_a_cpu_without_it_warns_that_it_is_emulated(
     make_checkpoint, caplog, monkeypatch
 ) -> None:
-    monkeypatch.setattr("gpu.executor.cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr("baton.gpu.executor.cpu_has_native_bf16", lambda: False)
     config = ModelConfig.from_pretrained(make_checkpoint("llama"))
 
-    with caplog.at_level("WARNING", logger="gpu.executor"):
+    with caplog.at_level("WARNING", logger="baton.gpu.executor"):
         executor = TorchExecutor(config, EngineConfig(num_kv_blocks=4), "cpu", "bfloat16")
 
     assert "emulated through float32" in caplog.text

@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from app.cli import main
-from core.config import EngineConfig
-from core.replica_simulator import simulate_replicas
-from core.simulator import SimulationConfig, simulate, summarize
-from core.workloads import (
+from baton.app.cli import main
+from baton.core.config import EngineConfig
+from baton.core.simulation.replica_simulator import simulate_replicas
+from baton.core.simulation.simulator import SimulationConfig, simulate, summarize
+from baton.core.simulation.workloads import (
     PREFIX_WORKLOADS,
     LengthDistribution,
     RequestClass,

@@ -18,10 +18,10 @@ import pytest
 # scripts/setup installs the ray extra: without it these tests fail, they are not skipped.
 import ray
 
-from app.settings import ServerSettings
-from core.config import EngineConfig
-from core.router import Router
-from core.tokenizer import Tokenizer
+from baton.app.settings import ServerSettings
+from baton.core.config import EngineConfig
+from baton.core.replicas.router import Router
+from baton.core.text.tokenizer import Tokenizer
 from tests.server_harness import base_url, free_port, model_engine, running_server
 
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "num_kv_blocks": 512}
@@ -30,7 +30,7 @@ ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "num_kv_blocks": 512
 def test_one_replica_never_imports_ray(tmp_path):
     # The serve path up to loading the model, which fails here: Ray must not be loaded by then.
     code = (
-        "import sys; from app.cli import main; "
+        "import sys; from baton.app.cli import main; "
         f"code = main(['serve', '--model', {str(tmp_path / 'none')!r}, '--port', '0']); "
         "print(code, 'ray' in sys.modules)"
     )
@@ -45,8 +45,8 @@ def replicas(llama_checkpoint):
     """Two replicas behind a front end on loopback; yields (state, engine)."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from app.replica_server import start_replicas
-    from app.replica_settings import ReplicaModel, ReplicaSettings
+    from baton.app.replicas.replica_server import start_replicas
+    from baton.app.replicas.replica_settings import ReplicaModel, ReplicaSettings
     from tests.server_harness import running_front_end
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from app.llm import LLM
-from core.rope_config import rope_config
-from core.sampling_params import SamplingParams
-from kernels.rotary import build_cos_sin_cache, rope_attention_factor, rope_inv_freq
+from baton.app.llm import LLM
+from baton.core.checkpoint.rope_config import rope_config
+from baton.core.sampling_params import SamplingParams
+from baton.kernels.rotary import build_cos_sin_cache, rope_attention_factor, rope_inv_freq
 from tests.test_greedy_vs_transformers import (
     assert_same_or_near_tie,
     random_prompts,
@@ -85,7 +85,7 @@ def test_the_cache_scales_cos_and_sin_by_the_attention_factor():
 def test_scaled_llama_greedy_output_equals_transformers(tmp_path, hf_tokenizer, name):
     import transformers
 
-    from gpu.random_checkpoint import write_checkpoint
+    from baton.tools.random_checkpoint import write_checkpoint
 
     scaling = {"rope_theta": 10000.0, **SCALINGS[name]}
     path = write_checkpoint(tmp_path, "llama", tokenizer=hf_tokenizer, rope_parameters=scaling)

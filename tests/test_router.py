@@ -1,4 +1,5 @@
-"""The replica router (core/router.py) over the front end's ledgers (core/replica_ledger.py):
+"""The replica router (core/replicas/router.py) over the front end's ledgers
+(core/replicas/replica_ledger.py):
 the engine's own block hashes, each policy's choice as documented, SLO admission that refuses
 only when no replica can make the target, and the ledger kept from per-step outputs."""
 
@@ -8,13 +9,13 @@ import dataclasses
 
 import pytest
 
-from core.engine_stats import EngineStats
-from core.kv_cache_manager import KVCacheManager
-from core.outputs import RequestOutput
-from core.replica_ledger import ReplicaLedger, prompt_block_hashes
-from core.request import SLO
-from core.router import NoReplicaError, Router, RouteRequest
-from core.step_cost import CostCoefficients
+from baton.core.engine_stats import EngineStats
+from baton.core.kv_cache.kv_cache_manager import KVCacheManager
+from baton.core.outputs import RequestOutput
+from baton.core.replicas.replica_ledger import ReplicaLedger, prompt_block_hashes
+from baton.core.replicas.router import NoReplicaError, Router, RouteRequest
+from baton.core.request import SLO
+from baton.core.scheduling.step_cost import CostCoefficients
 from tests.factory import make_core_request, make_replica_ledger
 
 BLOCK = 16

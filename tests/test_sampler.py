@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from core.batch import ScheduledSequence
-from core.sampling_params import SamplingParams
-from gpu.sampler import Sampler, apply_penalties
+from baton.core.batch import ScheduledSequence
+from baton.core.sampling_params import SamplingParams
+from baton.gpu.sampler import Sampler, apply_penalties
 
 EOS = 2
 

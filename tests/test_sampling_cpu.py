@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import ops
-from kernels.cpu_extension import cpu_kernels_available
+from baton.kernels import ops
+from baton.kernels.cpu_extension import cpu_kernels_available
 
 
 @pytest.fixture(autouse=True)

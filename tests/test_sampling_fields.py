@@ -13,11 +13,11 @@ import pytest
 import torch
 from websockets.asyncio.client import connect
 
-from app.llm import LLM
-from core.batch import ScheduledSequence
-from core.request import EngineRequest
-from core.sampling_params import SamplingParams
-from gpu.sampler import Sampler
+from baton.app.llm import LLM
+from baton.core.batch import ScheduledSequence
+from baton.core.request import EngineRequest
+from baton.core.sampling_params import SamplingParams
+from baton.gpu.sampler import Sampler
 from tests.factory import make_engine
 from tests.server_harness import base_url, model_engine, running_server, simulated_engine
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from core.sampling_params import InvalidRequestError, SamplingParams
+from baton.core.sampling_params import InvalidRequestError, SamplingParams
 
 
 @pytest.mark.parametrize(

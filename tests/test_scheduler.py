@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from core.batch import Batch
-from core.engine import Engine
-from core.request import EngineRequest, FinishReason, RequestStatus
-from core.sampling_params import InvalidRequestError, SamplingParams
+from baton.core.batch import Batch
+from baton.core.engine import Engine
+from baton.core.request import EngineRequest, FinishReason, RequestStatus
+from baton.core.sampling_params import InvalidRequestError, SamplingParams
 from tests.factory import VOCAB_SIZE, make_engine, make_request
 
 

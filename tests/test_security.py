@@ -27,8 +27,8 @@ from starlette.websockets import WebSocket
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-import app.server
-from app.security import (
+import baton.app.http.server
+from baton.app.http.security import (
     LOOPBACK_NAMES,
     HostGate,
     canonical_path,
@@ -36,7 +36,7 @@ from app.security import (
     host_name,
     security_middleware,
 )
-from app.settings import ServerSettings
+from baton.app.settings import ServerSettings
 from tests.server_harness import base_url, free_port, running_server, simulated_engine
 
 KEYS = ["sk-first", "sk-second"]
@@ -77,7 +77,7 @@ def guarded(llama_checkpoint, tmp_path_factory):
     (static / "index.html").write_text("<h1>Baton</h1>")
     (static / "chat.js").write_text("console.log('hi')")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(app.server, "STATIC_DIR", static)
+        patch.setattr(baton.app.http.server, "STATIC_DIR", static)
         with running_server(simulated_engine(llama_checkpoint), api_keys=KEYS) as state:
             yield state
 

@@ -8,9 +8,9 @@ import json
 import httpx
 import pytest
 
-from app.cli import main
-from app.simulate import served_coefficients
-from core.step_cost import CostCoefficients, StepShape
+from baton.app.cli import main
+from baton.app.commands.simulate import served_coefficients
+from baton.core.scheduling.step_cost import CostCoefficients, StepShape
 from tests.server_harness import base_url, running_server, simulated_engine
 
 KEY = "sk-calibrate"

@@ -13,12 +13,12 @@ import statistics
 
 import pytest
 
-from app.cli import main
-from core.config import EngineConfig
-from core.request import FinishReason
-from core.simulator import SimulationConfig, queue_trend, simulate, summarize
-from core.step_cost import CostCoefficients, StepShape
-from core.workloads import (
+from baton.app.cli import main
+from baton.core.config import EngineConfig
+from baton.core.request import FinishReason
+from baton.core.scheduling.step_cost import CostCoefficients, StepShape
+from baton.core.simulation.simulator import SimulationConfig, queue_trend, simulate, summarize
+from baton.core.simulation.workloads import (
     LengthDistribution,
     LengthStats,
     RequestClass,

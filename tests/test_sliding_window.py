@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from app.llm import LLM
-from core.kv_cache_manager import KVCacheManager
-from core.sampling_params import SamplingParams
+from baton.app.llm import LLM
+from baton.core.kv_cache.kv_cache_manager import KVCacheManager
+from baton.core.sampling_params import SamplingParams
 from tests.factory import make_core_request
 from tests.test_greedy_vs_transformers import assert_same_or_near_tie, transformers_greedy
 

@@ -10,12 +10,12 @@ import time
 import httpx
 import pytest
 
-from core.engine import Engine
-from core.outputs import RequestOutput
-from core.request import SLO, FinishReason
-from core.step_cost import CostCoefficients, StepCostModel
-from core.tokenizer import Tokenizer
-from core.ttft_forecast import TTFTForecast
+from baton.core.engine import Engine
+from baton.core.outputs import RequestOutput
+from baton.core.request import SLO, FinishReason
+from baton.core.scheduling.step_cost import CostCoefficients, StepCostModel
+from baton.core.scheduling.ttft_forecast import TTFTForecast
+from baton.core.text.tokenizer import Tokenizer
 from tests.factory import make_engine, make_request
 from tests.server_harness import base_url, running_server, simulated_engine
 from tests.test_backpressure import GatedExecutor, wait_for

@@ -9,16 +9,16 @@ from dataclasses import dataclass
 
 import pytest
 
-from core.batch import Batch
-from core.config import POLICIES
-from core.engine import Engine
-from core.policy import PolicyContext, SchedulerView
-from core.policy_registry import make_policy
-from core.request import SLO, EngineRequest, FinishReason, Request, RequestStatus
-from core.sampling_params import SamplingParams
-from core.slo_policy import SLOPolicy
-from core.step_cost import CostCoefficients, StepCostModel, StepShape
-from core.step_cost_profile import profile_shapes, warm_up
+from baton.core.batch import Batch
+from baton.core.config import POLICIES
+from baton.core.engine import Engine
+from baton.core.request import SLO, EngineRequest, FinishReason, Request, RequestStatus
+from baton.core.sampling_params import SamplingParams
+from baton.core.scheduling.policy import PolicyContext, SchedulerView
+from baton.core.scheduling.policy_registry import make_policy
+from baton.core.scheduling.slo_policy import SLOPolicy
+from baton.core.scheduling.step_cost import CostCoefficients, StepCostModel, StepShape
+from baton.core.scheduling.step_cost_profile import profile_shapes, warm_up
 from tests.factory import make_engine
 
 VOCAB = 1000

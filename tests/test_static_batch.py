@@ -11,11 +11,11 @@ import math
 
 import pytest
 
-from core.batch import Batch
-from core.engine import Engine
-from core.simulator import SimulationConfig, simulate, summarize
-from core.step_cost import CostCoefficients, StepShape
-from core.workloads import cap_max_tokens, sample_requests
+from baton.core.batch import Batch
+from baton.core.engine import Engine
+from baton.core.scheduling.step_cost import CostCoefficients, StepShape
+from baton.core.simulation.simulator import SimulationConfig, simulate, summarize
+from baton.core.simulation.workloads import cap_max_tokens, sample_requests
 from tests.factory import make_engine, make_request
 
 

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from core.batch import Batch
-from core.simulated_executor import SimulatedClock, SimulatedExecutor
-from core.simulator import DEFAULT_COST
-from core.step_cost import (
+from baton.core.batch import Batch
+from baton.core.scheduling.step_cost import (
     NUM_FEATURES,
     CostCoefficients,
     StepCostModel,
     StepShape,
     anchored_nnls,
 )
-from core.step_cost_profile import profile_shapes, warm_up
+from baton.core.scheduling.step_cost_profile import profile_shapes, warm_up
+from baton.core.simulation.simulated_executor import SimulatedClock, SimulatedExecutor
+from baton.core.simulation.simulator import DEFAULT_COST
 from tests.factory import make_engine, make_request
 
 TRUE = CostCoefficients(0.008, 6e-5, 3e-4, 2e-7)

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from core.batch import Batch
-from core.simulated_executor import SimulatedClock, SimulatedExecutor
-from core.step_cost import CostCoefficients, StepCostModel, StepShape
-from core.step_cost_profile import profile_executor, profile_shapes, warm_up
+from baton.core.batch import Batch
+from baton.core.scheduling.step_cost import CostCoefficients, StepCostModel, StepShape
+from baton.core.scheduling.step_cost_profile import profile_executor, profile_shapes, warm_up
+from baton.core.simulation.simulated_executor import SimulatedClock, SimulatedExecutor
 
 TRUE = CostCoefficients(0.008, 6e-5, 3e-4, 2e-7)
 

@@ -7,11 +7,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from core.batch import Batch
-from core.engine_stats import EngineStats
-from core.outputs import RequestOutput
-from core.request import FinishReason
-from core.step_loop import StepLoop
+from baton.core.batch import Batch
+from baton.core.engine_stats import EngineStats
+from baton.core.outputs import RequestOutput
+from baton.core.request import FinishReason
+from baton.core.step_loop import StepLoop
 from tests.factory import make_engine, make_request
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from core.batch import Batch, ExecutorOutput
-from core.config import EngineConfig
-from core.engine import Engine
-from core.request import EngineRequest, FinishReason
-from core.sampling_params import SamplingParams
-from core.tokenizer import Tokenizer
+from baton.core.batch import Batch, ExecutorOutput
+from baton.core.config import EngineConfig
+from baton.core.engine import Engine
+from baton.core.request import EngineRequest, FinishReason
+from baton.core.sampling_params import SamplingParams
+from baton.core.text.tokenizer import Tokenizer
 
 
 class ScriptedExecutor:

@@ -17,12 +17,12 @@ import pytest
 import torch
 from websockets.asyncio.client import connect
 
-from app.llm import LLM
-from core.batch import ScheduledSequence
-from core.sampling_params import SamplingParams
-from core.structured_output import GuideKind, StructuredOutput
-from core.tokenizer import Tokenizer
-from gpu.structured_output import GrammarMask, GrammarMatchers, XGrammarCompiler
+from baton.app.llm import LLM
+from baton.core.batch import ScheduledSequence
+from baton.core.sampling_params import SamplingParams
+from baton.core.structured_output import GuideKind, StructuredOutput
+from baton.core.text.tokenizer import Tokenizer
+from baton.gpu.structured_output import GrammarMask, GrammarMatchers, XGrammarCompiler
 from tests.server_harness import base_url, model_engine, running_server
 
 # Strings are bounded by patterns: a random model closes an unbounded string only by chance.

@@ -1,4 +1,5 @@
-"""core.tokenizer against transformers' AutoTokenizer: ids, text and rendered chat templates."""
+"""baton.core.text.tokenizer against transformers' AutoTokenizer: ids, text and rendered chat
+templates."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from core.tokenizer import ChatTemplateError, NoChatTemplateError, Tokenizer
+from baton.core.text.tokenizer import ChatTemplateError, NoChatTemplateError, Tokenizer
 
 TEXTS = [
     "",

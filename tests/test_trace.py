@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from core.trace import TraceError, load_trace
-from core.workloads import CHAT, RAG
+from baton.app.cli import main
+from baton.core.simulation.trace import TraceError, load_trace
+from baton.core.simulation.workloads import CHAT, RAG
 
 DATA = Path(__file__).parent / "data"
 JSONL_TRACE = DATA / "trace_small.jsonl"

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from core.simulated_executor import SimulatedExecutor
+from baton.core.simulation.simulated_executor import SimulatedExecutor
 from tests.server_harness import base_url, running_server, simulated_engine
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "ui"

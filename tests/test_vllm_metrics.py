@@ -10,9 +10,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.async_engine import AsyncEngine
-from app.prometheus import SERIES, ServerMetrics
-from core.request import FinishReason
+from baton.app.engine.async_engine import AsyncEngine
+from baton.app.observability.prometheus import SERIES, ServerMetrics
+from baton.core.request import FinishReason
 from tests.factory import make_engine
 from tests.promql import dashboard_queries, exposed, label_values_queries, metric_names
 from tests.server_harness import base_url, running_server, simulated_engine
@@ -132,7 +132,7 @@ def test_cancelled_and_refused_requests_count_as_vllms_abort():
 
 
 def test_an_unknown_metrics_style_is_refused_naming_the_choices():
-    from app.settings import ServerSettings
+    from baton.app.settings import ServerSettings
 
     with pytest.raises(ValueError, match="--metrics-style must be one of baton, vllm, both"):
         ServerSettings(metrics_style="prometheus")

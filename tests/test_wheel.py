@@ -62,21 +62,34 @@ def venv_with_wheel(path: Path, wheel: Path, env: dict[str, str]) -> Path:
 def test_the_installed_wheel_serves_the_chat_ui(tmp_path, llama_checkpoint):
     wheel = build_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"app/static/index.html", "app/static/js/chat.js", "app/demo_model/config.json"} <= names
+    # One import package: nothing but `baton` and its dist-info at the top of site-packages.
+    assert {name.split("/")[0] for name in names} == {"baton", "baton-0.1.0.dist-info"}
+    assert {
+        "baton/static/index.html",
+        "baton/static/js/chat.js",
+        "baton/app/demo_model/config.json",
+        "baton/kernels/csrc/f32_linear_cpu.cpp",
+    } <= names
     # Nothing from the source tree: no PYTHONPATH, run from elsewhere; the C++ kernels build
     # (if at all) in a folder of the test's own, so the shared build cache is left alone.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "torch_extensions")
     python = venv_with_wheel(tmp_path / "venv", wheel, env)
-    where = subprocess.run(
-        [python, "-c", "import app; print(app.__file__)"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=tmp_path,
-        env=env,
-    ).stdout
-    assert where.startswith(str(tmp_path / "venv")), where
+    # A user's project with packages of the card's folder names, run from its own folder: both
+    # its packages and Baton's import.
+    project = tmp_path / "project"
+    for name in ("app", "core", "gpu", "kernels"):
+        (project / name).mkdir(parents=True)
+        (project / name / "__init__.py").write_text(f"OWNER = 'user:{name}'\n")
+    both = (
+        "import app, core, gpu, kernels, baton.app.cli, baton.core.engine\n"
+        "print(app.OWNER, core.OWNER, gpu.OWNER, kernels.OWNER, baton.app.cli.__file__)"
+    )
+    found = subprocess.run(
+        [python, "-c", both], capture_output=True, text=True, check=True, cwd=project, env=env
+    ).stdout.split()
+    assert found[:4] == ["user:app", "user:core", "user:gpu", "user:kernels"]
+    assert found[4].startswith(str(tmp_path / "venv")), found
     port = free_port()
     log = (tmp_path / "serve.log").open("w")
     baton = tmp_path / "venv" / "bin" / "baton"

@@ -1,0 +1,380 @@
+"""OpenAI-compatible `POST /v1/completions` and `POST /v1/chat/completions`, streamed over SSE
+or answered whole.
+
+Each choice of each prompt (`n`, or `best_of` candidates) is its own engine request, generated
+concurrently; a client that hangs up, mid-stream or while waiting for a whole response, aborts
+all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from baton.app.api.chat_protocol import ChatCompletionRequest
+from baton.app.api.choices import ChoiceText, Echo, best_choices
+from baton.app.api.completion_protocol import CompletionRequest
+from baton.app.api.openai_format import (
+    DONE_EVENT,
+    ChatFormat,
+    CompletionFormat,
+    Envelope,
+    ResponseFormat,
+    sse_event,
+    timing,
+    usage,
+)
+from baton.app.api.protocol import GenerationRequest, parse_json_object, validate_request
+from baton.app.api.tool_calls import ToolCallStream, tool_call_streams
+from baton.app.engine.admission import AdmittedRequest, admit, check_capacity, submit
+from baton.app.engine.async_engine import EngineDeadError, EngineStream
+from baton.app.errors import APIError, output_error
+from baton.app.state import ServerState, server_state
+from baton.core.batch import TokenLogprobs
+from baton.core.outputs import RequestOutput
+
+
+async def completions(request: Request) -> Response:
+    return await _serve(request, CompletionRequest, CompletionFormat)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _serve(request, ChatCompletionRequest, ChatFormat)
+
+
+async def _serve(
+    request: Request, model: type[GenerationRequest], format_class: type[ResponseFormat]
+) -> Response:
+    state = server_state(request)
+    # On the engine's clock, so queue time and TTFT count parsing and tokenizing too.
+    arrival_time = state.engine.clock()
+    check_capacity(state)
+    try:
+        body = await request.body()
+    except ClientDisconnect:
+        return Response(status_code=499)  # gone before its body arrived: nobody to answer
+    parsed = validate_request(model, parse_json_object(body))
+    prompts = len(parsed.prompts) if isinstance(parsed, CompletionRequest) else 1
+    # Each candidate of each prompt is an engine request: refuse what cannot fit before
+    # tokenizing any.
+    check_capacity(state, prompts * parsed.num_candidates)
+    tool_streams = tool_call_streams(
+        parsed, state.tokenizer, state.settings.tool_call_parser, prompts * parsed.num_candidates
+    )
+    admitted = await admit(state, parsed)
+    generation = Generation(state, parsed, admitted, format_class(state.tokenizer), tool_streams)
+    generation.open(arrival_time, request.headers.get("traceparent"))
+    if parsed.stream:
+        return EventStreamResponse(generation.events(), generation.close)
+    return await _respond_unless_disconnected(request, generation)
+
+
+class EventStreamResponse(StreamingResponse):
+    """An SSE response that closes its engine streams however the response ends (finished, or
+    the client hung up before or during the stream), so nothing is left running for nobody."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes], close: Callable[[], None]) -> None:
+        # no-cache and X-Accel-Buffering keep proxies from holding tokens back.
+        super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._close = close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._close()
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def _respond_unless_disconnected(request: Request, generation: Generation) -> Response:
+    work = asyncio.ensure_future(generation.collect())
+    hangup = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work, hangup}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        generation.close()
+        hangup.cancel()
+        # Cancelling the collection closes the engine streams, which aborts their requests.
+        work.cancel()
+        await asyncio.gather(work, hangup, return_exceptions=True)
+    if work.cancelled():
+        return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
+    return Response(orjson.dumps(work.result()), media_type="application/json")
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    # The body has been read, so the next message is the hang-up (or the response's end).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class Generation:
+    """One API request's engine requests and the OpenAI objects made from their outputs."""
+
+    def __init__(
+        self,
+        state: ServerState,
+        request: GenerationRequest,
+        admitted: AdmittedRequest,
+        response_format: ResponseFormat,
+        tool_streams: list[ToolCallStream] | None = None,
+    ) -> None:
+        self.state = state
+        # With tools, each choice's text goes through its stream into content and tool calls.
+        self.tool_streams = tool_streams
+        self.request = request
+        self.admitted = admitted
+        self.format = response_format
+        response_id = state.next_request_id(response_format.id_prefix)
+        self.envelope = Envelope(response_id, int(time.time()), state.model_name)
+        self.streams: list[EngineStream] = []
+        # Final outputs in the order their requests finished: usage and `timing` come from here.
+        self._finished: list[RequestOutput] = []
+        # Per engine request (prompt by prompt, `num_candidates` each): the prompt it echoes.
+        self.echoes: list[Echo | None] = [None] * admitted.num_engine_requests
+        if isinstance(request, CompletionRequest) and request.echo:
+            self.echoes = [
+                Echo.of(prompt, admitted_prompt.token_ids, response_format.tokenizer)
+                for prompt, admitted_prompt in zip(request.prompts, admitted.prompts, strict=True)
+                for _ in range(admitted.num_candidates)
+            ]
+        self.shows_logprobs = request.shows_logprobs
+
+    def open(self, arrival_time: float, traceparent: str | None) -> None:
+        """Register the engine requests (raises APIError when the server is full); from here
+        on `close()` must be called, which aborts whichever have not finished."""
+        num_requests = self.admitted.num_engine_requests
+        # A lone engine request shares the response's id, so logs and traces match.
+        ids = [f"{self.envelope.id}-{index}" for index in range(num_requests)]
+        if num_requests == 1:
+            ids = [self.envelope.id]
+        trace_context = None
+        if self.state.tracing is not None:
+            operation = (
+                "chat" if isinstance(self.request, ChatCompletionRequest) else "text_completion"
+            )
+            trace_context = self.state.tracing.start(operation, traceparent)
+        adds = self.admitted.engine_requests(ids, arrival_time, trace_context)
+        self.streams = submit(self.state, adds)
+
+    def close(self) -> None:
+        for stream in self.streams:
+            stream.close()
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The SSE stream: opening deltas, one chunk per delta, usage, then `[DONE]`."""
+        chunk_name = self.format.chunk_object_name
+        # Streams are refused when best_of exceeds n: each engine request is one choice.
+        for choice in self.format.opening_choices(len(self.streams)):
+            yield sse_event(self.envelope.wrap(chunk_name, choices=[choice]))
+        try:
+            async for event in self._delta_events():
+                yield event
+        except _StreamFailed as failure:
+            yield sse_event(failure.error.body())
+        except EngineDeadError as error:
+            yield sse_event(APIError(503, str(error)).body())
+        else:
+            if self.request.include_usage:
+                yield sse_event(self._usage_chunk())
+        yield DONE_EVENT
+
+    async def _delta_events(self) -> AsyncIterator[bytes]:
+        # Where each choice's next text starts: after its echoed prompt, if any.
+        num_chars = [0 if echo is None else len(echo.text) for echo in self.echoes]
+        started = [False] * len(self.streams)
+        async with contextlib.aclosing(merge_streams(self.streams)) as outputs:
+            async for index, output in outputs:
+                if (error := output_error(output)) is not None:
+                    raise _StreamFailed(error)
+                chunk = self._chunk(index, output, num_chars[index], not started[index])
+                started[index] = True
+                num_chars[index] += len(output.new_text)
+                if chunk is not None:
+                    yield sse_event(chunk)
+
+    def _chunk(
+        self, index: int, output: RequestOutput, num_chars: int, opening: bool
+    ) -> dict[str, Any] | None:
+        """One choice's chunk; its `opening` one starts with the echoed prompt, if any."""
+        echo = self.echoes[index] if opening else None
+        text, tool_calls, reason = output.new_text, [], _reason(output)
+        logprobs = None
+        if self.shows_logprobs and output.logprobs:
+            logprobs = self.format.logprobs(output.logprobs, num_chars)
+        if echo is not None:
+            text = echo.text + text
+            if self.shows_logprobs:
+                assert isinstance(self.format, CompletionFormat)
+                parts = [self.format.echo_logprobs(echo.token_ids, output.prompt_logprobs)]
+                logprobs = self.format.merge_logprobs(parts + ([logprobs] if logprobs else []))
+        if self.tool_streams is not None:
+            stream = self.tool_streams[index]
+            text, tool_calls = stream.feed(text)
+            if output.finished:
+                rest, more_calls = stream.finish()
+                text, tool_calls = text + rest, tool_calls + more_calls
+            reason = stream.finish_reason(reason)
+        if not output.finished and not text and not tool_calls and logprobs is None:
+            return None  # text held back (a possible stop string or tool call, a split char)
+        choice = self.format.delta_choice(index, text, reason, logprobs, tool_calls or None)
+        prompt_logprobs = self._prompt_logprobs_field(output.prompt_logprobs)
+        if prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs
+        chunk = self.envelope.wrap(self.format.chunk_object_name, choices=[choice])
+        if output.finished:
+            self._finished.append(output)
+            chunk["timing"] = self._timing(output)
+        return chunk
+
+    def _usage_chunk(self) -> dict[str, Any]:
+        return self.envelope.wrap(
+            self.format.chunk_object_name,
+            choices=[],
+            usage=self._usage(),
+            timing=self._timing(self._finished[-1]),
+        )
+
+    def _timing(self, output: RequestOutput) -> dict[str, Any] | None:
+        token_times = output.token_times if self.request.return_token_timestamps else None
+        return timing(output.timing, token_times)
+
+    def _usage(self) -> dict[str, int]:
+        completion_tokens = sum(output.num_output_tokens for output in self._finished)
+        return usage(self.admitted.num_prompt_tokens, completion_tokens)
+
+    def _prompt_logprobs_field(
+        self, entries: list[TokenLogprobs | None] | None
+    ) -> list[dict | None] | None:
+        """vLLM's `prompt_logprobs` choice field, where the request asked for it."""
+        request = self.request
+        if (
+            entries is None
+            or not isinstance(request, CompletionRequest)
+            or request.prompt_logprobs is None
+        ):
+            return None
+        assert isinstance(self.format, CompletionFormat)
+        return self.format.prompt_logprobs(entries)
+
+    async def collect(self) -> dict[str, Any]:
+        """The whole response; raises APIError if a request failed or the engine died."""
+        choices = [ChoiceText() for _ in self.streams]
+        for choice, echo in zip(choices, self.echoes, strict=True):
+            if echo is not None:
+                choice.add_text(echo.text)
+        try:
+            async with contextlib.aclosing(merge_streams(self.streams)) as outputs:
+                async for index, output in outputs:
+                    if (error := output_error(output)) is not None:
+                        raise error
+                    self._gather(index, choices[index], output)
+                    if output.finished:
+                        self._finished.append(output)
+        except EngineDeadError as error:
+            raise APIError(503, str(error)) from None
+        picked = choices
+        if self.admitted.num_candidates > self.request.num_choices:
+            picked = best_choices(choices, self.admitted.num_candidates, self.request.num_choices)
+        return self.envelope.wrap(
+            self.format.object_name,
+            choices=[self._final_choice(index, choice) for index, choice in enumerate(picked)],
+            usage=self._usage(),
+            timing=self._timing(self._finished[-1]),
+        )
+
+    def _gather(self, index: int, choice: ChoiceText, output: RequestOutput) -> None:
+        echo = self.echoes[index]
+        # Echo with logprobs asks for the prompt's, which come with the first output.
+        if output.prompt_logprobs is not None:
+            if echo is not None and self.shows_logprobs:
+                assert isinstance(self.format, CompletionFormat)
+                prompt_part = self.format.echo_logprobs(echo.token_ids, output.prompt_logprobs)
+                choice.logprobs.insert(0, prompt_part)
+            choice.prompt_logprobs = self._prompt_logprobs_field(output.prompt_logprobs)
+        choice.add_logprobs(output)
+        if output.logprobs and self.shows_logprobs:
+            choice.logprobs.append(self.format.logprobs(output.logprobs, choice.num_chars))
+        choice.add_text(output.new_text)
+        if output.finished:
+            choice.final = output
+
+    def _final_choice(self, index: int, choice: ChoiceText) -> dict[str, Any]:
+        logprobs = self.format.merge_logprobs(choice.logprobs) if choice.logprobs else None
+        reason = _reason(choice.final) if choice.final is not None else None
+        text = "".join(choice.pieces)
+        fields = None
+        if self.tool_streams is not None:
+            stream = self.tool_streams[index]
+            stream.feed(text)
+            stream.finish()
+            reason, fields = stream.finish_reason(reason), stream.message_fields()
+        body = self.format.final_choice(index, text, reason, logprobs, fields)
+        if choice.prompt_logprobs is not None:
+            body["prompt_logprobs"] = choice.prompt_logprobs
+        return body
+
+
+async def merge_streams(
+    streams: list[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several engine streams as their outputs arrive, tagged with their index.
+    Closing the merged stream closes (and so aborts) every stream still running."""
+    if len(streams) == 1:
+        # The common case, without a task per stream.
+        async with contextlib.aclosing(streams[0]) as stream:
+            async for output in stream:
+                yield 0, output
+        return
+    arrivals: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+    pumps = [asyncio.ensure_future(_pump(i, s, arrivals)) for i, s in enumerate(streams)]
+    try:
+        running = len(pumps)
+        while running:
+            index, item = await arrivals.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for pump in pumps:
+            pump.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+
+
+async def _pump(
+    index: int,
+    stream: AsyncIterator[RequestOutput],
+    arrivals: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]],
+) -> None:
+    try:
+        async with contextlib.aclosing(stream):
+            async for output in stream:
+                arrivals.put_nowait((index, output))
+    except Exception as error:
+        arrivals.put_nowait((index, error))
+    arrivals.put_nowait((index, None))
+
+
+class _StreamFailed(Exception):
+    """A request failed in the engine after its stream had started."""
+
+    def __init__(self, error: APIError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def _reason(output: RequestOutput) -> str | None:
+    return output.finish_reason.value if output.finish_reason is not None else None

@@ -1,0 +1,1 @@
+"""The `baton bench` and `baton simulate` subcommands."""

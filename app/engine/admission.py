@@ -1,0 +1,216 @@
+"""Admission of one generation request, shared by HTTP and WebSocket: the capacity check that
+comes before any work, the model name, a length bound before tokenizing, tokenizing (off the
+event loop when long), the engine's own checks and the registration. Every refusal is an
+`APIError`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from baton.app.api.chat_protocol import ChatCompletionRequest
+from baton.app.api.completion_protocol import CompletionRequest
+from baton.app.api.protocol import GenerationRequest
+from baton.app.engine.async_engine import EngineDeadError, EngineStream, QueueFullError
+from baton.app.errors import APIError
+from baton.app.state import ServerState
+from baton.core.request import SLO, EngineRequest
+from baton.core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, SamplingParams
+from baton.core.text.tokenizer import ChatTemplateError, Tokenizer
+
+# Tokenizing more characters than this would hold the event loop for a millisecond or more,
+# delaying every other stream's tokens, so it moves to a worker thread.
+MAX_INLINE_TOKENIZE_CHARS = 4096
+
+
+@dataclass(slots=True)
+class EnginePrompt:
+    """One prompt ready for the engine, with `max_tokens` resolved for its length."""
+
+    token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(slots=True)
+class AdmittedRequest:
+    """`num_candidates` engine requests per prompt (`n`, or `best_of`), sharing the prompt's KV
+    blocks through the prefix cache."""
+
+    prompts: list[EnginePrompt]
+    priority: int
+    slo: SLO
+    num_candidates: int = 1
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(prompt.token_ids) for prompt in self.prompts)
+
+    @property
+    def num_engine_requests(self) -> int:
+        return len(self.prompts) * self.num_candidates
+
+    def engine_requests(
+        self, request_ids: list[str], arrival_time: float, trace_context: object | None
+    ) -> list[EngineRequest]:
+        """`num_candidates` engine requests per prompt, prompt by prompt, under the given ids;
+        each candidate samples with its own seed (`SamplingParams.for_choice`)."""
+        candidates = [
+            (prompt, prompt.params.for_choice(index))
+            for prompt in self.prompts
+            for index in range(self.num_candidates)
+        ]
+        return [
+            EngineRequest(
+                request_id,
+                prompt.token_ids,
+                params,
+                self.priority,
+                self.slo,
+                arrival_time,
+                trace_context,
+            )
+            for request_id, (prompt, params) in zip(request_ids, candidates, strict=True)
+        ]
+
+
+def check_capacity(state: ServerState, num_requests: int = 1) -> None:
+    """429 past the queue limit and 503 without an engine: a cheap refusal before any work.
+    `submit` checks again, at the moment it registers the requests."""
+    with engine_errors():
+        state.engine.check_capacity(num_requests)
+
+
+def submit(state: ServerState, adds: list[EngineRequest]) -> list[EngineStream]:
+    """Register `adds` with the engine, all or none, and return their output streams."""
+    with engine_errors():
+        return state.engine.submit(adds)
+
+
+@contextlib.contextmanager
+def engine_errors() -> Iterator[None]:
+    """The async engine's refusals as API errors: a full queue is 429, a dead engine 503."""
+    try:
+        yield
+    except QueueFullError as error:
+        raise APIError(
+            429,
+            f"{error}; retry after {error.retry_after_s} s",
+            code="rate_limit_error",
+            headers={"Retry-After": str(error.retry_after_s)},
+        ) from None
+    except EngineDeadError as error:
+        raise APIError(503, str(error)) from None
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    """A missing `model` means the served one; any other name is a 404."""
+    if model is not None and model != state.model_name:
+        raise APIError(
+            404,
+            f"the model {model!r} does not exist; this server serves {state.model_name!r}",
+            param="model",
+        )
+
+
+async def admit(state: ServerState, request: GenerationRequest) -> AdmittedRequest:
+    """Tokenize and check `request` against the model; raises APIError on anything wrong."""
+    check_model(state, request.model)
+    params = request.sampling_params()
+    prompts = await _tokenize(state.tokenizer, request, state.engine.max_model_len)
+    if params.structured_output is not None:
+        # Compiling a new schema takes milliseconds to seconds: on a worker, never on the loop
+        # or the step thread; a schema seen before comes from the compiler's cache.
+        try:
+            params = await asyncio.to_thread(state.engine.compile_structured_output, params)
+        except InvalidRequestError as error:
+            raise request.invalid(error) from None
+    admitted = []
+    for token_ids in prompts:
+        try:
+            checked = state.engine.check_request(token_ids, params)
+        except InvalidRequestError as error:
+            raise request.invalid(error) from None
+        admitted.append(EnginePrompt(token_ids, checked))
+    default_slo = SLO(state.settings.ttft_slo_ms, state.settings.tpot_slo_ms)
+    result = AdmittedRequest(
+        admitted, request.priority, request.slo_targets(default_slo), request.num_candidates
+    )
+    check_slo(state, result)
+    return result
+
+
+def check_slo(state: ServerState, request: AdmittedRequest) -> None:
+    """With the `slo` policy, 429 for a request whose first token is predicted to come later
+    than `--slo-admission-factor` times its TTFT target because of the queue ahead of it
+    (it would fit its target on an idle engine), or that would make requests already accepted
+    late (`Forecast.refuses`): better refused now, with a Retry-After of the predicted drain
+    time, than accepted and failed late."""
+    factor = state.engine.config.slo_admission_factor
+    ttft_ms = request.slo.ttft_ms
+    if factor <= 0 or ttft_ms is None or state.engine.config.scheduling_policy != "slo":
+        return
+    forecast = state.engine.forecast_ttft(request.num_prompt_tokens, ttft_ms)
+    if not forecast.refuses(ttft_ms, factor):
+        return
+    retry_after = max(1, math.ceil(forecast.drain_s))
+    if forecast.ttft_s > factor * ttft_ms / 1000:
+        reason = f"its first token is predicted in {forecast.ttft_s * 1000:.0f} ms behind the queue"
+    else:
+        reason = f"serving it first would make {forecast.displaced} accepted requests miss theirs"
+    raise APIError(
+        429,
+        f"the server cannot meet this request's TTFT target of {ttft_ms:g} ms: {reason}; "
+        f"retry after {retry_after} s or send a looser slo.ttft_ms",
+        code="rate_limit_error",
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+def max_prompt_chars(tokenizer: Tokenizer, max_model_len: int) -> int:
+    """More characters than this cannot fit the context: no token covers more characters than
+    the longest in the vocabulary, and the factor 2 leaves room for normalizers that merge
+    characters (NFC). Checked before tokenizing, so an oversized prompt costs nothing."""
+    return 2 * max_model_len * tokenizer.max_token_chars
+
+
+async def _tokenize(
+    tokenizer: Tokenizer, request: GenerationRequest, max_model_len: int
+) -> list[list[int]]:
+    encode, num_chars = _encoder(tokenizer, request)
+    limit = max_prompt_chars(tokenizer, max_model_len)
+    if num_chars > limit:
+        raise APIError(
+            400,
+            f"the prompt has {num_chars} characters, more than the {limit} that could fit the "
+            f"context length of {max_model_len} tokens; shorten it",
+            param=request.field_name("prompt"),
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
+    try:
+        if num_chars > MAX_INLINE_TOKENIZE_CHARS:
+            return await asyncio.to_thread(encode)
+        return encode()
+    except ChatTemplateError as error:
+        raise APIError(400, str(error), param="messages") from None
+
+
+def _encoder(
+    tokenizer: Tokenizer, request: GenerationRequest
+) -> tuple[Callable[[], list[list[int]]], int]:
+    """The tokenizing work for `request` as a callable, and how many characters it reads."""
+    if isinstance(request, ChatCompletionRequest):
+        messages = request.message_dicts()
+        tools = request.tool_dicts()
+        num_chars = sum(len(str(value)) for m in messages for value in m.values())
+        num_chars += len(str(tools)) if tools else 0
+        if tools is None:
+            return (lambda: [tokenizer.encode_chat(messages)]), num_chars
+        return (lambda: [tokenizer.encode_chat(messages, tools=tools)]), num_chars
+    assert isinstance(request, CompletionRequest)
+    prompts = request.prompts
+    num_chars = sum(len(p) for p in prompts if isinstance(p, str))
+    # Text gets the tokenizer's special tokens (BOS), as the offline API and OpenAI servers do.
+    return (lambda: [tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]), num_chars

@@ -1,0 +1,127 @@
+"""`GET /v1/stats`: a JSON snapshot for the live dashboard — the engine's published state and what
+happened over a sliding window (default 60 s): latency percentiles, throughput, SLO attainment
+and goodput, step composition. Times in ms, fractions in 0..1, null where the window is empty."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from baton.app.state import ServerState, json_response, server_metrics, server_state
+from baton.core.metrics.latency import percentile
+from baton.core.metrics.metric_aggregates import FinishedRecord, StepRecord
+
+if TYPE_CHECKING:
+    from baton.app.observability.prometheus import ServerMetrics
+    from baton.core.engine_stats import EngineStats, ReplicaStatus
+
+
+async def stats_endpoint(request: Request) -> Response:
+    return json_response(snapshot(server_state(request), server_metrics(request)))
+
+
+def snapshot(state: ServerState, server_metrics: ServerMetrics) -> dict[str, Any]:
+    engine = state.engine
+    stats = engine.stats
+    aggregates = server_metrics.aggregates
+    requests, steps = aggregates.window()
+    uptime_s = time.monotonic() - server_metrics.started_at
+    # Rates divide by the time the window really covers: less than its length just after start.
+    window_s = max(min(aggregates.window_s, uptime_s), 1e-3)
+    with aggregates.lock:
+        totals = aggregates.totals
+        total = {
+            "requests": totals.requests,
+            "prompt_tokens": totals.prompt_tokens,
+            "generation_tokens": totals.generation_tokens,
+        }
+    return {
+        "model": state.model_name,
+        "policy": engine.config.scheduling_policy,
+        "uptime_s": uptime_s,
+        "running": stats.num_running,
+        "waiting": stats.num_waiting,
+        "kv_cache_usage": stats.kv_cache_usage,
+        "kv_blocks_freed_by_window": stats.kv_blocks_freed_by_window,
+        "window_s": window_s,
+        "requests_finished": len(requests),
+        "throughput": {
+            "requests_per_s": len(requests) / window_s,
+            "prompt_tokens_per_s": sum(r.num_prompt_tokens for r in requests) / window_s,
+            "generation_tokens_per_s": sum(r.num_output_tokens for r in requests) / window_s,
+        },
+        "ttft_ms": _percentiles([r.ttft_ms for r in requests if r.completed]),
+        "tpot_ms": _percentiles([r.tpot_ms for r in requests if r.tpot_ms is not None]),
+        "slo": _slo(requests, window_s),
+        "steps": _steps(steps, stats.num_steps),
+        "step_cost": step_cost(stats),
+        "totals": total,
+        "replicas": [_replica(status) for status in engine.replica_status()],
+    }
+
+
+def _replica(status: ReplicaStatus) -> dict[str, Any]:
+    stats = status.stats
+    return {
+        "id": status.replica_id,
+        "node": status.node,
+        "pid": status.pid,
+        "healthy": status.healthy,
+        "running": stats.num_running,
+        "waiting": stats.num_waiting,
+        "kv_cache_usage": stats.kv_cache_usage,
+        "requests_in_flight": status.requests_in_flight,
+        "requests_routed": status.requests_routed,
+        "requests_finished": status.requests_finished,
+        "prefix_cache_hits": stats.prefix_cache_hits,
+        "prefix_cache_queries": stats.prefix_cache_queries,
+    }
+
+
+def step_cost(stats: EngineStats) -> dict[str, float | int | None]:
+    """The engine's online step-cost fit, in readable units: what `baton simulate
+    --calibrate-from` takes as its cost model (so a simulation sees the steps as they run
+    inside this server, not as they run alone)."""
+    cost = stats.step_cost
+    return {
+        "base_ms": cost.base_s * 1e3,
+        "prefill_us_per_token": cost.per_prefill_token_s * 1e6,
+        "decode_us_per_token": cost.per_decode_token_s * 1e6,
+        "context_ns_per_token": cost.per_context_token_s * 1e9,
+        "mean_abs_error_ratio": stats.step_cost_error,
+        "observations": stats.step_cost_observations,
+    }
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    values.sort()
+    return {f"p{q}": percentile(values, q) for q in (50, 90, 99)}
+
+
+def _slo(requests: list[FinishedRecord], window_s: float) -> dict[str, float | None]:
+    """Attainment: of the completed requests that had targets, the share that met them all.
+    Goodput: completed requests per second that met their targets (no targets counts as met)."""
+    completed = [r for r in requests if r.completed]
+    judged = [r.slo_met for r in completed if r.slo_met is not None]
+    good = sum(1 for r in completed if r.slo_met is not False)
+    return {
+        "attainment": sum(judged) / len(judged) if judged else None,
+        "goodput_rps": good / window_s,
+    }
+
+
+def _steps(steps: list[StepRecord], total: int) -> dict[str, float | int | None]:
+    count = len(steps)
+    durations = sorted(s.duration_s * 1e3 for s in steps)
+    return {
+        "total": total,
+        "batch_size": sum(s.num_seqs for s in steps) / count if count else 0.0,
+        "prefill_tokens_per_step": sum(s.num_prefill_tokens for s in steps) / count
+        if count
+        else 0.0,
+        "decode_tokens_per_step": sum(s.num_decode_tokens for s in steps) / count if count else 0.0,
+        "step_ms_p50": percentile(durations, 50),
+    }

@@ -1,0 +1,118 @@
+"""One engine replica as a Ray actor (`baton serve --replicas N`): the engine on its own step
+thread, exactly as in a single-process server, and one message per step back to the front end
+(every request's new tokens of that step, the stats snapshot, the step's record and the
+requests that finished) through a Ray streaming generator. Imported only when serving with
+replicas: Ray is an optional extra (`pip install baton[ray]`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from baton.app.replicas.replica_settings import ReplicaModel
+from baton.core.engine_stats import EngineStats
+from baton.core.outputs import RequestOutput
+from baton.core.request import EngineRequest, Request
+from baton.core.step_loop import StepLoop
+from baton.core.step_stats import StepStats
+
+
+@dataclass(slots=True)
+class ReplicaStep:
+    """One step of a replica as the front end receives it: the outputs of every request that
+    step touched, the snapshot after it, the step's timing (none for an iteration that only
+    took adds or aborts) and each finished request with its final output, for the metrics."""
+
+    outputs: list[RequestOutput]
+    stats: EngineStats
+    steps: list[StepStats]
+    finished: list[tuple[Request, RequestOutput]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    """What the front end needs of a replica once, at start and after a restart."""
+
+    node: str
+    pid: int
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+    vocab_size: int
+    stats: EngineStats
+
+
+class _Died:
+    """Queue marker: the step thread died; the stream ends with an error."""
+
+
+class EngineReplica:
+    """The actor's class; `app/replicas.py` wraps it with `ray.remote` and its resources. Its
+    methods run on the actor's thread pool: `steps` blocks on the step queue while `submit`
+    and `abort` go to the step thread's inbox, so it needs a concurrency of two or more."""
+
+    def __init__(self, replica_id: int, spec: ReplicaModel) -> None:
+        self.replica_id = replica_id
+        self.engine = spec.build_engine()
+        self._queue: queue.SimpleQueue[ReplicaStep | _Died] = queue.SimpleQueue()
+        # Filled by the engine's listeners on the step thread, emptied by each delivery there.
+        self._steps: list[StepStats] = []
+        self._finished: list[tuple[Request, RequestOutput]] = []
+        self.engine.step_listeners.append(self._steps.append)
+        self.engine.finish_listeners.append(lambda r, o: self._finished.append((r, o)))
+        self._loop = StepLoop(self.engine, self._deliver, self._on_death)
+        self._loop.start()
+
+    def info(self) -> ReplicaInfo:
+        engine = self.engine
+        return ReplicaInfo(
+            socket.gethostname(),
+            os.getpid(),
+            engine.kv_cache.num_blocks,
+            engine.kv_cache.block_size,
+            engine.max_model_len,
+            engine.vocab_size,
+            engine.make_stats(),
+        )
+
+    def submit(self, request: EngineRequest) -> None:
+        self._loop.submit(request)
+
+    def abort(self, request_id: str) -> None:
+        self._loop.abort(request_id)
+
+    def steps(self) -> Iterator[ReplicaStep]:
+        """The replica's steps, one message each, for as long as it lives (a streaming
+        generator: the front end reads it with `async for`)."""
+        while True:
+            item = self._queue.get()
+            if isinstance(item, _Died):
+                raise RuntimeError(f"engine replica {self.replica_id}'s step thread died")
+            yield item
+
+    def stop(self) -> None:
+        self._loop.stop(5.0)
+
+    def _deliver(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
+        steps = list(self._steps)
+        self._steps.clear()
+        finished = [_shippable(request, output) for request, output in self._finished]
+        self._finished.clear()
+        self._queue.put(ReplicaStep(outputs, stats, steps, finished))
+
+    def _on_death(self, error: BaseException) -> None:
+        self._queue.put(_Died())
+
+
+def _shippable(request: Request, output: RequestOutput) -> tuple[Request, RequestOutput]:
+    """A finished request with what cannot cross processes (a compiled grammar) or need not
+    (its block hashes) left behind."""
+    request.block_hashes = []
+    params = request.sampling_params
+    if params.structured_output is not None:
+        request.sampling_params = dataclasses.replace(params, structured_output=None)
+    return request, output

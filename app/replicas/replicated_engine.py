@@ -1,0 +1,340 @@
+"""The front end's engine over N replica actors (`baton serve --replicas N`): what routes use
+of `AsyncEngine`, with each request routed by core/replicas/router.py on the replicas' ledgers, one
+task per replica reading its per-step messages, and a dead replica's requests failed cleanly
+or, when they had sent no token yet, retried on another replica while Ray restarts it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import ray
+from ray.exceptions import RayActorError, RayError
+
+from baton.app.engine.async_engine import EngineDeadError, EngineStream, QueueFullError
+from baton.app.replicas.ray_replica import ReplicaInfo, ReplicaStep
+from baton.core.config import EngineConfig
+from baton.core.engine import Engine
+from baton.core.engine_stats import EngineStats, ReplicaStatus
+from baton.core.outputs import RequestOutput
+from baton.core.replicas.replica_ledger import ReplicaLedger
+from baton.core.replicas.router import NoReplicaError, Router, RouteRequest
+from baton.core.request import SLO, EngineRequest, Request
+from baton.core.sampling_params import InvalidRequestError, SamplingParams
+from baton.core.scheduling.ttft_forecast import Forecast
+from baton.core.step_stats import StepStats
+
+logger = logging.getLogger("baton.replicas")
+# How long a restarting replica may take to answer before the front end asks again.
+REJOIN_WAIT_S = 60.0
+# What a request on a replica that died is told; one that had sent nothing is retried instead.
+REPLICA_DIED = (
+    "the engine replica serving this request stopped; the tokens sent so far are all there "
+    "will be: send the request again"
+)
+
+
+class ReplicatedEngine:
+    """Lives on the event loop that calls `start()`; `actors[i]` is replica i."""
+
+    def __init__(
+        self,
+        actors: Sequence[ray.actor.ActorHandle],
+        infos: Sequence[ReplicaInfo],
+        config: EngineConfig,
+        router: str,
+        max_queued_requests: int,
+        checker: Engine,
+    ) -> None:
+        self.actors = list(actors)
+        self.infos = list(infos)
+        self._config = config
+        # A model-less engine with the replicas' settings: it checks requests on the event
+        # loop as a single engine does, without a call to a replica.
+        self.checker = checker
+        self.max_queued_requests = max_queued_requests
+        factor = config.slo_admission_factor if config.scheduling_policy == "slo" else 0.0
+        self.router = Router(
+            router, [self._ledger(i, info) for i, info in enumerate(infos)], factor
+        )
+        self.step_listeners: list[Callable[[StepStats], None]] = []
+        self.finish_listeners: list[Callable[[Request, RequestOutput], None]] = []
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.draining = False
+        self._stopped = False
+        self._streams: dict[str, EngineStream] = {}
+        self._replica_of: dict[str, int] = {}
+        # Requests that have sent no token yet, whole: retried elsewhere if their replica dies.
+        self._unanswered: dict[str, EngineRequest] = {}
+        # Each traced request's trace context, which stays here: the span is made here, from
+        # the finished request its replica sends back (its times on the replica's monotonic
+        # clock, the front end's own on one machine).
+        self._trace_contexts: dict[str, object] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
+    @property
+    def max_model_len(self) -> int:
+        return self.checker.max_model_len
+
+    @property
+    def ledgers(self) -> list[ReplicaLedger]:
+        return self.router.replicas
+
+    def clock(self) -> float:
+        return time.monotonic()
+
+    @property
+    def stats(self) -> EngineStats:
+        """All replicas' last snapshots as one engine's: counts summed, cache usage averaged,
+        the cost fit and lifetime of the first healthy replica."""
+        snapshots = [ledger.stats for ledger in self.ledgers]
+        first = next((r.stats for r in self.ledgers if r.healthy), snapshots[0])
+        return dataclasses.replace(
+            first,
+            num_running=sum(s.num_running for s in snapshots),
+            num_waiting=sum(s.num_waiting for s in snapshots),
+            waiting_by_priority=(),
+            kv_cache_usage=sum(s.kv_cache_usage for s in snapshots) / len(snapshots),
+            num_steps=sum(s.num_steps for s in snapshots),
+            num_preemptions=sum(s.num_preemptions for s in snapshots),
+            prefix_cache_queries=sum(s.prefix_cache_queries for s in snapshots),
+            prefix_cache_hits=sum(s.prefix_cache_hits for s in snapshots),
+        )
+
+    def replica_status(self) -> list[ReplicaStatus]:
+        return [
+            ReplicaStatus(
+                ledger.replica_id,
+                info.node,
+                info.pid,
+                ledger.healthy,
+                ledger.stats,
+                ledger.num_in_flight,
+                ledger.num_routed,
+                ledger.num_finished,
+            )
+            for ledger, info in zip(self.ledgers, self.infos, strict=True)
+        ]
+
+    def attach(self, metrics) -> None:
+        """Let `metrics` subscribe to every replica's steps and finishes, which the front end
+        replays on the event loop as their messages arrive."""
+        metrics.attach(self)
+
+    def add_finish_listener(self, listener: Callable[[Request, RequestOutput], None]) -> None:
+        self.finish_listeners.append(listener)
+
+    @property
+    def healthy(self) -> bool:
+        return not self._stopped and not self.draining and any(r.healthy for r in self.ledgers)
+
+    @property
+    def failure(self) -> str:
+        if self.draining:
+            return "the server is shutting down"
+        if self._stopped:
+            return "the engine has shut down"
+        return "no engine replica is serving; they are restarting"
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._tasks = [self.loop.create_task(self._follow(i)) for i in range(len(self.actors))]
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop every replica (blocks up to `timeout`); called off the event loop."""
+        self._stopped = True
+        try:
+            ray.get([actor.stop.remote() for actor in self.actors], timeout=timeout)
+        except RayError:
+            logger.warning("a replica did not stop cleanly", exc_info=True)
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            for task in self._tasks:
+                loop.call_soon_threadsafe(task.cancel)
+
+    def check_capacity(self, num_requests: int = 1) -> None:
+        if not self.healthy:
+            raise EngineDeadError(self.failure)
+        limit = len(self.actors) * self._config.max_num_seqs + self.max_queued_requests
+        if len(self._streams) + num_requests > limit:
+            raise QueueFullError(1, limit)
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
+        return self.checker.check_request(prompt_token_ids, params)
+
+    def compile_structured_output(self, params: SamplingParams) -> SamplingParams:
+        if params.structured_output is None:
+            return params
+        raise InvalidRequestError(
+            f"{params.structured_output.param} asks for structured output, which Baton does "
+            "not serve with --replicas > 1 yet; leave it out or serve one replica",
+            params.structured_output.param,
+        )
+
+    def forecast_ttft(self, num_prompt_tokens: int, ttft_ms: float | None) -> Forecast:
+        """The best replica's forecast as the router weighs it: a refusing one only when no
+        replica can make the target (under `--router slo`)."""
+        probe = RouteRequest("", num_prompt_tokens, SLO(ttft_ms=ttft_ms), ())
+        try:
+            return self.router.choose(probe, time.monotonic()).forecast
+        except NoReplicaError as error:
+            raise EngineDeadError(str(error)) from None
+
+    def submit(self, requests: list[EngineRequest]) -> list[EngineStream]:
+        """Route `requests`, all or none registered, and return their output streams."""
+        self.check_capacity(len(requests))
+        for request in requests:
+            if request.request_id in self._streams:
+                raise ValueError(f"request id {request.request_id!r} is already in flight")
+        streams = []
+        for request in requests:
+            stream = EngineStream(self, request.request_id)  # type: ignore[arg-type]
+            self._streams[request.request_id] = stream
+            self._send(request)
+            streams.append(stream)
+        return streams
+
+    def abort(self, request_id: str) -> None:
+        replica = self._replica_of.get(request_id)
+        if replica is not None:
+            self.actors[replica].abort.remote(request_id)
+
+    def abort_all(self) -> None:
+        for request_id in list(self._streams):
+            self.abort(request_id)
+
+    def _send(self, request: EngineRequest) -> None:
+        """Route one request (admission has judged it already) and hand it to its replica."""
+        now = time.monotonic()
+        route = self.router.route(
+            RouteRequest.of(
+                request.request_id, request.prompt_token_ids, request.slo, self._block_size
+            ),
+            now,
+            admit=False,
+        )
+        replica = route.replica_id
+        assert replica is not None
+        self._replica_of[request.request_id] = replica
+        self._unanswered[request.request_id] = request
+        if request.trace_context is not None:
+            self._trace_contexts[request.request_id] = request.trace_context
+        self.actors[replica].submit.remote(dataclasses.replace(request, trace_context=None))
+
+    @property
+    def _block_size(self) -> int:
+        return self.infos[0].block_size
+
+    def _release(self, request_id: str, *, abort: bool) -> None:
+        """A stream is done with: forget it and, if it had not finished, abort its request."""
+        if self._streams.pop(request_id, None) is None:
+            return
+        self._unanswered.pop(request_id, None)
+        replica = self._replica_of.pop(request_id, None)
+        if replica is None:
+            return
+        self.ledgers[replica].remove(request_id)
+        if abort:
+            self.actors[replica].abort.remote(request_id)
+
+    async def _follow(self, replica: int) -> None:
+        """Read replica `replica`'s steps for as long as the server runs; when it dies, fail
+        or move its requests and wait for Ray to bring it back."""
+        while not self._stopped:
+            try:
+                stream = self.actors[replica].steps.options(num_returns="streaming").remote()
+                async for ref in stream:
+                    self._dispatch(replica, await ref)
+            except RayError as error:
+                if self._stopped:
+                    return
+                logger.error("engine replica %d failed: %s", replica, error)
+                if not isinstance(error, RayActorError):
+                    # Its step thread died but the actor lives: Ray restarts what it kills.
+                    ray.kill(self.actors[replica], no_restart=False)
+                self._lost(replica)
+                await self._rejoin(replica)
+
+    def _dispatch(self, replica: int, step: ReplicaStep) -> None:
+        ledger = self.ledgers[replica]
+        ledger.publish(step.stats)
+        now = time.monotonic()
+        for stats in step.steps:
+            for listener in self.step_listeners:
+                listener(stats)
+        for output in step.outputs:
+            if self._replica_of.get(output.request_id) != replica:
+                continue  # a request moved away from this replica, or released
+            ledger.receive(output, now)
+            if output.new_token_ids or output.finished:
+                self._unanswered.pop(output.request_id, None)
+            if output.finished:
+                self._replica_of.pop(output.request_id, None)
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.put(output)
+        for request, output in step.finished:
+            request.trace_context = self._trace_contexts.pop(request.request_id, None)
+            for listener in self.finish_listeners:
+                listener(request, output)
+
+    def _lost(self, replica: int) -> None:
+        """Replica `replica` died: the router stops sending to it at once; its requests that
+        sent no token go to another replica, the others end with a clean error."""
+        old = self.ledgers[replica]
+        fresh = self._ledger(replica, self.infos[replica])
+        fresh.healthy = False
+        self.router.replicas[replica] = fresh
+        for request_id in old.request_ids:
+            self._replica_of.pop(request_id, None)
+            retry = self._unanswered.pop(request_id, None)
+            stream = self._streams.get(request_id)
+            if stream is None:
+                continue
+            if retry is not None:
+                try:
+                    self._send(retry)
+                    logger.info("request %s moved off replica %d", request_id, replica)
+                    continue
+                except NoReplicaError:
+                    pass
+            self._trace_contexts.pop(request_id, None)
+            stream.put(EngineDeadError(REPLICA_DIED))
+
+    async def _rejoin(self, replica: int) -> None:
+        """Wait until Ray has restarted the replica and it answers; then route to it again."""
+        while not self._stopped:
+            try:
+                info = await asyncio.wait_for(
+                    self.actors[replica].info.remote(), timeout=REJOIN_WAIT_S
+                )
+            except (RayError, asyncio.TimeoutError):
+                await asyncio.sleep(1.0)
+                continue
+            self.infos[replica] = info
+            self.router.replicas[replica] = self._ledger(replica, info)
+            logger.info("engine replica %d is back (pid %d)", replica, info.pid)
+            return
+
+    def _ledger(self, replica: int, info: ReplicaInfo) -> ReplicaLedger:
+        config = self._config
+        return ReplicaLedger(
+            replica,
+            info.stats,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            max_wait_s=config.max_wait_ms / 1000,
+            block_size=info.block_size,
+            num_kv_blocks=info.num_kv_blocks,
+        )

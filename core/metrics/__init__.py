@@ -1,0 +1,1 @@
+"""Latency definitions and the plain-Python aggregates that metrics, stats and tracing read."""

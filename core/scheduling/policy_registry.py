@@ -1,0 +1,36 @@
+"""The scheduling policies by name: what `--scheduling-policy` offers and how one is built."""
+
+from __future__ import annotations
+
+from baton.core.scheduling.policy import (
+    FCFSPolicy,
+    HRRNPolicy,
+    LTRPolicy,
+    PolicyContext,
+    PriorityPolicy,
+    SchedulingPolicy,
+    SJFPolicy,
+    StaticPolicy,
+)
+from baton.core.scheduling.slo_policy import SLOPolicy
+
+POLICY_CLASSES: dict[str, type[SchedulingPolicy]] = {
+    policy.name: policy
+    for policy in (
+        SLOPolicy,
+        FCFSPolicy,
+        PriorityPolicy,
+        SJFPolicy,
+        HRRNPolicy,
+        LTRPolicy,
+        StaticPolicy,
+    )
+}
+# The CLI's choices, in the order its help lists them (the default first).
+POLICIES = tuple(POLICY_CLASSES)
+
+
+def make_policy(name: str, context: PolicyContext | None = None) -> SchedulingPolicy:
+    if name not in POLICY_CLASSES:
+        raise ValueError(f"unknown scheduling policy {name!r}; choose one of {', '.join(POLICIES)}")
+    return POLICY_CLASSES[name](context)

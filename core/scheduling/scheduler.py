@@ -1,0 +1,388 @@
+"""The scheduler mechanism: per step, fill a token budget with running decodes first, then
+prefill chunks of partly-prefilled and waiting requests; preempt by recompute when KV blocks run
+out. Which request goes first, how much prefill a step carries and whom to preempt are the
+policy's decisions, within two hard bounds every policy keeps: no request waits longer than
+`max_wait_s` for its first token (one about to pass it is served first and, when the batch is
+full, takes the place of the running request whose preemption costs least against its own SLO),
+and no request is preempted more than `max_preemptions` times. Static batching is the exception
+to the first (its batch is closed) and never preempts: each slot reserves its maximum length of
+KV when the batch forms (core/scheduling/static_batch.py)."""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+
+from baton.core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
+from baton.core.kv_cache.kv_cache_manager import KVCacheManager
+from baton.core.request import FinishReason, Request, RequestStatus
+from baton.core.scheduling import feasibility
+from baton.core.scheduling.policy import UNLIMITED, SchedulerView, SchedulingPolicy, StepPlan
+from baton.core.scheduling.static_batch import StaticBatch, reserved_tokens
+
+NO_POSITIONS = range(0)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv_cache: KVCacheManager,
+        policy: SchedulingPolicy,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_wait_s: float = math.inf,
+        max_preemptions: int = 3,
+    ) -> None:
+        self.kv_cache = kv_cache
+        self.policy = policy
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        # A static batch is closed, also to a request past the starvation bound.
+        self.max_wait_s = math.inf if policy.static_batching else max_wait_s
+        self.max_preemptions = max_preemptions
+        # In arrival order, so the requests nearest the starvation bound are at the front.
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        # Requests holding a place in the batch being built: not candidates for preemption.
+        self._scheduled: set[str] = set()
+        # Hashes of the first uncached block of each prompt admitted in the step being built.
+        self._blocks_in_flight: set[bytes] = set()
+        # Ended since the last batch; the next batch tells the executor (Batch docstring).
+        self._finished_ids: list[str] = []
+        # Under static batching, the batch running: each step's padding is measured by it.
+        self._static_batch: StaticBatch | None = None
+        self.num_preemptions = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self._enqueue(request)
+
+    def finish_request(self, request: Request, reason: FinishReason, now: float) -> None:
+        """Take a request out of the queues for good and free its blocks at once."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status is not RequestStatus.FINISHED:
+            self.waiting.remove(request)
+        self.kv_cache.free(request)
+        del self.requests[request.request_id]
+        self._finished_ids.append(request.request_id)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finish_time = now
+
+    def refused(self, now: float) -> list[Request]:
+        """Queued requests the policy refuses now; the caller finishes them."""
+        return self.policy.refuse(self.waiting, now) if self.waiting else []
+
+    def schedule(self, now: float) -> Batch:
+        batch = Batch()
+        self._scheduled = set()
+        self._blocks_in_flight = set()
+        token_budget = self.max_num_batched_tokens
+        overdue = self._overdue(now)
+        preempted = self._make_room(overdue, now)
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for request in self.running:
+            is_decode = request.num_uncomputed_tokens == 1
+            (decodes if is_decode else prefills).append(request)
+
+        for request in decodes:
+            if token_budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted to make room for an earlier decode
+            if self._reserve(request, 1, now):
+                self._add(batch, request, 1)
+                token_budget -= 1
+            else:
+                preempted = True
+
+        # Partly-prefilled and waiting requests compete for the prefill budget in one order, the
+        # policy's; after a preemption for blocks the pool is known to be short, and admitting
+        # more would only thrash (an overdue request is admitted all the same).
+        admitting = bool(self.waiting) and len(self.running) < self.max_num_seqs
+        candidates = prefills + self.waiting if admitting and not preempted else prefills
+        admitted: set[str] = set()
+        if candidates or overdue:  # else no prefill to plan: a steady decode step
+            view = SchedulerView(now, tuple(candidates), tuple(self.running), token_budget)
+            plan = self.policy.plan(view)
+            admitted = self._schedule_prefills(
+                batch, view, plan, overdue, admitting and not preempted
+            )
+        if admitted:
+            self.waiting = [r for r in self.waiting if r.request_id not in admitted]
+        if not batch.sequences and self.running:
+            # Every running request is protected and none can grow: break the stall.
+            self._preempt(self.policy.choose_victim(self.running, now), now)
+        if batch.sequences:  # an empty batch never reaches the executor; the ids wait
+            batch.finished_request_ids, self._finished_ids = self._finished_ids, []
+            if self.policy.static_batching:
+                self._pad(batch)
+        return batch
+
+    def _schedule_prefills(
+        self,
+        batch: Batch,
+        view: SchedulerView,
+        plan: StepPlan,
+        overdue: list[Request],
+        admitting: bool,
+    ) -> set[str]:
+        """Add prefill chunks in the plan's order within its budget; the ids of the waiting
+        requests admitted. `admitting`: whether waiting requests may start (overdue ones may)."""
+        now = view.now
+        prefill_budget = plan.prefill_budget
+        order = plan.order
+        if overdue:
+            # The bound outranks the policy: the overdue go first, with the whole budget.
+            prefill_budget = max(prefill_budget, view.token_budget)
+            first = {request.request_id for request in overdue}
+            order = overdue + [r for r in order if r.request_id not in first]
+            if not plan.order:
+                order += [r for r in view.waiting if r.request_id not in first]
+        admitted: set[str] = set()
+        for request in order:
+            if prefill_budget <= 0:
+                break
+            if request.request_id in self._scheduled:
+                # Once a step: an overdue request on its last prompt token rode along as a
+                # decode already, and the order may name a request twice.
+                continue
+            overhead = math.ceil(plan.context_weight * request.num_computed_tokens)
+            if request.status is RequestStatus.RUNNING:
+                start = request.num_computed_tokens
+                num_new = min(request.num_tokens - start, prefill_budget - overhead)
+                if num_new <= 0:
+                    continue
+                if self._reserve(request, num_new, now):
+                    self._add(batch, request, num_new)
+                    prefill_budget -= num_new + overhead
+                else:
+                    admitting = False
+            elif len(self.running) < self.max_num_seqs and (admitting or request in overdue):
+                # Without a prefill limit (static batching forming its batch) everyone starts
+                # now: a request held back would wait for the whole batch to drain.
+                may_wait = plan.prefill_budget < UNLIMITED and request not in overdue
+                used = self._admit(
+                    batch, request, prefill_budget, plan.context_weight, now, may_wait
+                )
+                if used is None:
+                    admitting = False
+                elif used:
+                    admitted.add(request.request_id)
+                    prefill_budget -= used
+        return admitted
+
+    def _pad(self, batch: Batch) -> None:
+        """Charge a static batch's step its padding; the step that forms the batch (the only one
+        that prefills: its prompts go whole) records the batch's shape."""
+        if batch.num_prefill_tokens:
+            self._static_batch = StaticBatch.of(self.running)
+        assert self._static_batch is not None, "a static batch decodes only once it has formed"
+        batch.padding = self._static_batch.padding(batch)
+
+    def _overdue(self, now: float) -> list[Request]:
+        """Waiting requests that must start now to keep the starvation bound."""
+        earliest = now - feasibility.BOUND_EARLIEST_SHARE * self.max_wait_s
+        if not self.waiting or self.waiting[0].arrival_time > earliest:
+            return []
+        # Partly prefilled requests still owe their first token too.
+        prefilling = sorted(
+            (r for r in self.running if r.first_token_time is None), key=lambda r: r.arrival_time
+        )
+        queue = heapq.merge(prefilling, self.waiting, key=lambda r: r.arrival_time)
+        full = self.max_num_batched_tokens
+        return feasibility.overdue(queue, now, self.max_wait_s, self._full_step_s(), full)
+
+    def _full_step_s(self) -> float:
+        """A step carrying the whole token budget of prefill beside the running decodes."""
+        full = self.max_num_batched_tokens
+        context = sum(r.num_tokens for r in self.running)
+        cost = self.policy.context.cost_model
+        return cost.predict_step(full, len(self.running), context + full)
+
+    def _make_room(self, overdue: list[Request], now: float) -> bool:
+        """Preempt, for each overdue request that can wait no longer, the running request whose
+        preemption costs least against its own SLO, when the batch has no place or the pool no
+        blocks for its first chunk. Only requests past their first token and not protected are
+        taken."""
+        if not overdue:
+            return False
+        preempted = False
+        places = self.max_num_seqs - len(self.running)
+        cost = self.policy.context.cost_model
+        full = self.max_num_batched_tokens
+        full_step_s = self._full_step_s()
+        # The overdue go oldest first and share the budget: each waits for those ahead of it.
+        tokens_ahead = 0
+        for request in overdue:
+            ahead, tokens_ahead = tokens_ahead, tokens_ahead + request.num_uncomputed_tokens
+            if request.status is RequestStatus.RUNNING or not feasibility.critical(
+                request, now, self.max_wait_s, full_step_s, full, ahead
+            ):
+                continue
+            chunk = min(request.num_tokens, self.max_num_batched_tokens)
+            needed = self.kv_cache.blocks_needed(chunk)
+            while places <= 0 or needed > self.kv_cache.pool.num_free_blocks:
+                victims = [
+                    r
+                    for r in self.running
+                    if r.first_token_time is not None and r.num_preemptions < self.max_preemptions
+                ]
+                if not victims:
+                    break
+                victim = max(victims, key=lambda r: feasibility.victim_rank(r, cost, now))
+                self._preempt(victim, now)
+                preempted = True
+                places += 1
+            places -= 1
+        return preempted
+
+    def update(
+        self, batch: Batch, output: ExecutorOutput
+    ) -> list[tuple[Request, int | None, TokenLogprobs | None]]:
+        """Advance each scheduled request past this step's tokens; return the sampled tokens,
+        and None for a request with `max_tokens` 0 whose prompt is now computed."""
+        sampled = []
+        index = 0
+        for seq in batch.sequences:
+            request = self.requests[seq.request_id]
+            request.num_computed_tokens += len(seq.token_ids)
+            self.kv_cache.cache_computed_blocks(request)
+            if seq.prompt_logprob_positions:
+                assert request.prompt_logprobs is not None
+                request.prompt_logprobs.extend(output.prompt_logprobs[seq.request_id])
+            if seq.sample:
+                token_id = output.sampled_token_ids[index]
+                logprobs = output.logprobs[index] if output.logprobs else None
+                index += 1
+                request.append_token(token_id)
+                sampled.append((request, token_id, logprobs))
+            elif request.num_uncomputed_tokens == 0:
+                sampled.append((request, None, None))  # max_tokens 0: the prompt is scored
+        return sampled
+
+    def _admit(
+        self,
+        batch: Batch,
+        request: Request,
+        prefill_budget: int,
+        context_weight: float,
+        now: float,
+        may_wait: bool = False,
+    ) -> int | None:
+        """Start prefilling a waiting request; the budget it used (0: no room for a chunk of
+        it, or, if it `may_wait`, its prefix is being computed for another request this step),
+        or None if blocks ran out."""
+        prefix = self.kv_cache.cached_prefix(request)
+        scored_from = request.prompt_logprobs_from
+        if scored_from is not None:
+            # A hit skips computing its positions, and so their logits: a request still owed
+            # prompt log-probabilities reads only the blocks before the first one it needs.
+            prefix = prefix[: scored_from // self.kv_cache.block_size]
+        # Requests sharing a prompt (the choices of `n`) arrive together: the first computes
+        # it and the others wait a step to read it from the cache rather than compute it too.
+        first_new = (
+            request.block_hashes[len(prefix)]
+            if len(request.block_hashes) > len(prefix) and scored_from is None
+            else None
+        )
+        if may_wait and first_new is not None and first_new in self._blocks_in_flight:
+            return 0
+        num_hit = len(prefix) * self.kv_cache.block_size
+        overhead = math.ceil(context_weight * num_hit)
+        num_new = min(request.num_tokens - num_hit, prefill_budget - overhead)
+        if num_new <= 0:
+            return 0
+        # A static slot holds KV for its longest possible answer from the start (so fewer fit).
+        num_held = reserved_tokens(request) - num_hit if self.policy.static_batching else num_new
+        if not self.kv_cache.allocate_slots(request, num_held, prefix):
+            return None
+        if first_new is not None:
+            self._blocks_in_flight.add(first_new)
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_hit
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_hit
+            request.first_scheduled_time = now
+        else:
+            request.resumed_times.append(now)
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += num_hit
+        self.running.append(request)
+        self._add(batch, request, num_new)
+        return num_new + overhead
+
+    def _reserve(self, request: Request, num_new: int, now: float) -> bool:
+        """Get blocks for a running request, preempting others (or itself) until they fit."""
+        while not self.kv_cache.allocate_slots(request, num_new):
+            candidates = [
+                r
+                for r in self.running
+                if r.request_id not in self._scheduled
+                and r.num_preemptions < self.max_preemptions
+                and r is not request
+            ]
+            if request.num_preemptions < self.max_preemptions:
+                candidates.append(request)
+            elif not candidates:
+                return False  # protected, and nobody else may go: it waits for blocks
+            victim = self.policy.choose_victim(candidates, now)
+            self._preempt(victim, now)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request, now: float) -> None:
+        self.running.remove(request)
+        request.preempted_times.append(now)
+        self.kv_cache.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self._enqueue(request)
+
+    def _enqueue(self, request: Request) -> None:
+        bisect.insort(self.waiting, request, key=lambda r: r.arrival_time)
+
+    def _add(self, batch: Batch, request: Request, num_new: int) -> None:
+        start = request.num_computed_tokens
+        end = start + num_new
+        token_ids = request.token_ids
+        scored = NO_POSITIONS
+        # Tested first inline: this runs for every decode of every step.
+        if request.prompt_logprobs is not None:
+            scored_from = request.prompt_logprobs_from
+            if scored_from is not None:
+                scored = range(max(start, scored_from), min(end, request.num_prompt_tokens - 1))
+                batch.num_prompt_logprobs += len(scored)
+        batch.sequences.append(
+            ScheduledSequence(
+                request.request_id,
+                token_ids[start:end],
+                start,
+                self.kv_cache.block_table(request.request_id),
+                end == len(token_ids) and request.sampling_params.max_tokens != 0,
+                request.sampling_params,
+                token_ids,
+                request.num_prompt_tokens,
+                scored,
+            )
+        )
+        self._scheduled.add(request.request_id)
+        if num_new == 1 and start >= request.num_prompt_tokens:
+            batch.num_decode_tokens += 1
+        else:
+            batch.num_prefill_tokens += num_new

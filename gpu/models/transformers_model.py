@@ -1,0 +1,274 @@
+"""The generic path: any transformers causal LM, run by transformers' own modeling code, with
+Baton's paged KV cache plugged in through transformers' attention interface.
+
+A step runs as Baton's native model does: every scheduled token of every sequence in one
+[1, num_tokens] row with per-token position ids, nothing padded. transformers' layers compute
+q/k/v and their rotary (or learned, or partial) positions; `paged_attention_forward`, registered
+as an attention implementation, writes each layer's K/V into Baton's blocks by slot mapping and
+attends over each sequence's own blocks with `baton.kernels.ops`. The step's metadata reaches it
+through a context variable, because not every model's code forwards extra keyword arguments
+down to attention; layers are told apart by call order, which is the order of their caches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from baton.core.checkpoint.model_config import ModelConfig, UnsupportedModelError
+from baton.gpu.input_batch import AttentionMetadata
+from baton.kernels import ops
+from baton.kernels.linear import onednn_linear, onednn_linear_available, pack_linear_weight
+
+ATTN_IMPLEMENTATION = "baton_paged"
+
+
+@dataclass(slots=True)
+class _PagedStep:
+    """The step a forward runs: what every attention call of it reads.
+
+    `kv_caches=None` marks the probe at load time, which records each call's KV shape instead.
+    """
+
+    metadata: AttentionMetadata | None
+    kv_caches: list[torch.Tensor] | None
+    num_calls: int = 0
+    kv_shapes: list[tuple[int, int, int]] = field(default_factory=list)
+    softcapped: bool = False
+
+
+_current_step: ContextVar[_PagedStep | None] = ContextVar("baton_paged_step", default=None)
+
+
+def paged_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature over Baton's paged cache.
+
+    query [1, Hq, T, D] and key/value [1, Hkv, T, D] hold the step's packed tokens; the mask is
+    ignored because the block tables say what each token attends to (causally, its own sequence).
+    Returns [1, T, Hq, D] as transformers' attention functions do.
+    """
+    step = _current_step.get()
+    if step is None:
+        raise RuntimeError("Baton's paged attention ran outside a TransformersCausalLM forward")
+    layer = step.num_calls
+    step.num_calls += 1
+    num_heads, num_tokens, head_dim = query.shape[1], query.shape[2], value.shape[-1]
+    if step.kv_caches is None:
+        step.kv_shapes.append((key.shape[1], key.shape[-1], value.shape[-1]))
+        step.softcapped |= kwargs.get("softcap") is not None
+        return query.new_zeros(1, num_tokens, num_heads, head_dim), None
+    metadata = step.metadata
+    window = kwargs.get("sliding_window")
+    if window is not None and metadata.max_seq_len > window:
+        raise RuntimeError(
+            f"a sequence of {metadata.max_seq_len} tokens passed the {window}-token sliding "
+            "window, which the generic path does not apply; --max-model-len should cap it"
+        )
+    q = query[0].transpose(0, 1).contiguous()
+    k = key[0].transpose(0, 1).contiguous()
+    v = value[0].transpose(0, 1).contiguous()
+    kv_cache = step.kv_caches[layer]
+    ops.write_kv_cache(k, v, kv_cache, metadata.slot_mapping)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = ops.paged_attention(q, kv_cache, metadata, scale)
+    return out.unsqueeze(0), None
+
+
+class PackedLinear(nn.Module):
+    """An `nn.Linear` of transformers' model, run by oneDNN over its weight packed once.
+
+    `weight` stays as a meta tensor of the same shape and dtype, for code that reads those; the
+    packed copy is the only one in memory (a tied embedding keeps its own table).
+    """
+
+    def __init__(self, linear: nn.Linear, rows_hint: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed_weight = pack_linear_weight(linear.weight, rows_hint)
+        self.weight = nn.Parameter(linear.weight.detach().to("meta"), requires_grad=False)
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out = onednn_linear(rows, self.packed_weight, self.bias)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+class _HiddenStates(nn.Module):
+    """Stands in for the base model inside the transformers CausalLM, so that the CausalLM's own
+    head, with any logit scaling or soft-capping its code applies, runs on given hidden states."""
+
+    def forward(self, *args, inputs_embeds: torch.Tensor | None = None, **kwargs):
+        from transformers import modeling_outputs
+
+        # The widest base output: CausalLMs that read cross-attentions find them (as None).
+        return modeling_outputs.BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=inputs_embeds
+        )
+
+
+class TransformersCausalLM(nn.Module):
+    """A transformers causal LM behind the interface of Baton's `CausalLM`.
+
+    `config` is the `ModelConfig` with the KV shape the modeling code was seen to use (one
+    cache per attention call of a forward). The executor captures no CUDA graphs of it:
+    transformers' code is not known to be free of host syncs.
+    """
+
+    def __init__(self, causal_lm: nn.Module, config: ModelConfig) -> None:
+        super().__init__()
+        prefix = causal_lm.base_model_prefix
+        base = getattr(causal_lm, prefix, None)
+        if not isinstance(base, nn.Module):
+            raise UnsupportedModelError(
+                f"{type(causal_lm).__name__} keeps no base model at .{prefix}; the generic path "
+                "cannot separate its layers from its head"
+            )
+        self.base = base
+        setattr(causal_lm, prefix, _HiddenStates())
+        self.causal_lm = causal_lm
+        self.config = self._probed_config(config)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        kv_caches: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """The final hidden state of every packed token: [T, hidden_size]."""
+        step = _PagedStep(attn_metadata, kv_caches)
+        hidden = self._run(step, input_ids, positions)
+        if step.num_calls != len(kv_caches):
+            raise RuntimeError(
+                f"{step.num_calls} attention calls in a forward, but {len(kv_caches)} KV caches"
+            )
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Next-token logits [N, vocab_size] for the hidden states [N, hidden_size] given."""
+        out = self.causal_lm(inputs_embeds=hidden.unsqueeze(0), use_cache=False)
+        return out.logits[0]
+
+    def pack_linear_weights(self, rows_hint: int) -> bool:
+        """Run every `nn.Linear` of the model through oneDNN over a packed weight, as the native
+        model does (float32 on the CPU only; see baton.kernels.linear). Returns whether it
+        packed."""
+        weight = next(self.base.parameters())
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return False
+        if not onednn_linear_available():
+            return False
+        for parent in [*self.base.modules(), *self.causal_lm.modules()]:
+            for name, child in parent.named_children():
+                if type(child) is nn.Linear:
+                    setattr(parent, name, PackedLinear(child, rows_hint))
+        return True
+
+    def _run(
+        self, step: _PagedStep, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        token = _current_step.set(step)
+        try:
+            out = self.base(
+                input_ids=input_ids.unsqueeze(0),
+                position_ids=positions.unsqueeze(0).long(),
+                use_cache=False,
+            )
+        finally:
+            _current_step.reset(token)
+        return out.last_hidden_state[0]
+
+    @torch.inference_mode()
+    def _probed_config(self, config: ModelConfig) -> ModelConfig:
+        """`config` with the number of attention calls and the KV shape of one token's forward."""
+        device = next(self.base.parameters()).device
+        step = _PagedStep(None, None)
+        one = torch.zeros(1, dtype=torch.long, device=device)
+        self._run(step, one, one)
+        if not step.kv_shapes:
+            raise UnsupportedModelError(
+                f"{config.architecture}'s transformers code never called the attention "
+                "interface, so Baton cannot give it a paged cache"
+            )
+        if step.softcapped:
+            raise UnsupportedModelError(
+                f"{config.architecture} soft-caps attention logits, which Baton's paged "
+                "attention does not do; it needs a native model"
+            )
+        if len(set(step.kv_shapes)) > 1:
+            raise UnsupportedModelError(
+                f"{config.architecture}'s layers use different KV shapes "
+                f"({sorted(set(step.kv_shapes))}); Baton's cache holds one shape for all layers"
+            )
+        num_kv_heads, head_dim, value_dim = step.kv_shapes[0]
+        if value_dim != head_dim:
+            raise UnsupportedModelError(
+                f"{config.architecture} has keys of {head_dim} and values of {value_dim} "
+                "channels per head; Baton's cache holds equal ones"
+            )
+        return dataclasses.replace(
+            config,
+            num_hidden_layers=len(step.kv_shapes),
+            num_key_value_heads=num_kv_heads,
+            head_dim=head_dim,
+        )
+
+
+def load_transformers_model(
+    config: ModelConfig,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    load_format: str = "auto",
+) -> TransformersCausalLM:
+    """transformers' model for the checkpoint `config.path`, read from the folder alone (no
+    download, no code shipped with the checkpoint), with Baton's paged attention plugged in.
+
+    `load_format="dummy"` builds it from config.json with random weights.
+    """
+    import transformers
+    from transformers import (
+        MODEL_FOR_CAUSAL_LM_MAPPING,
+        AttentionInterface,
+        AutoConfig,
+        AutoModelForCausalLM,
+    )
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
+    try:
+        hf_config = AutoConfig.from_pretrained(config.path, local_files_only=True)
+        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
+    except (ValueError, KeyError) as error:
+        raise UnsupportedModelError(
+            f"transformers {transformers.__version__} has no causal LM for {config.path} "
+            f"({config.architecture}); Baton runs no code shipped with a checkpoint, so only "
+            "architectures the installed transformers knows can be served"
+        ) from error
+    if not model_class.is_backend_compatible():
+        raise UnsupportedModelError(
+            f"transformers' {model_class.__name__} does not route attention through its "
+            "attention interface, so Baton cannot give it a paged cache"
+        )
+    options = dict(dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
+    if load_format == "dummy":
+        torch.manual_seed(0)
+        causal_lm = AutoModelForCausalLM.from_config(hf_config, **options)
+    else:
+        causal_lm = AutoModelForCausalLM.from_pretrained(
+            config.path, config=hf_config, local_files_only=True, use_safetensors=True, **options
+        )
+    causal_lm = causal_lm.to(device).eval().requires_grad_(False)
+    return TransformersCausalLM(causal_lm, config)
