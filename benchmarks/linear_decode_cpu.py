@@ -3,9 +3,8 @@ decoder layers (qkv, o, gate_up, down) in turn, both of Baton's kernels (float32
 `torch.ops.baton_cpu.f32_linear`, and int8, `torch.ops.baton_cpu.int8_linear`), at each row
 count. The weights are far larger than L3, so each pass streams them from DRAM, as a decode
 step does, and they sit on transparent huge pages as the server puts them (`--small-pages`
-leaves them on 4 KiB pages, where a stream runs slower and other things bound it: the 0.4B's
-8-row float32 pass read 75-81 ms there against 71-74 on huge pages); `benchmarks/
-linear_tiles_cpu.py` times the tiles cache-warm instead.
+leaves them on 4 KiB pages, where a stream runs slower and other things bound it);
+`benchmarks/linear_tiles_cpu.py` times the tiles cache-warm instead.
 
     PYTHONPATH=$PWD python benchmarks/linear_decode_cpu.py --model bench --rows 1 4 8 16 32
     PYTHONPATH=$PWD python benchmarks/linear_decode_cpu.py --model 0.4b --baseline HEAD~1

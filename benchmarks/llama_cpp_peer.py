@@ -20,10 +20,9 @@ from pathlib import Path
 LLAMA_CPP_PYTHON = "0.3.36"
 GGUF_KINDS = ("f32", "q8_0")
 
-# The compiler flags that keep AMX out of a native build. On an AMX CPU (an Intel Xeon VM here,
-# 2026-11-27) ggml 0.3.36's AMX weight repacking made the Q8_0 server segfault right after
-# loading (exit 139; F32 and `--no-repack` ran, and AMX itself ran in a test program); without
-# AMX it repacks for AVX-512 VNNI and serves. On CPUs without AMX the flags change nothing.
+# The compiler flags that keep AMX out of a native build: on an AMX CPU ggml 0.3.36's AMX weight
+# repacking crashes the Q8_0 server right after loading, while its AVX-512 VNNI repacking serves
+# (docs/decisions.md, Measuring). On CPUs without AMX the flags change nothing.
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 # CPU-only, one static binary; nothing fetched at build time (no curl, no HTTPS, no prebuilt
