@@ -14,7 +14,8 @@ import bisect
 import torch
 
 from baton.core.batch import Batch
-from baton.gpu.input_batch import InputBuffers, ModelInputs
+from baton.gpu.input_batch import InputBuffers
+from baton.gpu.model_inputs import ModelInputs
 from baton.gpu.models.model import CausalLM, LayerKVCache
 
 # Small batches are common and cheap to capture, so they get fine steps; past 32, every 16.

@@ -15,40 +15,11 @@ import numpy as np
 import torch
 
 from baton.core.batch import Batch, ScheduledSequence
-from baton.kernels.paged_attention import CpuAttentionPlan, cpu_attention_plan
+from baton.gpu.model_inputs import AttentionMetadata, ModelInputs
+from baton.kernels.paged_attention import cpu_attention_plan
 
 # Shapes whose buffer views `InputBuffers` keeps; past this many it starts over.
 _MAX_CACHED_SHAPES = 64
-
-
-@dataclass(slots=True)
-class AttentionMetadata:
-    """Where each token's K/V goes and what each sequence attends to.
-
-    Sequence i owns tokens `query_start_loc[i]:query_start_loc[i + 1]` of the packed batch; they
-    are the last of its `seq_lens[i]` tokens. The lists serve the CPU path without device syncs;
-    the tensors (int32, on the device) serve kernels. `cpu_plan` is set on the CPU only.
-    """
-
-    slot_mapping: torch.Tensor
-    block_tables: torch.Tensor
-    query_start_loc: list[int]
-    seq_lens: list[int]
-    query_start_loc_tensor: torch.Tensor
-    seq_lens_tensor: torch.Tensor
-    max_query_len: int
-    max_seq_len: int
-    cpu_plan: CpuAttentionPlan | None = None
-
-
-@dataclass(slots=True)
-class ModelInputs:
-    """One step's forward inputs; `logits_indices` picks the rows whose next token is sampled."""
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    attn_metadata: AttentionMetadata
-    logits_indices: torch.Tensor
 
 
 @dataclass(slots=True)

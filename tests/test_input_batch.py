@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from baton.core.batch import Batch, ScheduledSequence
 from baton.core.sampling_params import SamplingParams
-from baton.gpu.input_batch import InputBuffers, ModelInputs, prepare_inputs
+from baton.gpu.input_batch import InputBuffers, prepare_inputs
+from baton.gpu.model_inputs import ModelInputs
 from baton.kernels.paged_attention import plain_torch_decodes
 
 

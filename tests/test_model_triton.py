@@ -22,8 +22,9 @@ if not torch.cuda.is_available():
 from baton.core.batch import Batch, ScheduledSequence
 from baton.core.checkpoint.model_config import ModelConfig, RopeConfig
 from baton.core.sampling_params import SamplingParams
-from baton.gpu.input_batch import ModelInputs, prepare_inputs
+from baton.gpu.input_batch import prepare_inputs
 from baton.gpu.kv_cache import allocate_kv_caches
+from baton.gpu.model_inputs import ModelInputs
 from baton.gpu.models.model import CausalLM
 from baton.kernels import ops
 from tests.test_kernels_triton import Unreadable

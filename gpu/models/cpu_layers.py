@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from baton.gpu.input_batch import AttentionMetadata
+from baton.gpu.model_inputs import AttentionMetadata
 from baton.gpu.models.model import MLP, CausalLM, Linear
 from baton.gpu.models.quantization import Int8Linear
 from baton.kernels import ops

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from baton.core.checkpoint.model_config import ModelConfig
-from baton.gpu.input_batch import AttentionMetadata
+from baton.gpu.model_inputs import AttentionMetadata
 from baton.gpu.models.moe import SparseMoE
 from baton.kernels import ops
 from baton.kernels.cpu_extension import cpu_kernels_available

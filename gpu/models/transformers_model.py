@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from baton.core.checkpoint.model_config import ModelConfig, UnsupportedModelError
-from baton.gpu.input_batch import AttentionMetadata
+from baton.gpu.model_inputs import AttentionMetadata
 from baton.kernels import ops
 from baton.kernels.linear import onednn_linear, onednn_linear_available, pack_linear_weight
 
