@@ -5,7 +5,7 @@ states are the Python forward's bit for bit; what it removes is the Python betwe
 takes plain decoder layers only (Llama's shape: no q/k norms, no Gemma norms, no MoE, no
 sliding window or soft-capping), each linear int8 (gpu.quantization) or packed float32, and
 steps whose every row, prefill or decode, the C++ attention kernel serves. Anything else runs
-the layers in Python as before.
+the layers in Python.
 """
 
 from __future__ import annotations
