@@ -48,8 +48,7 @@ def build_engine(
     every thread that ran one, for as long as that thread lives. A pool left on the caller
     beside the step thread's makes libgomp count more threads than CPUs, and it then spins 100
     times instead of 300,000 before sleeping at a barrier: each parallel region of a decode
-    step ended in a futex sleep and a wake-up, 0.5-1.5 ms a step on two cores
-    (docs/benchmarks.md, "The OpenMP pool the loader left behind").
+    step then ends in a futex sleep and a wake-up (docs/benchmarks.md).
     """
     return _on_own_thread(
         lambda: _load_engine(model, config, device, dtype, load_format, profile_step_cost)
@@ -120,7 +119,7 @@ def _load_engine(
             model_config.vocab_size,
         )
         # The profile's steps freed their activations; glibc would keep those pages resident
-        # (24 MiB of a 300 MiB int8 server on the bench Llama, docs/benchmarks.md).
+        # for the server's whole life.
         release_freed_heap()
     return engine
 

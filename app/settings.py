@@ -48,9 +48,7 @@ class ServerSettings:
     metrics_style: str = "baton"
     # The event loop uvicorn runs on. asyncio's own lets the step thread run while a socket
     # write is in the kernel: uvloop holds the GIL through each write, and the step thread
-    # waited for it every token (one stream: 7% longer TPOT on uvloop, 1.97 against 1.84 ms;
-    # the same throughput at 8 and 32; docs/benchmarks.md, "Issue 20, fifteenth round" and
-    # "sixteenth round").
+    # waits for it every token, which lengthens a lone stream's TPOT (docs/benchmarks.md).
     event_loop: str = "asyncio"
 
     @property

@@ -155,8 +155,8 @@ class TorchExecutor:
                 str(self.dtype).removeprefix("torch."),
             )
             if self.dtype != torch.float32 or not cpu_kernels_available():
-                # Without Baton's C++ kernel, torch's int8 matmul (docs/benchmarks.md): half the
-                # speed of float32 at one stream, a seventh at eight, on an AVX2 CPU.
+                # Without Baton's C++ kernel, torch's int8 matmul, which runs slower than float32
+                # at every batch size (docs/benchmarks.md).
                 logger.warning(
                     "--quantization int8 runs through torch's int8 matmul here (Baton's kernel "
                     "takes float32 on a CPU whose C++ kernels built): it saves weight memory "

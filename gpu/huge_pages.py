@@ -1,9 +1,8 @@
 """Transparent huge pages for the weights a CPU step streams.
 
 A decode step on the CPU reads every packed linear weight once from DRAM. On 4 KiB pages that
-stream takes a TLB miss every 4 KiB; on 2 MiB pages, one every 2 MiB. Moved onto huge pages, the
-bench Llama's linears read 5-13% faster in float32 and ~3% in int8, the 0.4B's 5-8% in float32
-(docs/benchmarks.md, "Issue 20, ninth round"). The weights are resident anyway, so the cost is at
+stream takes a TLB miss every 4 KiB; on 2 MiB pages, one every 2 MiB, so the linears read
+faster from huge pages (docs/benchmarks.md). The weights are resident anyway, so the cost is at
 most the unused tail of one huge page. Linux only, where transparent huge pages are not turned
 off (`always` or `madvise` in /sys/kernel/mm/transparent_hugepage/enabled); a no-op elsewhere.
 

@@ -25,9 +25,9 @@ INT8_MAX = 127
 # Without the C++ kernel: up to this many rows torch's int8 matmul's pass per row costs less
 # than a float copy of the weight (docs/benchmarks.md, "int8 and bf16 weights on the CPU").
 INT8_MATMUL_MAX_ROWS = 16
-# torch 2.13's int8 matmul for half-precision rows on an AVX512-BF16 CPU (an Intel Xeon VM,
-# 2026-11-27) returned NaN and infinities, and once crashed, where the rows' length was not a
-# multiple of 16; float32 rows and lengths of multiples of 16 came out right.
+# torch 2.13's int8 matmul for half-precision rows on an AVX512-BF16 CPU (an Intel Xeon)
+# returns NaN and infinities, and may crash, where the rows' length is not a multiple of 16;
+# float32 rows and lengths of multiples of 16 come out right.
 INT8_MATMUL_HALF_MULTIPLE = 16
 # The kernel's layout: groups of PACK_CHANNELS output channels, each storing PACK_LANES weights
 # of a k block side by side (kernels/csrc/int8_linear_cpu.cpp says why).

@@ -296,8 +296,8 @@ def test_split_kv_decode_in_half_precision_matches_reference(dtype):
 
 
 def test_split_kv_when_the_plain_grid_leaves_sms_idle():
-    # Measured on an H200 with CUDA-graph timing (8 KV heads): split-KV won from 1,024 keys at
-    # batches 1-16 and was within 4% at 512; the plain kernel won at batch 64 (512 programs).
+    # The choice the H200 measurements made (docs/benchmarks.md): split-KV for long contexts
+    # at small batches, the plain grid once the batch alone fills the SMs (batch 64).
     assert ops.use_split_kv(num_seqs=1, num_kv_heads=8, max_seq_len=8192, num_sms=132)
     assert ops.use_split_kv(num_seqs=1, num_kv_heads=8, max_seq_len=512, num_sms=132)
     assert ops.use_split_kv(num_seqs=16, num_kv_heads=8, max_seq_len=1024, num_sms=132)
@@ -309,5 +309,5 @@ def test_split_kv_grid_aims_at_four_programs_per_sm_and_eight_partitions():
     assert ops.split_kv_max_partitions(num_seqs=1, num_kv_heads=8, num_sms=132) == 66
     assert ops.split_kv_max_partitions(num_seqs=4, num_kv_heads=8, num_sms=132) == 17
     # Five partitions would fill the SMs four times over, but at 16k keys each program's walk
-    # is long: eight were faster on an H200 (0.25 vs 0.32 ms at batch 16).
+    # is long, so the grid never takes fewer than SPLIT_KV_MIN_PARTITIONS.
     assert ops.split_kv_max_partitions(num_seqs=16, num_kv_heads=8, num_sms=132) == 8

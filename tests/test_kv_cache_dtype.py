@@ -31,9 +31,8 @@ needs_kernels = pytest.mark.skipif(
 )
 
 NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 2, 64, 16, 64
-# Measured on this VM (docs/benchmarks.md, issue 20's sixth round, "Decode attention: the cache
-# read"): all 16 prompts identical, with float32 and with int8 weights. Two may part at near
-# ties on another CPU's rounding.
+# Where measured (docs/benchmarks.md) every prompt is identical, with float32 and with int8
+# weights; two may part at near ties on another CPU's rounding.
 MIN_IDENTICAL_PROMPTS = 14
 
 

@@ -216,8 +216,8 @@ def test_logprobs_come_from_the_raw_distribution_with_sorted_top_n() -> None:
     ],
 )
 def test_values_below_float32_range_sample_the_most_likely_token(params) -> None:
-    # Divided in float32, such a temperature or top_p rounds to 0 and used to turn every row
-    # into NaN or all -inf, so the "draw" was token 0 whatever the logits.
+    # Divided in float32, such a temperature or top_p rounds to 0 and would turn every row
+    # into NaN or all -inf, so the "draw" would be token 0 whatever the logits.
     torch.manual_seed(1)
     logits = torch.randn(6, 50)
     logits[:, 0] = -10.0

@@ -71,9 +71,9 @@ def test_coefficients_never_go_negative_under_noise():
 
 def test_a_long_chat_run_keeps_the_fit_sane_off_its_own_shapes():
     # 14,024 steps recorded from a simulated chat-only run (decodes and context move together,
-    # 5% noise). The fit must keep predicting a decode step near the truth all along: the
-    # recursive least squares it replaced wound up and, clipped at zero, predicted 31× the true
-    # time at step 6,346 and 44,000× later.
+    # 5% noise). The fit must keep predicting a decode step near the truth all along: recursive
+    # least squares without the anchor winds up in the direction such traffic never varies and,
+    # clipped at zero, predicts many times the true time.
     model = StepCostModel()
     warm_up(model, DEFAULT_COST.predict, profile_shapes(2048, 64, 8192))
     probe = StepShape(0, 36, 36 * 180)

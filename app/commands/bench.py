@@ -150,8 +150,8 @@ def run(args: argparse.Namespace) -> int:
     runs = []
     for rate, offsets in schedules(args, requests):
         with progress_bar(len(requests), f"rate {rate:g}/s", "req", quiet=args.json) as bar:
-            # On uvloop: the client shares the machine with the server it measures, and its CPU
-            # per streamed token is 20% less than on asyncio's loop. (The server is on asyncio's
+            # On uvloop: the client shares the machine with the server it measures, and uvloop
+            # spends less CPU per streamed token than asyncio's loop. (The server is on asyncio's
             # by default, where a socket write lets its step thread run; the client has none.)
             results, duration = uvloop.run(benchmark(args, requests, offsets, bar.update))
         summary = summarize(results, duration, goodput)

@@ -101,9 +101,8 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.engine.start()
-        # Streamed responses run on anyio, whose event-loop backend loads on first use: ~20 ms
-        # of imports that would otherwise run on the event loop while the first request's
-        # prefill waits for the GIL (its TTFT was twice the next ones').
+        # Streamed responses run on anyio, whose event-loop backend loads on first use: loaded
+        # here, its imports do not hold the GIL while the first request's prefill waits for it.
         await anyio.sleep(0)
         settings = state.settings
         print(
@@ -256,7 +255,7 @@ def bind_socket(settings: ServerSettings) -> socket.socket:
     # Named IPPROTO_TCP, not left 0: asyncio's loop turns Nagle's algorithm off only on
     # connections whose socket says so (uvloop on every TCP one). With it on, a response's
     # second small write (a body after its head, a stream's next token) waited for the client's
-    # delayed acknowledgement, ~40 ms (docs/benchmarks.md, "Issue 20, sixteenth round").
+    # delayed acknowledgement (Linux's, 40 ms at the least).
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     # As uvicorn does: a restart may take the port while the last run's connections time out.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

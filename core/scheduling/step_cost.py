@@ -21,9 +21,9 @@ from baton.core.step_stats import StepStats
 NUM_FEATURES = 4
 # How quickly old steps are forgotten: an effective memory of about 1 / (1 - λ) = 200 steps.
 FORGETTING_FACTOR = 0.995
-# Weight of the anchor, in steps' worth of evidence (about the weak prior the fit used to
-# start from): it settles only the directions the traffic never varies (a chat-only load moves
-# decodes and context together) and is outvoted by a single step in the others.
+# Weight of the anchor, in steps' worth of evidence (a weak prior): it settles only the
+# directions the traffic never varies (a chat-only load moves decodes and context together)
+# and is outvoted by a single step in the others.
 ANCHOR_WEIGHT = 1e-3
 # Typical size of each feature (1, prefill tokens, decode tokens, context tokens).
 FEATURE_SCALE = (1.0, 256.0, 64.0, 16384.0)

@@ -3,9 +3,9 @@
 The C++ side runs the kernels gpu/models/model.py's layers call, in the same order, so the hidden
 states are the Python forward's bit for bit; what it removes is the Python between them. It takes
 plain decoder layers only (Llama's shape: no q/k norms, no Gemma norms, no MoE, no sliding window or
-soft-capping), each linear int8 (baton.gpu.models.quantization) or packed float32, and steps whose
+soft-capping), each linear int8 (gpu/models/quantization.py) or packed float32, and steps whose
 every row, prefill or decode, the C++ attention kernel serves. Anything else runs the layers in
-Python as before.
+Python.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@
 
 #include "gates.h"
 #include "linear_kernels.h"
+#include "tuning.h"
 
 #include <algorithm>
 #include <cmath>
@@ -48,43 +49,32 @@
 
 namespace {
 
+namespace tuning = baton::tuning;
+
 // Output channels per group: one 64-byte cache line per k.
 constexpr int64_t kGroup = 16;
-// Multiply-adds per parallel task: below this a fork costs more than the work.
-constexpr int64_t kTaskMacs = 1 << 16;
-// Weight bytes one task's block of panels keeps in L2 while every row tile passes over it
-// (prefill).
-constexpr int64_t kBlockBytes = 256 * 1024;
-// Up to baton::kChunkRows rows (a decode step's), the row tiles pass over a group's panel a
-// chunk of kChunkSteps k steps at a time (2 KiB, in L1) instead of block by block
+// The schedule's sizes are tuning.h's kF32 values. A parallel task takes at least kF32TaskMacs
+// multiply-adds. At prefill sizes a block of kF32BlockBytes of panels stays in L2 while every
+// row tile passes over it; up to tuning::kChunkRows rows (a decode step's) the row tiles pass
+// over a group's panel a chunk of kF32ChunkSteps k steps at a time instead, in L1
 // (linear_kernels.h's over_weight_chunks).
-constexpr int64_t kChunkSteps = 32;
-// How far ahead of its stream a lead tile prefetches: 128 k steps, 8 KiB, where one tile passes
-// over all of K. The hardware prefetcher alone kept too few lines in flight once the
-// multiply-adds of several rows slowed the stream (docs/benchmarks.md, "Issue 20, eighth round").
-constexpr int64_t kPrefetchSteps = 128;
-// Where several row tiles pass over each chunk in turn, 16 steps: 3-14% faster at 8-32 rows
-// than 128 on the AVX2 and the AVX-512 builds (for one tile it was 11% slower at one row;
-// docs/benchmarks.md, "Issue 20, sixteenth round"). There the chunk's second tile prefetches
-// too, the next chunk's line at its own step (kChunkSteps ahead), so the stream goes on while
-// the tiles after the first pass over the chunk from L1, where it stopped before (AVX2: the
-// 0.4B Llama's 8-row pass 3-6% faster, 12 rows 2-3%; 48 steps about the same, 64 less;
-// natively about the same; "seventeenth round").
-constexpr int64_t kSharedPrefetchSteps = 16;
-// Prefill tiles, each passing over its block's panels from L2, prefetch 64 steps ahead: a
-// 41-token prefill of the bench Llama 7-10% faster on AVX2 and 5-7% natively than with none,
-// 200 tokens 0-5% (32 and 128 steps about the same; "sixteenth round").
-constexpr int64_t kPrefillPrefetchSteps = 64;
-// Tiles of this many rows and more unroll their k loop by two: a step's address arithmetic, loop
-// counter and prefetch test then come once per two steps, and on Intel cores they share ports
-// with the multiply-adds (AVX2 tiles of 4-32 rows 3-8% faster with the weights in L2, 3-5% at
-// 16-32 rows from DRAM; docs/benchmarks.md, "Issue 20, seventeenth round"). Below it the
-// tiles wait on the multiply-adds' latency or on DRAM, and a one-row pass over the 0.4B Llama
-// ran 13% slower unrolled.
-constexpr int kUnrollRows = 3;
+//
+// How far ahead of its stream a tile prefetches depends on the pass. Where one tile passes over
+// all of K, kF32PrefetchSteps: the hardware prefetcher alone keeps too few lines in flight once
+// the multiply-adds of several rows slow the stream. Where several row tiles pass over each
+// chunk in turn, the first prefetches kF32SharedPrefetchSteps ahead, and the second the next
+// chunk's line at its own step (a chunk ahead), so the stream goes on while the tiles after the
+// first pass over the chunk from L1. Prefill tiles, each passing over its block's panels from
+// L2, prefetch kF32PrefillPrefetchSteps ahead.
+//
+// Tiles of kF32UnrollRows rows and more unroll their k loop by two: a step's address
+// arithmetic, loop counter and prefetch test then come once per two steps, and on Intel cores
+// they share ports with the multiply-adds. Below it the tiles wait on the multiply-adds'
+// latency or on DRAM, and unrolled they run slower.
+
 // Where a tile keeps its accumulators between chunks: a group's outputs for every row, and
 // after them the next group's, for the tiles that take two panels.
-constexpr int64_t kCarryPanel = baton::kChunkRows * kGroup;
+constexpr int64_t kCarryPanel = tuning::kChunkRows * kGroup;
 struct Carry {
   float acc[2 * kCarryPanel];
 };
@@ -169,7 +159,7 @@ struct Portable {
 
 // Tiles of several rows run on the widest vectors; a one-row tile, which at decode sizes only
 // streams its panel from DRAM, on AVX2's even where there is AVX-512: its one AVX-512
-// accumulator chain streamed 8% slower than AVX2's two (docs/benchmarks.md).
+// accumulator chain streams slower than AVX2's two.
 #if defined(__AVX512F__)
 using Wide = Avx512;
 using Narrow = Avx2;
@@ -181,14 +171,9 @@ using Wide = Portable;
 using Narrow = Portable;
 #endif
 constexpr int kMaxRowTile = Wide::kMaxRows;
-// Rows of a prefill tile that takes two panels (16 accumulators where a panel's line is one
-// vector). Tiles of 6 rows ran 2-5% slower, of 12 about the same.
-constexpr int kPrefillPairRows = 8;
-constexpr int kPrefillMaxRowTile = Wide::kLanes == kGroup ? kPrefillPairRows : kMaxRowTile;
-// Rows from which a decode step's tiles take two panels, where a panel's line is one vector.
-// Below it the weights' stream sets the pace and two streams at a time ran slower (one row 6%,
-// two 4%); from 5 rows on they were 5-14% faster (docs/benchmarks.md, "fifteenth round").
-constexpr int64_t kDecodePairRows = 4;
+// Rows of a prefill tile: where a panel's line is one vector, tiles of two panels (row_tile).
+constexpr int kPrefillMaxRowTile =
+    Wide::kLanes == kGroup ? tuning::kF32PrefillPairRows : kMaxRowTile;
 
 struct Problem {
   const float* x;
@@ -211,9 +196,7 @@ struct Problem {
 // A gated layout's tile end: group `g`'s line is 8 gate sums, then the 8 up sums of the same
 // outputs, and rows [m, m + R) get act(gate) * up for outputs [8g, 8g + 8): half a cache line a
 // row, written, at decode sizes, with non-temporal stores as write_outputs says: with plain
-// ones an 8-row pass over the 0.4B Llama's gate_up weights ran 16% slower than the unfused
-// linear and gate, with these 3% faster (AVX2; docs/benchmarks.md, "Issue 20, eighteenth
-// round").
+// ones the fused pass runs slower than the unfused linear and gate.
 template <class V, int R>
 void write_gated(const Problem& p, int64_t m, int64_t g, const typename V::Vec (&acc)[12][2],
                  int first) {
@@ -242,10 +225,8 @@ void write_gated(const Problem& p, int64_t m, int64_t g, const typename V::Vec (
 // weights stream from DRAM and a row's outputs for a group are written once, a whole cache line
 // of them, long after that line left the caches: a plain store first reads the line (a
 // read-for-ownership), one more DRAM miss per row and group in the middle of the weight stream.
-// At 8 rows the 0.4B Llama's float32 chain took 72 ms with plain stores and 63 with
-// non-temporal ones, which take the line without reading it: about what it took with no output
-// stores at all (docs/benchmarks.md, "Issue 20, fourteenth round"). The next op then reads the
-// outputs from DRAM, once, in order.
+// Non-temporal stores take the line without reading it, and the pass runs about as fast as with
+// no output stores at all. The next op then reads the outputs from DRAM, once, in order.
 // Prefill sizes keep plain stores: there the outputs are few against the arithmetic and their
 // reader finds them in the cache. The same floats either way.
 template <class V, int R>
@@ -322,7 +303,7 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
   // A chunk's first tile prefetches `p.prefetch_steps` ahead, its second the next chunk's line
   // at its own step, the others nothing.
   const bool prefetches = turn <= 1;
-  const int64_t ahead = (turn == 0 ? p.prefetch_steps : kChunkSteps) * kGroup;
+  const int64_t ahead = (turn == 0 ? p.prefetch_steps : tuning::kF32ChunkSteps) * kGroup;
 #define BATON_ROW(r)                                       \
   if (R > r) {                                             \
     const Vec xv = V::broadcast(xk + r * ldx);             \
@@ -339,7 +320,7 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
   const float* xk = x + k;                                                          \
   BATON_ROWS(BATON_ROW)
   // Two copies of the loop: GCC's unroll pragma takes no count that depends on R.
-  if constexpr (R >= kUnrollRows) {
+  if constexpr (R >= tuning::kF32UnrollRows) {
 #pragma GCC unroll 2
     for (int64_t k = k0; k < k1; ++k, w += kGroup) {
       BATON_STEP
@@ -373,16 +354,17 @@ void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float*
 // tiles take two panels at a time: each broadcast activation then feeds two multiply-adds, and a
 // k step loads R + 2 values for 2R of them instead of R + 1 for R, which bound the one-panel
 // tiles wherever the arithmetic and not DRAM set the pace. Prefill tiles (no carry: each runs
-// the whole of K) take them up to kPrefillPairRows rows (12-19% faster at 33-256 rows;
-// docs/benchmarks.md, "Issue 20, fourteenth round"), decode tiles where over_weight_chunks
-// hands them two groups (from kDecodePairRows rows; "fifteenth round").
+// the whole of K) take them up to tuning::kF32PrefillPairRows rows, two panels' 16 accumulators
+// at 8; decode tiles where over_weight_chunks hands them two groups, from
+// tuning::kF32DecodePairRows rows: below it the weights' stream sets the pace, and two streams
+// at a time run slower than one.
 template <int R>
 void row_tile(const Problem& p, int64_t m, int64_t g_begin, int64_t g_end, int64_t k0,
               int64_t k1, float* carry, int turn) {
   using V = std::conditional_t<R == 1, Narrow, Wide>;
   int64_t g = g_begin;
   if constexpr (V::kLanes == kGroup) {
-    if (carry != nullptr || R <= kPrefillPairRows) {
+    if (carry != nullptr || R <= tuning::kF32PrefillPairRows) {
       for (; g + 1 < g_end; g += 2) tile<V, R, 2>(p, m, g, k0, k1, carry, turn);
     }
   }
@@ -415,17 +397,17 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& weight, const float* bias,
   if (M == 0 || N == 0) return out;
   const Problem p{x.data_ptr<float>(), x.stride(0), weight.data_ptr<float>(),
                   bias, out.data_ptr<float>(), K, N, gate, baton::decode_sized(M),
-                  M <= kMaxRowTile       ? kPrefetchSteps
-                  : baton::decode_sized(M) ? kSharedPrefetchSteps
-                                           : kPrefillPrefetchSteps};
+                  M <= kMaxRowTile       ? tuning::kF32PrefetchSteps
+                  : baton::decode_sized(M) ? tuning::kF32SharedPrefetchSteps
+                                           : tuning::kF32PrefillPrefetchSteps};
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * K * M);
-  const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
+  const int64_t grain = std::max<int64_t>(1, tuning::kF32TaskMacs / macs_per_group);
   const int64_t panel_bytes = kGroup * std::max<int64_t>(K, 1) * sizeof(float);
-  const int64_t block = std::max<int64_t>(1, kBlockBytes / panel_bytes);
+  const int64_t block = std::max<int64_t>(1, tuning::kF32BlockBytes / panel_bytes);
   baton::over_rows<Carry>(
-      groups, grain, K, kChunkSteps, block, M, K * static_cast<int64_t>(sizeof(float)),
+      groups, grain, K, tuning::kF32ChunkSteps, block, M, K * static_cast<int64_t>(sizeof(float)),
       kMaxRowTile, kPrefillMaxRowTile,
-      Wide::kLanes == kGroup && M >= kDecodePairRows ? 2 : 1,
+      Wide::kLanes == kGroup && M >= tuning::kF32DecodePairRows ? 2 : 1,
       [&](Carry& carry, int64_t m, int r, int64_t g, int64_t g_end, int64_t k0, int64_t k1,
           int turn) { rows(p, m, r, g, g_end, k0, k1, carry.acc, turn); },
       [&](int64_t m, int r, int64_t g, int64_t g_end) {

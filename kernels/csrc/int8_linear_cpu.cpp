@@ -4,7 +4,7 @@
 //
 // A decode step is memory bound only if the kernel keeps up with memory: widening each weight to
 // float and multiplying in float32 costs 3 vector instructions per 8 weights, and at one row that
-// was slower than DRAM. So each activation row is quantized once per call to int16 (symmetric,
+// is slower than DRAM. So each activation row is quantized once per call to int16 (symmetric,
 // one scale per row) and the dot products are integer: `vpmaddwd` of 16 weights widened to int16
 // against 16 activations, 3 instructions per 16 weights, into exact int32 sums (2 where the CPU
 // has VNNI, whose `vpdpwssd` multiplies and adds in one). The result
@@ -31,6 +31,7 @@
 #include <torch/library.h>
 
 #include "linear_kernels.h"
+#include "tuning.h"
 
 #include <algorithm>
 #include <cmath>
@@ -46,6 +47,8 @@
 
 namespace {
 
+namespace tuning = baton::tuning;
+
 constexpr int64_t kLanes = 8;
 // Output channels per group; a tile takes 6, 3 or 2 of its 6 channel pairs.
 constexpr int64_t kGroup = 12;
@@ -57,27 +60,20 @@ constexpr float kInt16Max = 32767.0f;
 // products of |activation| <= 32767 and |code| <= 127, at most 2 * 32767 * 127 = 8,322,818 per
 // block, so 256 blocks sum to at most 2,130,641,408 < 2^31 - 1 = 2,147,483,647: no K overflows.
 constexpr int64_t kChunkBlocks = 256;
-// Multiply-adds per parallel task: below this a fork costs more than the work.
-constexpr int64_t kTaskMacs = 1 << 17;
-// Weight bytes one task's channel block keeps in L2 while every row tile passes over it
-// (prefill).
-constexpr int64_t kBlockBytes = 128 * 1024;
-// Up to baton::kChunkRows rows (a decode step's), the row tiles pass over a group's weights a
-// chunk of kDecodeChunkBlocks k blocks at a time (3 KiB, in L1) instead of block by block
-// (linear_kernels.h's over_weight_chunks). It divides kChunkBlocks.
-constexpr int64_t kDecodeChunkBlocks = 32;
-static_assert(kChunkBlocks % kDecodeChunkBlocks == 0, "a decode chunk never spans a flush");
+// The schedule's sizes are tuning.h's kInt8 values. A parallel task takes at least
+// kInt8TaskMacs multiply-adds, and quantizes at least kInt8TaskValues activations. At prefill
+// sizes a block of kInt8BlockBytes of codes stays in L2 while every row tile passes over it; up
+// to tuning::kChunkRows rows (a decode step's) the row tiles pass over a group's codes a chunk
+// of kInt8DecodeChunkBlocks k blocks at a time instead, in L1 (linear_kernels.h's
+// over_weight_chunks).
+static_assert(kChunkBlocks % tuning::kInt8DecodeChunkBlocks == 0,
+              "a decode chunk never spans a flush");
 // How far ahead of the tile its weight stream is prefetched: where one row tile passes over all
-// of K (up to kMaxRowTile rows), 64 blocks of a group, 6 KiB; at one row the hardware
-// prefetcher alone left the stream short of DRAM's pace (docs/benchmarks.md), and 64 blocks
-// were 4-18% faster than 16 at 1-6 rows of the bench Llama on the AVX2 and the AVX-512 builds
-// (the 0.4B's one row the same; "Issue 20, sixteenth round"). Where several row tiles take
-// turns over each chunk 16 blocks, as before: 4, 8 and 32 were no faster there. Prefill keeps
-// 16 too (not measured at other distances).
-constexpr int64_t kPrefetchBytes = 64 * kGroup * kLanes;
-constexpr int64_t kSharedPrefetchBytes = 16 * kGroup * kLanes;
-// Activations quantized per parallel task.
-constexpr int64_t kTaskValues = 1 << 15;
+// of K (up to kMaxRowTile rows), kInt8PrefetchBlocks, since the hardware prefetcher alone leaves
+// the stream short of DRAM's pace; where several row tiles take turns over each chunk, and in
+// prefill, kInt8SharedPrefetchBlocks.
+constexpr int64_t kPrefetchBytes = tuning::kInt8PrefetchBlocks * kGroup * kLanes;
+constexpr int64_t kSharedPrefetchBytes = tuning::kInt8SharedPrefetchBlocks * kGroup * kLanes;
 
 // The vector instructions a tile runs on. A kind's vector holds kPairsPerVec channel pairs of
 // 8 lanes each (lanes 0-3 of a pair one channel's partial sums, 4-7 its neighbour's), as int32
@@ -135,10 +131,10 @@ struct Avx512 {
   using I = __m512i;
   using F = __m512;
   static constexpr int kPairsPerVec = 2;
-  // 6 rows x 3 vectors = 18 int32 accumulators, beside the 3 widened code vectors and the
-  // broadcast activations in the 32 registers. Tiles of 8 rows (24 accumulators) ran 5-19%
-  // slower from 16 rows up, tiles of 4 1-5% (docs/benchmarks.md, "Issue 20, fourteenth round").
-  static constexpr int kMaxRows = 6;
+  // Rows x 3 vectors of int32 accumulators, beside the 3 widened code vectors and the broadcast
+  // activations in the 32 registers: 6 rows, 18 accumulators, where tiles of 8 rows (24) run
+  // slower, and so do tiles of 4.
+  static constexpr int kMaxRows = tuning::kInt8Avx512MaxRows;
   template <int R>
   static constexpr int tile_pairs = 6;
   static I izero() { return _mm512_setzero_si512(); }
@@ -233,7 +229,8 @@ constexpr int kMaxRowTile = Kind::kMaxRows;
 // The largest |x| of a row by its bits: for non-negative floats the integer order is the float
 // order, and NaN and infinity sort above every finite value instead of dropping out of a max.
 // Why not std::max and std::nearbyint below: under this file's optimize pragma GCC no longer
-// inlines <cmath>'s and <algorithm>'s functions, and a call per activation cost microseconds.
+// inlines <cmath>'s and <algorithm>'s functions, and a call per activation costs far more than
+// the activation's own work.
 inline uint32_t abs_bits(float v) {
   uint32_t bits;
   std::memcpy(&bits, &v, sizeof(bits));
@@ -308,8 +305,8 @@ struct Problem {
 // not-yet-flushed int32 sums of every channel pair of a group, 8 lanes a pair. Aligned so that
 // no vector's load or store of it splits a cache line.
 struct alignas(64) Carry {
-  float acc[baton::kChunkRows][kPairs][kLanes];
-  int32_t sum[baton::kChunkRows][kPairs][kLanes];
+  float acc[tuning::kChunkRows][kPairs][kLanes];
+  int32_t sum[tuning::kChunkRows][kPairs][kLanes];
 };
 
 // R rows from `m`, P channel pairs from pair `pair` of group `g`, over k blocks [b0, b1): every
@@ -343,8 +340,7 @@ void tile(const Problem& p, int64_t m, int64_t g, int pair, int64_t b0, int64_t 
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) sum[r][c] = resumed ? V::load(carried_sum(r, c)) : V::izero();
     // Unrolled by two: the block's address arithmetic, loop counter and prefetch test once per
-    // two blocks (AVX2 tiles of 4-32 rows 8-9% faster with the codes in L2, 4-9% at 8-32 rows
-    // from DRAM; with VNNI about the same; docs/benchmarks.md, "Issue 20, seventeenth round").
+    // two blocks, where on Intel cores they share ports with the multiply-adds.
 #pragma GCC unroll 2
     for (int64_t b = c0; b < c1; ++b) {
       const int8_t* wb = w + b * kStride;
@@ -431,7 +427,8 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   int16_t* xqp = xq.data_ptr<int16_t>();
   float* sp = x_scales.data_ptr<float>();
   const int64_t ldx = x.stride(0);
-  const int64_t row_grain = std::max<int64_t>(1, kTaskValues / std::max<int64_t>(K, 1));
+  const int64_t row_grain =
+      std::max<int64_t>(1, tuning::kInt8TaskValues / std::max<int64_t>(K, 1));
   at::parallel_for(0, M, row_grain, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m)
       sp[m] = quantize_row(xp + m * ldx, K, k_blocks, xqp + m * k_blocks * kBlockInts);
@@ -440,10 +437,11 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
                   bias_data, out.data_ptr<float>(),
                   N, k_blocks, M <= kMaxRowTile ? kPrefetchBytes : kSharedPrefetchBytes};
   const int64_t macs_per_group = std::max<int64_t>(1, kGroup * k_blocks * kLanes * M);
-  const int64_t grain = std::max<int64_t>(1, kTaskMacs / macs_per_group);
-  const int64_t block = std::max<int64_t>(1, kBlockBytes / (kGroup * k_blocks * kLanes));
+  const int64_t grain = std::max<int64_t>(1, tuning::kInt8TaskMacs / macs_per_group);
+  const int64_t block =
+      std::max<int64_t>(1, tuning::kInt8BlockBytes / (kGroup * k_blocks * kLanes));
   baton::over_rows<Carry>(
-      groups, grain, k_blocks, kDecodeChunkBlocks, block, M,
+      groups, grain, k_blocks, tuning::kInt8DecodeChunkBlocks, block, M,
       k_blocks * kBlockInts * static_cast<int64_t>(sizeof(int16_t)), kMaxRowTile, kMaxRowTile, 1,
       [&](Carry& carry, int64_t m, int r, int64_t g, int64_t g_end, int64_t b0, int64_t b1,
           int turn) { rows(p, m, r, g, g_end, b0, b1, &carry, turn == 0); },

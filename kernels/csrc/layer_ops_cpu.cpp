@@ -26,6 +26,7 @@
 #include "fast_exp.h"
 #include "gates.h"
 #include "half_convert.h"
+#include "tuning.h"
 
 namespace baton {
 
@@ -57,7 +58,7 @@ namespace {
 
 // Rows per parallel task: a decode step's few rows stay on one thread (a fork costs more than
 // they do); a prefill chunk's hundreds are split.
-constexpr int64_t kRowGrain = 16;
+constexpr int64_t kRowGrain = baton::tuning::kLayerOpRowGrain;
 
 void check_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, name, " is float32 on the CPU");

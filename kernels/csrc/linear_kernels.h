@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 
 #include "parallel_shares.h"
+#include "tuning.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -19,14 +20,11 @@
 
 namespace baton {
 
-// Up to this many rows (a decode step's) a linear runs over_weight_chunks, past it (prefill)
+// Whether `num_rows` rows take the decode schedule (over_weight_chunks): up to
+// tuning::kChunkRows rows (a decode step's). Past it (prefill) a linear runs
 // over_channel_blocks: there the multiply-adds, not DRAM, are the pass, and a tile's activations
-// stay in L1 across a block. Chunks up to 64 rows were slower at 45 and 64 rows
-// (docs/benchmarks.md, "Issue 20, eighth round").
-constexpr int64_t kChunkRows = 32;
-
-// Whether `num_rows` rows take the decode schedule (over_weight_chunks).
-inline bool decode_sized(int64_t num_rows) { return num_rows <= kChunkRows; }
+// stay in L1 across a block.
+inline bool decode_sized(int64_t num_rows) { return num_rows <= tuning::kChunkRows; }
 
 // x is the activations [rows, in]: float32 on the CPU, each row contiguous.
 inline void check_linear_input(const at::Tensor& x) {
@@ -66,31 +64,27 @@ struct RowTiles {
   }
 };
 
-// Activation bytes of a prefill row block: the weight blocks pass over the rows a row block at a
-// time, so a block's rows stay in the caches while every weight block passes over them. With
-// all rows at once every weight block re-read every row of the batch from memory: at 2,048 rows
-// int8 ran 25% below its 256-row pace on the 0.4B Llama's qkv and 21% on its down projection,
-// 5-27% faster in row blocks (AVX2; blocks of 256 KiB and 4 MiB were slower;
-// docs/benchmarks.md, "Issue 20, seventeenth round").
-constexpr int64_t kRowBlockBytes = 1 << 20;
-
 // Prefill-sized batches: `row_tile(first_row, rows, group_begin, group_end)` for every row tile
 // and every block of up to `block` of the `groups` channel groups (fewer where that leaves too
 // few shares for the threads), a block of rows of `row_bytes` each at a time. A block's weights
-// stay in L2 while every row tile of the row block passes over them.
+// stay in L2 while every row tile of the row block passes over them. The weight blocks pass
+// over the rows a row block (tuning::kRowBlockBytes of activations) at a time, so a row block
+// stays in the caches while every weight block passes over it: with all rows at once every
+// weight block would read every row of the batch again from memory.
 template <typename RowTile>
 void over_channel_blocks(int64_t groups, int64_t grain, int64_t block, int64_t num_rows,
                          int64_t row_bytes, int64_t max_tile, const RowTile& row_tile) {
   const int64_t share = std::min(block, share_of(groups, grain));
   const int64_t shares = (groups + share - 1) / share;
   // Whole tiles of rows, at least one.
-  const int64_t fit = kRowBlockBytes / std::max<int64_t>(row_bytes, 1) / max_tile * max_tile;
+  const int64_t fit =
+      tuning::kRowBlockBytes / std::max<int64_t>(row_bytes, 1) / max_tile * max_tile;
   const int64_t row_block = std::min(num_rows, std::max(max_tile, fit));
   const int64_t row_blocks = (num_rows + row_block - 1) / row_block;
   // A unit is one row block over one share of the groups, the units of a row block in turn:
-  // each thread's run of units is whole row blocks but at its ends, its row block in its
-  // own L2 (at 2,048 rows of the 0.4B Llama's shapes, AVX2: float32 qkv 14% faster than with
-  // the threads taking shares of the same row block in turn, gate_up 8%, int8 3-7%).
+  // each thread's run of units is whole row blocks but at its ends, so each thread keeps a row
+  // block of its own in its own L2, where threads taking shares of the same row block in turn
+  // would both read every row block.
   const int64_t units = row_blocks * shares;
   const int64_t unit_grain = (grain + share - 1) / share;
   parallel_shares(units, unit_grain, 1, [&](int64_t begin, int64_t end) {
@@ -108,11 +102,11 @@ void over_channel_blocks(int64_t groups, int64_t grain, int64_t block, int64_t n
 // group_end, k_begin, k_end, turn)` for every `panels` adjacent groups of a share (the last of a
 // share may hold fewer), every chunk of `chunk` of the `k_len` steps of their weights, and every
 // row tile, the tiles in turn over one chunk while it is in L1. So the weights stream from DRAM
-// once, at the pace of every row's multiply-adds, where block by block they streamed at the pace
-// of one tile's and the other tiles then ran with DRAM idle (docs/benchmarks.md, "Issue 20,
-// eighth round"). `turn` is a tile's place among the chunk's tiles: 0 for the first, the one that
-// meets the weights first (it prefetches ahead of the stream); `carry` is one `Carry` per
-// share, where a tile keeps its accumulators between the chunks.
+// once, at the pace of every row's multiply-adds, where block by block they would stream at the
+// pace of one tile's and the other tiles then run with DRAM idle. `turn` is a tile's place among
+// the chunk's tiles: 0 for the first, the one that meets the weights first (it prefetches ahead
+// of the stream); `carry` is one `Carry` per share, where a tile keeps its accumulators between
+// the chunks.
 template <typename Carry, typename ChunkTile>
 void over_weight_chunks(int64_t groups, int64_t grain, int64_t k_len, int64_t chunk,
                         int64_t num_rows, int64_t max_tile, int64_t panels,
@@ -143,11 +137,11 @@ void over_weight_chunks(int64_t groups, int64_t grain, int64_t k_len, int64_t ch
   });
 }
 
-// A linear's schedule by its row count: up to kChunkRows rows over_weight_chunks in row tiles of
-// up to `max_tile` rows, `decode_panels` groups at a time, in chunks of `chunk` steps (or of all
-// `k_len` where one row tile is all there is: its single pass is already the only one); past it
-// over_channel_blocks in row tiles of up to `prefill_max_tile` rows, blocks of up to `block`
-// groups and row blocks of rows `row_bytes` long.
+// A linear's schedule by its row count: up to tuning::kChunkRows rows over_weight_chunks in row
+// tiles of up to `max_tile` rows, `decode_panels` groups at a time, in chunks of `chunk` steps
+// (or of all `k_len` where one row tile is all there is: its single pass is already the only
+// one); past it over_channel_blocks in row tiles of up to `prefill_max_tile` rows, blocks of up
+// to `block` groups and row blocks of rows `row_bytes` long.
 template <typename Carry, typename ChunkTile, typename RowTile>
 void over_rows(int64_t groups, int64_t grain, int64_t k_len, int64_t chunk, int64_t block,
                int64_t num_rows, int64_t row_bytes, int64_t max_tile, int64_t prefill_max_tile,

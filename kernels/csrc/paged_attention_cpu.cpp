@@ -4,16 +4,16 @@
 // sequence is read once per layer, for a handful of flops each. The plain-torch path reads the
 // cache, writes a contiguous copy (index_select) and reads that copy again in SDPA; this kernel
 // reads each block where it lies, once, asking for the next block while it works on this one.
-// A task is a tile of rows of one sequence (a decode row alone, or up to kTileRows rows of a
-// prefill chunk) with all its KV heads, block by block, so each block is read front to back
-// once; or one KV head of a tile when there are too few tiles to keep every thread busy. Each KV
-// head's group of query heads, for every row of the tile, runs while the block's keys and values
-// for that head sit in L1, with an online softmax per row and query head. A prefill chunk's
-// keys, cached before the call, are read from L2. Against SDPA over a gathered copy this is
-// faster up to a few hundred tokens and within 10% up to 2,048 (docs/benchmarks.md, "Issue 20,
-// ninth round"). The work for a head of a row is the same whatever the tile, the task split,
-// the rest of the batch or the prefill's chunking, so a row's result has the same bits alone,
-// in any batch, and whether it came as a prefill or a decode.
+// A task is a tile of rows of one sequence (a decode row alone, or up to
+// tuning::kAttentionTileRows rows of a prefill chunk) with all its KV heads, block by block, so
+// each block is read front to back once; or one KV head of a tile when there are too few tiles
+// to keep every thread busy. Each KV head's group of query heads, for every row of the tile, runs
+// while the block's keys and values for that head sit in L1, with an online softmax per row and
+// query head. A prefill chunk's keys, cached before the call, are read from L2. Against SDPA
+// over a gathered copy this is faster up to a few hundred tokens and close to it past them
+// (docs/benchmarks.md). The work for a head of a row is the same whatever the tile, the task
+// split, the rest of the batch or the prefill's chunking, so a row's result has the same bits
+// alone, in any batch, and whether it came as a prefill or a decode.
 //
 // Layouts (as kernels/paged_attention.py documents): q [T, Hq, D]; kv_cache [2, num_blocks,
 // block_size, Hkv, D] contiguous; block_tables [num_seqs, width] int32 or int64. `rows[i]` is a
@@ -45,8 +45,11 @@
 #include "fast_exp.h"
 #include "half_convert.h"
 #include "parallel_shares.h"
+#include "tuning.h"
 
 namespace {
+
+namespace tuning = baton::tuning;
 
 template <typename Elem>
 struct CacheView {
@@ -172,8 +175,7 @@ void accumulate_values(const float* p, const Elem* v, int64_t step, int64_t n, i
 // into `keys` and `values` (n * D floats each, rows D apart) for a tile of several rows to read
 // from L1: widened once a block, not once per query head and row. Widening is exact, so the
 // arithmetic on them is the float32 cache's on the same values, bit for bit. A row alone (a
-// decode) widens each value as it loads it: there, widening first and reading back was slower
-// (docs/benchmarks.md, "Issue 20, twelfth round").
+// decode) widens each value as it loads it: there, widening first and reading back is slower.
 inline void widen_head(const c10::Half* k, const c10::Half* v, int64_t stride, int64_t n,
                        int64_t D, float* keys, float* values) {
   for (int64_t t = 0; t < n; ++t) {
@@ -185,10 +187,9 @@ inline void widen_head(const c10::Half* k, const c10::Half* v, int64_t stride, i
 // Asks for the next block's keys and values while this block is worked on, a few cache lines
 // at a time between the passes over it. Blocks lie wherever the table puts them, so the
 // hardware prefetcher, which follows addresses, cannot start on the next block before its loads
-// do. All of a block asked for at once (256 prefetches at 16 tokens of the bench model's heads in
-// float16) stalled the loads of the block being read behind the prefetches that could not yet
-// be served: 8 layers of 8 sequences of 350 tokens read their cache at 6-7 GB/s that way, and
-// at 11-15 GB/s with the requests spread (docs/benchmarks.md, "Issue 20, twelfth round").
+// do. All of a block asked for at once would stall the loads of the block being read behind
+// the prefetches that cannot yet be served; spread out, the requests keep ahead of the reads
+// without holding them up.
 // Keys and values go in step, token by token, each token's row of the task's heads front to back.
 struct NextBlock {
   const char* keys = nullptr;
@@ -230,11 +231,6 @@ struct RowState {
   float max = -std::numeric_limits<float>::infinity();
   float sum = 0.0f;
 };
-
-// Rows of one sequence that one task takes together: a prefill chunk's rows, up to this many
-// a task, share every block's keys and values (widened once, then read from L1 by each row).
-// A decode row is a tile of one.
-constexpr int64_t kTileRows = 8;
 
 // A query row of a tile: its causal length (it attends to the first `len` tokens, the last
 // `window` of them with a window), its q row and its out row.
@@ -285,6 +281,8 @@ void attend_tile(const CacheView<Elem>& cache, const Index* table, const TileRow
     for (int64_t r = 0; r < count; ++r) {
       readers += first < rows[r].len && first + bs > first_key_of(rows[r]);
     }
+    // The next block's lines, spread over every call of `some` this block makes: four for each
+    // reading row and query head.
     NextBlock next;
     if (first + bs < longest) {
       const Elem* next_block =
@@ -400,25 +398,28 @@ void run(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
   float* out_data = out.data_ptr<float>();
   const int64_t q_row_stride = q.stride(0);
   const int64_t out_row_stride = out.stride(0);
-  // Tiles: runs of up to kTileRows consecutive rows of one sequence (`tile_start` holds each
-  // tile's first row, then the end).
+  // Tiles: runs of up to tuning::kAttentionTileRows consecutive rows of one sequence, which
+  // share every block's keys and values (widened once, then read from L1 by each row); a decode
+  // row is a tile of one. `tile_start` holds each tile's first row, then the end.
   const int64_t num_rows = rows.numel();
   std::vector<TileRow> tile_rows(num_rows);
   std::vector<int64_t> tile_start;
   for (int64_t i = 0; i < num_rows; ++i) {
     tile_rows[i] = {lens[i], q_data + row_ids[i] * q_row_stride,
                     out_data + row_ids[i] * out_row_stride};
-    if (i == 0 || seq_ids[i] != seq_ids[i - 1] || i - tile_start.back() == kTileRows) {
+    if (i == 0 || seq_ids[i] != seq_ids[i - 1] ||
+        i - tile_start.back() == tuning::kAttentionTileRows) {
       tile_start.push_back(i);
     }
   }
   const int64_t num_tiles = static_cast<int64_t>(tile_start.size());
   tile_start.push_back(num_rows);
   // A task is a tile's heads, or one head of it when there are too few tiles to keep every
-  // thread busy, handed to the threads one at a time (tiles differ in length). Each head's
-  // result is computed the same way either way.
+  // thread busy (under tuning::kAttentionTilesPerThread a thread), handed to the threads one at
+  // a time (tiles differ in length). Each head's result is computed the same way either way.
   const int64_t heads_per_task =
-      num_tiles >= 4 * at::get_num_threads() ? cache.num_kv_heads : 1;
+      num_tiles >= tuning::kAttentionTilesPerThread * at::get_num_threads() ? cache.num_kv_heads
+                                                                             : 1;
   const int64_t tasks_per_tile = cache.num_kv_heads / heads_per_task;
 
   baton::parallel_shares(num_tiles * tasks_per_tile, 1, 1, [&](int64_t begin, int64_t end) {

@@ -4,6 +4,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "tuning.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -19,9 +21,8 @@ namespace baton {
 // event loop and its clients share with the step, a thread that loses its core for a while is
 // the common case, and the other then takes its last shares. Shares handed out in turn from
 // one counter kept the threads balanced too, but cut each thread's stream into pieces a share
-// long: an 8-row float32 pass over the 0.4B Llama's linears ran 4% slower for it, over the
-// bench Llama's 16% (AVX2; docs/benchmarks.md, "Issue 20, eighteenth round"). Which thread computes a unit, and where
-// a share begins, change nothing in the unit's result.
+// long, which stream slower than one run. Which thread computes a unit, and where a share
+// begins, change nothing in the unit's result.
 template <typename Work>
 void parallel_shares(int64_t units, int64_t grain, int64_t share, const Work& work) {
   if (units <= 0) return;
@@ -67,13 +68,12 @@ void parallel_shares(int64_t units, int64_t grain, int64_t share, const Work& wo
   });
 }
 
-// How many units a share of `units` holds: a few shares a thread, so that what a stalled
-// thread holds up when the others have done theirs is small, and never fewer than `grain`
-// units.
+// How many units a share of `units` holds: tuning::kSharesPerThread shares a thread, so that
+// what a stalled thread holds up when the others have done theirs is small, and never fewer
+// than `grain` units.
 inline int64_t share_of(int64_t units, int64_t grain) {
-  constexpr int64_t kSharesPerThread = 8;
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  return std::max<int64_t>({1, grain, units / (threads * kSharesPerThread)});
+  return std::max<int64_t>({1, grain, units / (threads * tuning::kSharesPerThread)});
 }
 
 }  // namespace baton

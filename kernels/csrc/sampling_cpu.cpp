@@ -1,17 +1,17 @@
 // Greedy sampling on the CPU: each row's argmax over float32 logits, as torch.argmax(dim=-1)
 // answers it (the first index of the largest value; the first NaN's where a row has one).
 //
-// torch's CPU argmax compares one element at a time, carrying its index: on the Xeon of
-// docs/benchmarks.md 47 us for a row of a 32,000-token vocabulary (a thirtieth of a one-stream
-// int8 step of the bench Llama), 190 us for eight rows, 770 for 32. Here a row is read in
+// torch's CPU argmax compares one element at a time, carrying its index, which over a
+// vocabulary's width is a visible share of a small model's decode step. Here a row is read in
 // blocks: the maximum of each block (a vectorized reduction), then the first block whose
-// maximum is the row's, then the first element of that block equal to it: 6 us a row, rows
-// split over the threads. Equal values keep the lowest index (-0.0 equals 0.0, as in torch's
-// comparisons).
+// maximum is the row's, then the first element of that block equal to it, rows split over the
+// threads. Equal values keep the lowest index (-0.0 equals 0.0, as in torch's comparisons).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include "tuning.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -21,9 +21,9 @@
 namespace {
 
 // Elements a block: a few vectors, so the block maxima stay few and the last scan short.
-constexpr int64_t kBlock = 64;
+constexpr int64_t kBlock = baton::tuning::kArgmaxBlock;
 // Rows a parallel task: a decode step's few rows stay on one thread.
-constexpr int64_t kRowGrain = 4;
+constexpr int64_t kRowGrain = baton::tuning::kArgmaxRowGrain;
 
 // The largest of `len` values and how many of them are NaN (unordered with themselves).
 inline float block_max(const float* x, int64_t len, int& num_nan) {
