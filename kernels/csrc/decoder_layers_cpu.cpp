@@ -4,7 +4,7 @@
 //
 // The kernels are Baton's own ops (layer_ops_cpu.cpp, paged_attention_cpu.cpp,
 // int8_linear_cpu.cpp, f32_linear_cpu.cpp) and oneDNN's packed linear, called through the
-// dispatcher in the same order and with the same arguments as gpu/model.py's forward, so the
+// dispatcher in the same order and with the same arguments as gpu/models/model.py's forward, so the
 // result is that forward's, bit for bit. The attention kernel takes every row, each with its own
 // causal length, so a prefill chunk's keys are cached (rotary_and_cache_kv) before its rows
 // attend. What the one call saves is the Python between the kernels: the module calls, the
@@ -25,7 +25,7 @@ namespace {
 // baton_cpu::int8_linear when it has scales, else a float weight packed for oneDNN (an MkldnnCPU
 // tensor) or for baton_cpu::f32_linear (which also needs the layer's output width). A gate_up
 // weight packed for Baton's float32 kernel is in baton_cpu::f32_gated_linear's layout
-// (gpu/model.py's MLP.pack), which applies the gate itself.
+// (gpu/models/model.py's MLP.pack), which applies the gate itself.
 enum Slot : int64_t {
   kInputNorm,
   kQkv,

@@ -387,7 +387,7 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& weight, const float* bias,
                int64_t groups, std::optional<baton::Gate> gate) {
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous(),
-              "the weight is contiguous float32, packed by kernels.f32_linear.pack_weight");
+              "the weight is contiguous float32, packed by baton.kernels.f32_linear.pack_weight");
   TORCH_CHECK(weight.dim() == 3 && weight.size(0) == groups && weight.size(1) == K &&
                   weight.size(2) == kGroup,
               "the weight is packed [", groups, ", in, 16] with in = x's columns: ",

@@ -413,7 +413,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
               "scales are a contiguous float32 [out]");
   const int64_t groups = (N + kGroup - 1) / kGroup, k_blocks = (K + kLanes - 1) / kLanes;
   TORCH_CHECK(codes.scalar_type() == at::kChar && codes.is_contiguous(),
-              "codes are contiguous int8, packed by kernels.int8_linear.pack_codes");
+              "codes are contiguous int8, packed by baton.kernels.int8_linear.pack_codes");
   TORCH_CHECK(codes.dim() == 4 && codes.size(0) == groups && codes.size(1) == k_blocks &&
                   codes.size(2) == kGroup && codes.size(3) == kLanes,
               "codes are packed [ceil(out / 12), ceil(in / 8), 12, 8] with in = x's columns and "
