@@ -48,7 +48,7 @@ def build_engine(
     every thread that ran one, for as long as that thread lives. A pool left on the caller
     beside the step thread's makes libgomp count more threads than CPUs, and it then spins 100
     times instead of 300,000 before sleeping at a barrier: each parallel region of a decode
-    step then ends in a futex sleep and a wake-up (docs/benchmarks.md).
+    step then ends in a futex sleep and a wake-up (docs/decisions.md).
     """
     return _on_own_thread(
         lambda: _load_engine(model, config, device, dtype, load_format, profile_step_cost)

@@ -48,7 +48,7 @@ class ServerSettings:
     metrics_style: str = "baton"
     # The event loop uvicorn runs on. asyncio's own lets the step thread run while a socket
     # write is in the kernel: uvloop holds the GIL through each write, and the step thread
-    # waits for it every token, which lengthens a lone stream's TPOT (docs/benchmarks.md).
+    # waits for it every token, which lengthens a lone stream's TPOT (docs/decisions.md).
     event_loop: str = "asyncio"
 
     @property

@@ -156,7 +156,7 @@ class TorchExecutor:
             )
             if self.dtype != torch.float32 or not cpu_kernels_available():
                 # Without Baton's C++ kernel, torch's int8 matmul, which runs slower than float32
-                # at every batch size (docs/benchmarks.md).
+                # at every batch size (docs/decisions.md).
                 logger.warning(
                     "--quantization int8 runs through torch's int8 matmul here (Baton's kernel "
                     "takes float32 on a CPU whose C++ kernels built): it saves weight memory "

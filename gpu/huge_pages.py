@@ -2,7 +2,7 @@
 
 A decode step on the CPU reads every packed linear weight once from DRAM. On 4 KiB pages that
 stream takes a TLB miss every 4 KiB; on 2 MiB pages, one every 2 MiB, so the linears read
-faster from huge pages (docs/benchmarks.md). The weights are resident anyway, so the cost is at
+faster from huge pages (docs/decisions.md). The weights are resident anyway, so the cost is at
 most the unused tail of one huge page. Linux only, where transparent huge pages are not turned
 off (`always` or `madvise` in /sys/kernel/mm/transparent_hugepage/enabled); a no-op elsewhere.
 

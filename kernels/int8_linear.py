@@ -23,7 +23,7 @@ from baton.kernels.cpu_extension import cpu_kernels_available
 # Symmetric: -127..127, so negating a weight negates its code (-128 would have no mirror).
 INT8_MAX = 127
 # Without the C++ kernel: up to this many rows torch's int8 matmul's pass per row costs less
-# than a float copy of the weight (docs/benchmarks.md, "int8 and bf16 weights on the CPU").
+# than a float copy of the weight (docs/decisions.md).
 INT8_MATMUL_MAX_ROWS = 16
 # torch 2.13's int8 matmul for half-precision rows on an AVX512-BF16 CPU (an Intel Xeon)
 # returns NaN and infinities, and may crash, where the rows' length is not a multiple of 16;

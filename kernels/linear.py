@@ -2,7 +2,7 @@
 
 Chosen over `F.linear` (MKL's sgemm, whose kernel and so a row's bits depend on how many rows
 share the call): oneDNN over a weight reordered once is faster at a decode step's few dozen rows
-and batch-invariant (docs/benchmarks.md, "The CPU's own kernels"). The operators are the ones
+and batch-invariant (docs/decisions.md). The operators are the ones
 torch's compiler uses for CPU linears; a torch built without them keeps `F.linear`.
 """
 

@@ -30,7 +30,7 @@ from baton.kernels.rotary import apply_rotary_ref
 # KV head) leaves SMs idle. A program walks its keys one tile after another, each tile waiting on
 # its block-table and K/V loads, so a small batch's step waits on its longest walk: the split
 # grid aims at a few programs per SM, and each sequence spreads its keys over its row of them
-# (kernels/paged_attention_split_kv_triton.py). Measured on an H200 (docs/benchmarks.md).
+# (kernels/paged_attention_split_kv_triton.py). Measured on an H200 (docs/decisions.md).
 SPLIT_KV_PROGRAMS_PER_SM = 4
 SPLIT_KV_MIN_PARTITIONS = 8
 SPLIT_KV_MIN_TOKENS = 128

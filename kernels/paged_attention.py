@@ -82,7 +82,7 @@ class CpuAttentionPlan:
 class _GatherBuffer(threading.local):
     """Per thread, one reused buffer for the padded path's gathered K and V.
 
-    Reused because gathering into fresh memory pays a page fault per page (docs/benchmarks.md);
+    Reused because gathering into fresh memory pays a page fault per page (docs/decisions.md);
     scratch only: its contents live until a group's SDPA returns, so no call depends on another.
     """
 

@@ -296,7 +296,7 @@ def test_split_kv_decode_in_half_precision_matches_reference(dtype):
 
 
 def test_split_kv_when_the_plain_grid_leaves_sms_idle():
-    # The choice the H200 measurements made (docs/benchmarks.md): split-KV for long contexts
+    # The choice the H200 measurements made (docs/decisions.md): split-KV for long contexts
     # at small batches, the plain grid once the batch alone fills the SMs (batch 64).
     assert ops.use_split_kv(num_seqs=1, num_kv_heads=8, max_seq_len=8192, num_sms=132)
     assert ops.use_split_kv(num_seqs=1, num_kv_heads=8, max_seq_len=512, num_sms=132)

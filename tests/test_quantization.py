@@ -27,7 +27,7 @@ from baton.gpu.models.quantization import (
 )
 from tests.greedy_agreement import NUM_NEW_TOKENS, PROMPTS, assert_greedy_agreement
 
-# Where measured (docs/benchmarks.md) every prompt is identical with the LM head in float32,
+# Where measured (docs/decisions.md) every prompt is identical with the LM head in float32,
 # and with it in int8 all but one, which parts at a near tie; the bound leaves room for another
 # CPU's near ties.
 MIN_IDENTICAL_PROMPTS = 14
@@ -108,7 +108,7 @@ def test_the_lm_head_becomes_int8_and_the_logits_stay_close(make_checkpoint, tie
 
 
 def test_int8_greedy_output_agrees_with_float32_for_most_prompts() -> None:
-    # The trained demo model (tests/greedy_agreement.py; docs/benchmarks.md gives both
+    # The trained demo model (tests/greedy_agreement.py; docs/decisions.md gives both
     # agreements).
     params = SamplingParams(
         max_tokens=NUM_NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=2, prompt_logprobs=0

@@ -6,7 +6,7 @@ from a float checkpoint: each `Linear` of the decoder layers and the LM head swa
 What stays float: the embedding table (a lookup, not a matmul), the norms and the MoE router
 (tiny). The LM head is int8 as in llama.cpp's Q8_0 files: kept in float32 it would be
 a large share of the bytes a decode step reads, and greedy outputs still agree with float32's but
-at near ties (docs/benchmarks.md).
+at near ties (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def quantize_as_loaded(counts: list[int]) -> Callable[[nn.Module], None]:
     (its int8 tensor count appended to `counts`) and return the freed float weights and the
     quantizer's temporaries to the system. With checkpoints saved layer by layer, the float
     model is then never resident whole: the load peaks at one float layer beside the int8
-    model, not at the whole float model (docs/benchmarks.md)."""
+    model, not at the whole float model (docs/decisions.md)."""
 
     def quantize(layer: nn.Module) -> None:
         counts.append(quantize_layer(layer))

@@ -265,7 +265,7 @@ void write_outputs(const Problem& p, int64_t m, int64_t g, const typename V::Vec
 // ahead. The accumulators are named variables (a for a panel's
 // first vector, b for its second where a vector is 8 lanes, or for the second panel's), not an
 // array: GCC kept an array of them on the stack and stored all of them every k
-// (docs/benchmarks.md, "A float32 linear kernel for decode rows").
+// (docs/decisions.md).
 template <class V, int R, int Panels = 1>
 void tile(const Problem& p, int64_t m, int64_t g, int64_t k0, int64_t k1, float* carry,
           int turn) {

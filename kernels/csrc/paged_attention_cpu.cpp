@@ -11,7 +11,7 @@
 // while the block's keys and values for that head sit in L1, with an online softmax per row and
 // query head. A prefill chunk's keys, cached before the call, are read from L2. Against SDPA
 // over a gathered copy this is faster up to a few hundred tokens and close to it past them
-// (docs/benchmarks.md). The work for a head of a row is the same whatever the tile, the task
+// (docs/decisions.md). The work for a head of a row is the same whatever the tile, the task
 // split, the rest of the batch or the prefill's chunking, so a row's result has the same bits
 // alone, in any batch, and whether it came as a prefill or a decode.
 //
