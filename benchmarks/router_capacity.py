@@ -23,8 +23,9 @@ from concurrent.futures import ProcessPoolExecutor
 from baton.app.commands.simulate import saturation_rps
 from baton.core.config import EngineConfig
 from baton.core.replicas.router import ROUTERS
+from baton.core.simulation.records import summarize
 from baton.core.simulation.replica_simulator import simulate_replicas
-from baton.core.simulation.simulator import SimulationConfig, summarize
+from baton.core.simulation.simulator import SimulationConfig
 from baton.core.simulation.workloads import cap_max_tokens, sample_requests
 
 TARGET_ATTAINMENT = 0.9

@@ -20,7 +20,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 from baton.app.commands.simulate import saturation_rps
 from baton.core.config import EngineConfig
-from baton.core.simulation.simulator import SimulationConfig, simulate, summarize
+from baton.core.simulation.records import summarize
+from baton.core.simulation.simulator import SimulationConfig, simulate
 from baton.core.simulation.workloads import sample_requests
 
 BASELINES = "slo,sjf,fcfs,hrrn,ltr,priority"

@@ -8,7 +8,8 @@ import pytest
 
 from baton.core.config import POLICIES
 from baton.core.request import SLO
-from baton.core.simulation.simulator import SimulationConfig, simulate, summarize
+from baton.core.simulation.records import summarize
+from baton.core.simulation.simulator import SimulationConfig, simulate
 from baton.core.simulation.workloads import CHAT, LONG_GENERATION, WorkloadRequest, sample_requests
 from tests.factory import make_engine, make_request
 

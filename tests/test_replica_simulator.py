@@ -11,8 +11,9 @@ import pytest
 
 from baton.app.cli import main
 from baton.core.config import EngineConfig
+from baton.core.simulation.records import summarize
 from baton.core.simulation.replica_simulator import simulate_replicas
-from baton.core.simulation.simulator import SimulationConfig, simulate, summarize
+from baton.core.simulation.simulator import SimulationConfig, simulate
 from baton.core.simulation.workloads import (
     PREFIX_WORKLOADS,
     LengthDistribution,

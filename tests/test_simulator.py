@@ -17,7 +17,8 @@ from baton.app.cli import main
 from baton.core.config import EngineConfig
 from baton.core.request import FinishReason
 from baton.core.scheduling.step_cost import CostCoefficients, StepShape
-from baton.core.simulation.simulator import SimulationConfig, queue_trend, simulate, summarize
+from baton.core.simulation.records import queue_trend, summarize
+from baton.core.simulation.simulator import SimulationConfig, simulate
 from baton.core.simulation.workloads import (
     LengthDistribution,
     LengthStats,

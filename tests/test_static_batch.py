@@ -14,7 +14,8 @@ import pytest
 from baton.core.batch import Batch
 from baton.core.engine import Engine
 from baton.core.scheduling.step_cost import CostCoefficients, StepShape
-from baton.core.simulation.simulator import SimulationConfig, simulate, summarize
+from baton.core.simulation.records import summarize
+from baton.core.simulation.simulator import SimulationConfig, simulate
 from baton.core.simulation.workloads import cap_max_tokens, sample_requests
 from tests.factory import make_engine, make_request
 

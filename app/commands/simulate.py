@@ -21,14 +21,13 @@ from baton.core.replicas.router import ROUTERS
 from baton.core.request import EngineRequest
 from baton.core.scheduling.step_cost import CostCoefficients
 from baton.core.scheduling.step_cost_profile import profile_executor
+from baton.core.simulation.records import queue_trend, summarize
 from baton.core.simulation.replica_simulator import simulate_replicas
 from baton.core.simulation.simulator import (
     DEFAULT_COST,
     SimulationConfig,
     SimulationResult,
-    queue_trend,
     simulate,
-    summarize,
 )
 from baton.core.simulation.trace import load_trace
 from baton.core.simulation.workloads import (

@@ -17,16 +17,14 @@ from baton.core.engine_stats import EngineStats
 from baton.core.outputs import RequestOutput
 from baton.core.replicas.replica_ledger import ReplicaLedger
 from baton.core.replicas.router import Router, RouteRequest
+from baton.core.simulation.records import RequestRecord, record_of, rejected_record
 from baton.core.simulation.simulated_executor import SimulatedExecutor
 from baton.core.simulation.simulator import (
-    RequestRecord,
     SimulationConfig,
     SimulationResult,
     build_engine,
     class_slo,
     prompt_tokens,
-    record_of,
-    rejected_record,
     submit,
 )
 from baton.core.simulation.workloads import WorkloadRequest
