@@ -42,7 +42,7 @@ _forced: bool | None = None
 
 
 class PackedAttentionBatch(Protocol):
-    """What attention needs of a packed batch (baton.gpu.input_batch.AttentionMetadata has it)."""
+    """What attention needs of a packed batch (baton.gpu.model_inputs.AttentionMetadata has it)."""
 
     block_tables: torch.Tensor
     query_start_loc: list[int]
