@@ -197,13 +197,19 @@ class LLM:
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
-        results: dict[str, GenerationResult] = {}
+        requests = []
         for prompt, request_params in zip(prompts, params, strict=True):
             token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            request_id = f"offline-{self._next_id}"
+            request = EngineRequest(f"offline-{self._next_id}", token_ids, request_params)
             self._next_id += 1
-            self.engine.add_request(EngineRequest(request_id, token_ids, request_params))
-            results[request_id] = GenerationResult(request_id, token_ids)
+            # All checked before any is queued: a refusal leaves the engine as it was.
+            requests.append(self.engine.validator.validate(request))
+        results: dict[str, GenerationResult] = {}
+        for request in requests:
+            self.engine.add_request(request)
+            results[request.request_id] = GenerationResult(
+                request.request_id, request.prompt_token_ids
+            )
         while self.engine.has_unfinished_requests:
             for output in self.engine.step():
                 _accumulate(results[output.request_id], output)

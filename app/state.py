@@ -11,7 +11,7 @@ import orjson
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
-from baton.app.engine.async_engine import AsyncEngine
+from baton.app.engine.client import EngineClient
 from baton.app.observability.prometheus import ServerMetrics
 from baton.app.settings import ServerSettings
 from baton.core.text.tokenizer import Tokenizer
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # OpenTelemetry loads only where tracing is configured (baton
 class ServerState:
     """Everything a route needs; `server_state(request)` returns it."""
 
-    engine: AsyncEngine
+    engine: EngineClient
     tokenizer: Tokenizer
     model_name: str
     settings: ServerSettings

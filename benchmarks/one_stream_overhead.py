@@ -71,7 +71,8 @@ def engine_child(serve_args: list[str]) -> None:
 
     def generate(prompt_len: int, result: list[float]) -> None:
         prompt = [rng.randrange(engine.vocab_size) for _ in range(prompt_len)]
-        engine.add_request(EngineRequest(f"r{time.monotonic_ns()}", prompt, params))
+        request = EngineRequest(f"r{time.monotonic_ns()}", prompt, params)
+        engine.add_request(engine.validator.validate(request))
         token_times = []
         while engine.has_unfinished_requests:
             if engine.step():

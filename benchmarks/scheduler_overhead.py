@@ -43,9 +43,8 @@ def main() -> None:
     rng = random.Random(0)
     for i in range(args.running):
         prompt = [rng.randrange(32000) for _ in range(args.prompt_len)]
-        engine.add_request(
-            EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=args.steps + 4))
-        )
+        request = EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=args.steps + 4))
+        engine.add_request(engine.validator.validate(request))
     engine.step()  # every prompt prefills in one step; from here on all are decoding
     gc.freeze()  # as the step thread does once it starts
 

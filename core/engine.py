@@ -16,8 +16,9 @@ from baton.core.engine_stats import EngineStats
 from baton.core.executor import Executor
 from baton.core.kv_cache.kv_cache_manager import KVCacheManager
 from baton.core.outputs import RequestOutput, RequestTiming
-from baton.core.request import EngineRequest, FinishReason, Request, check_priority
-from baton.core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, SamplingParams
+from baton.core.request import EngineRequest, FinishReason, Request
+from baton.core.request_validator import ModelLimits, RequestValidator
+from baton.core.sampling_params import InvalidRequestError, SamplingParams
 from baton.core.scheduling.length_predictor import LengthPredictor
 from baton.core.scheduling.lifetime import LifetimeMean
 from baton.core.scheduling.policy import PolicyContext
@@ -63,6 +64,12 @@ class Engine:
             config.enable_prefix_caching,
             sliding_window,
         )
+        self.limits = ModelLimits(
+            max_model_len, vocab_size, executor.num_kv_blocks, executor.block_size, sliding_window
+        )
+        # What every caller runs on a request before `add_request`: admission, `LLM`, the
+        # simulator. Pure, so the front end runs it on the event loop.
+        self.validator = RequestValidator(config, self.limits)
         # All learn online, in the step thread: step durations from every step, output lengths
         # and lifetimes from every request that finishes. Policies read them; metrics report
         # their error; admission reads the published cost fit and lifetime.
@@ -129,49 +136,6 @@ class Engine:
             mean_lifetime_s=self.lifetime.mean_s,
         )
 
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
-        """Validate a request against the model and the cache; return its params with
-        `max_tokens` resolved. Reads only settings fixed at start-up, so any thread may call it.
-        """
-        self._check_prompt(prompt_token_ids)
-        if params.logit_bias is not None:
-            beyond = [t for t in params.logit_bias if t >= self.vocab_size]
-            if beyond:
-                raise InvalidRequestError(
-                    f"logit_bias names token id {beyond[0]}, outside the vocabulary "
-                    f"[0, {self.vocab_size})",
-                    "logit_bias",
-                )
-        num_prompt = len(prompt_token_ids)
-        room = self.max_model_len - num_prompt
-        if params.max_tokens is None:
-            # Unset means "as long as it can be": up to the context length, or what the whole
-            # KV cache holds if that is less, rather than a refusal for a limit nobody set.
-            cache_room = self.kv_cache.num_blocks * self.kv_cache.block_size - num_prompt
-            params = dataclasses.replace(params, max_tokens=max(1, min(room, cache_room)))
-        elif params.max_tokens > room:
-            raise InvalidRequestError(
-                f"the prompt has {num_prompt} tokens and max_tokens is {params.max_tokens}, "
-                f"but the context length is {self.max_model_len}; lower max_tokens to at most "
-                f"{room} or shorten the prompt",
-                "max_tokens",
-                CONTEXT_LENGTH_EXCEEDED,
-            )
-        max_len = num_prompt + params.max_tokens
-        if self.scheduler.policy.static_batching:
-            # A static slot holds its whole maximum length from the start.
-            blocks = self.kv_cache.blocks_needed(max_len)
-        else:
-            blocks = self.kv_cache.max_blocks_held(max_len, self.config.max_num_batched_tokens)
-        if blocks > self.kv_cache.num_blocks:
-            raise InvalidRequestError(
-                f"the request needs {blocks} KV blocks ({num_prompt} prompt + {params.max_tokens}"
-                f" max_tokens) but the whole cache has {self.kv_cache.num_blocks}; lower "
-                "max_tokens or start the server with more --num-kv-blocks",
-                "max_tokens",
-            )
-        return params
-
     def compile_structured_output(self, params: SamplingParams) -> SamplingParams:
         """`params` with its output constraint compiled by the executor (a no-op without one,
         or when already compiled). Slow for a new schema and thread-safe: the server calls it
@@ -189,10 +153,17 @@ class Engine:
         return dataclasses.replace(params, structured_output=compiler.compile(constraint))
 
     def add_request(self, spec: EngineRequest) -> Request:
-        """Queue a request, or raise InvalidRequestError if it can never be served."""
-        params = self.check_request(spec.prompt_token_ids, spec.sampling_params)
-        params = self.compile_structured_output(params)
-        check_priority(spec.priority)
+        """Queue a request that `validator` has passed (admission, `LLM`, the simulator): the
+        engine checks nothing twice. Raises InvalidRequestError only for an output constraint
+        this executor cannot compile."""
+        # The invariants validation leaves, cheap to assert: an unvalidated request is a bug in
+        # its caller, caught here rather than as a request that never finishes.
+        max_tokens = spec.sampling_params.max_tokens
+        num_tokens = len(spec.prompt_token_ids) + (max_tokens or 0)
+        assert max_tokens is not None and num_tokens <= self.max_model_len, (
+            f"request {spec.request_id} was not validated (RequestValidator.validate)"
+        )
+        params = self.compile_structured_output(spec.sampling_params)
         arrival = self.clock() if spec.arrival_time is None else spec.arrival_time
         request = Request.admit(spec, params, arrival)
         self.scheduler.add_request(request)
@@ -351,24 +322,6 @@ class Engine:
         )
         self._finish(request, output, reason, self.clock())
         return output
-
-    def _check_prompt(self, prompt_token_ids: list[int]) -> None:
-        if not prompt_token_ids:
-            raise InvalidRequestError("the prompt is empty; send at least one token", "prompt")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {len(prompt_token_ids)} tokens but the context length is "
-                f"{self.max_model_len}, which must also leave room for one generated token",
-                "prompt",
-                CONTEXT_LENGTH_EXCEEDED,
-            )
-        # min/max run in C: this check runs on the event loop for prompts of any length.
-        low, high = min(prompt_token_ids), max(prompt_token_ids)
-        if low < 0 or high >= self.vocab_size:
-            bad = low if low < 0 else high
-            raise InvalidRequestError(
-                f"token id {bad} is outside the vocabulary [0, {self.vocab_size})", "prompt"
-            )
 
 
 def _record_prefill_chunks(

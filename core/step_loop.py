@@ -109,6 +109,11 @@ class StepLoop:
                 self.engine.add_request(message)
             except InvalidRequestError as error:
                 outputs.append(_rejected(message, str(error)))
+            except Exception:
+                # A request its caller failed to validate: a bug, which fails that request
+                # alone rather than the thread every other request runs on.
+                logger.exception("request %s could not be queued", message.request_id)
+                outputs.append(_rejected(message, INTERNAL_ERROR))
             else:
                 self._newcomers.append(message.request_id)
 

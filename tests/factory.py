@@ -71,6 +71,12 @@ def make_request(
     )
 
 
+def add_request(engine: Engine, request: EngineRequest) -> Request:
+    """Queue `request` as every caller of the engine does: through the engine's validator
+    first (InvalidRequestError as admission raises it), never past it."""
+    return engine.add_request(engine.validator.validate(request))
+
+
 def make_core_request(
     request_id: str,
     prompt_token_ids: list[int],

@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 import baton.app.engine.async_engine
-from baton.app.engine.async_engine import MAX_RETRY_AFTER_S, AsyncEngine, QueueFullError
+from baton.app.engine.async_engine import MAX_RETRY_AFTER_S, AsyncEngine
+from baton.app.engine.client import QueueFullError
 from baton.core.batch import Batch, ExecutorOutput
 from baton.core.engine import Engine
 from baton.core.simulation.simulated_executor import SimulatedExecutor

@@ -5,7 +5,7 @@ from __future__ import annotations
 from baton.core.engine import Engine
 from baton.core.request import FinishReason
 from baton.core.scheduling.step_cost import CostCoefficients
-from tests.factory import make_engine, make_request
+from tests.factory import add_request, make_engine, make_request
 
 
 def listened_engine() -> Engine:
@@ -25,9 +25,9 @@ def test_step_stats_describe_each_batch_and_its_duration():
     engine = listened_engine()
     steps = []
     engine.step_listeners.append(steps.append)
-    engine.add_request(make_request("long", list(range(1, 13)), max_tokens=2, ignore_eos=True))
+    add_request(engine, make_request("long", list(range(1, 13)), max_tokens=2, ignore_eos=True))
     engine.step()  # 8 of the 12 prompt tokens
-    engine.add_request(make_request("short", [5, 6], max_tokens=1, ignore_eos=True))
+    add_request(engine, make_request("short", [5, 6], max_tokens=1, ignore_eos=True))
     engine.step()  # the last 4 prompt tokens of "long" and the 2 of "short"
     engine.step()  # one decode for "long"
 
@@ -46,8 +46,8 @@ def test_finish_listener_sees_every_finished_request_once():
     engine = listened_engine()
     finished = []
     engine.finish_listeners.append(lambda request, output: finished.append(output))
-    engine.add_request(make_request("a", [1, 2, 3], max_tokens=2, ignore_eos=True))
-    engine.add_request(make_request("b", [4, 5, 6], max_tokens=50, ignore_eos=True))
+    add_request(engine, make_request("a", [1, 2, 3], max_tokens=2, ignore_eos=True))
+    add_request(engine, make_request("b", [4, 5, 6], max_tokens=50, ignore_eos=True))
     engine.step()
     engine.abort_request("b")
     while engine.has_unfinished_requests:

@@ -11,7 +11,7 @@ from baton.core.request import SLO
 from baton.core.simulation.records import summarize
 from baton.core.simulation.simulator import SimulationConfig, simulate
 from baton.core.simulation.workloads import CHAT, LONG_GENERATION, WorkloadRequest, sample_requests
-from tests.factory import make_engine, make_request
+from tests.factory import add_request, make_engine, make_request
 
 
 def full_batch_of_long_generations() -> list[WorkloadRequest]:
@@ -50,7 +50,7 @@ def test_a_request_preempted_max_preemptions_times_is_protected(policy):
         num_kv_blocks=16, block_size=4, scheduling_policy=policy, max_preemptions=1
     )
     for i in range(4):
-        engine.add_request(make_request(f"r{i}", [1 + i] * 10, max_tokens=20, slo=SLO(None, 50)))
+        add_request(engine, make_request(f"r{i}", [1 + i] * 10, max_tokens=20, slo=SLO(None, 50)))
     seen: dict[str, int] = {}
     steps = 0
     while engine.has_unfinished_requests and steps < 2000:

@@ -23,7 +23,7 @@ from baton.core.engine import Engine
 from baton.core.request import MAX_SLO_MS, SLO, FinishReason
 from baton.core.sampling_params import InvalidRequestError
 from baton.core.text.tokenizer import Tokenizer
-from tests.factory import make_engine, make_request
+from tests.factory import add_request, make_engine, make_request
 from tests.server_harness import base_url, paced_executor, running_server, simulated_engine
 
 COMPLETIONS = "/v1/completions"
@@ -446,10 +446,11 @@ def test_any_valid_slo_and_priority_is_served_in_full_by_every_policy(ttft, tpot
         scheduling_policy=policy,
         max_num_batched_tokens=64,
     )
-    engine.add_request(make_request("steady", [1, 2, 3], slo=SLO(50.0, 10.0), max_tokens=20))
+    add_request(engine, make_request("steady", [1, 2, 3], slo=SLO(50.0, 10.0), max_tokens=20))
     engine.step()
-    engine.add_request(
-        make_request("edge", [4, 5, 6], priority=priority, slo=SLO(ttft, tpot), max_tokens=20)
+    add_request(
+        engine,
+        make_request("edge", [4, 5, 6], priority=priority, slo=SLO(ttft, tpot), max_tokens=20),
     )
     finished = {}
     for _ in range(200):

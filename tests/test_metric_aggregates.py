@@ -8,7 +8,7 @@ from baton.core.metrics.metric_aggregates import EngineMetrics, Histogram, token
 from baton.core.request import SLO
 from baton.core.scheduling.step_cost import CostCoefficients
 from baton.core.simulation.simulated_executor import SimulatedClock
-from tests.factory import make_engine, make_request
+from tests.factory import add_request, make_engine, make_request
 
 
 def timed_engine(clock: SimulatedClock, num_kv_blocks: int = 64, **config) -> Engine:
@@ -34,7 +34,7 @@ def test_each_output_token_and_prefill_chunk_is_timed_when_its_step_finished():
     engine = timed_engine(clock, max_num_batched_tokens=8)
     finished = []
     engine.finish_listeners.append(lambda request, output: finished.append(request))
-    engine.add_request(make_request("r", list(range(1, 21)), max_tokens=4, ignore_eos=True))
+    add_request(engine, make_request("r", list(range(1, 21)), max_tokens=4, ignore_eos=True))
     run(engine)
     [request] = finished
     # 20 prompt tokens in chunks of 8, 8 and 4; the last chunk also samples the first token.
@@ -60,7 +60,7 @@ def test_preemption_and_resumption_times_are_recorded():
         lambda request, output: finished.update({request.request_id: request})
     )
     for name in "ab":
-        engine.add_request(make_request(name, [7] * 8, max_tokens=12, ignore_eos=True))
+        add_request(engine, make_request(name, [7] * 8, max_tokens=12, ignore_eos=True))
     run(engine)
     preempted = [r for r in finished.values() if r.num_preemptions]
     assert preempted
@@ -78,10 +78,10 @@ def test_aggregates_count_tokens_slo_outcomes_and_keep_a_sliding_window():
     metrics = EngineMetrics(window_s=1.0)
     metrics.attach(engine)
     params = {"max_tokens": 5, "ignore_eos": True}
-    engine.add_request(
-        make_request("met", [1, 2, 3], slo=SLO(ttft_ms=1000.0, tpot_ms=1000.0), **params)
+    add_request(
+        engine, make_request("met", [1, 2, 3], slo=SLO(ttft_ms=1000.0, tpot_ms=1000.0), **params)
     )
-    engine.add_request(make_request("missed", [4, 5, 6], slo=SLO(ttft_ms=0.001), **params))
+    add_request(engine, make_request("missed", [4, 5, 6], slo=SLO(ttft_ms=0.001), **params))
     run(engine)
     assert (metrics.totals.requests, metrics.totals.generation_tokens) == (2, 10)
     assert metrics.slo_attained == {"ttft": 1, "tpot": 1}

@@ -19,7 +19,7 @@ from baton.core.scheduling.policy import PolicyContext, SchedulerView
 from baton.core.scheduling.policy_registry import make_policy
 from baton.core.scheduling.step_cost import CostCoefficients, StepCostModel
 from baton.core.scheduling.ttft_forecast import TTFTForecast
-from tests.factory import make_engine, make_request
+from tests.factory import add_request, make_engine, make_request
 
 COST = CostCoefficients(
     base_s=0.005, per_prefill_token_s=1e-4, per_decode_token_s=2e-4, per_context_token_s=0.0
@@ -90,14 +90,15 @@ def test_no_request_waits_past_the_bound(specs, policy, factor):
     while pending or engine.has_unfinished_requests:
         while pending and pending[0][1][0] <= engine.clock():
             index, (arrival, prompt_len, max_tokens, ttft_ms) = pending.pop(0)
-            engine.add_request(
+            add_request(
+                engine,
                 make_request(
                     f"r{index}",
                     [1 + index % 50] * prompt_len,
                     max_tokens=max_tokens,
                     slo=SLO(ttft_ms, None),
                     arrival_time=arrival,
-                )
+                ),
             )
         if not engine.has_unfinished_requests:
             engine.clock.now = pending[0][1][0]

@@ -15,7 +15,7 @@ from baton.core.batch import Batch, ScheduledSequence
 from baton.core.request import FinishReason
 from baton.core.sampling_params import InvalidRequestError, SamplingParams
 from baton.core.simulation.simulated_executor import SimulatedExecutor
-from tests.factory import make_engine, make_request
+from tests.factory import add_request, make_engine, make_request
 
 TOP = 3
 
@@ -100,8 +100,8 @@ def test_max_tokens_zero_scores_the_prompt_and_generates_nothing(llama_checkpoin
 def test_only_requests_that_ask_get_prompt_positions_scheduled():
     batches: list[Batch] = []
     engine = make_engine(max_num_batched_tokens=20, on_batch=batches.append)
-    engine.add_request(make_request("plain", list(range(3, 40)), max_tokens=2))
-    engine.add_request(make_request("scored", list(range(3, 40)), max_tokens=2, prompt_logprobs=0))
+    add_request(engine, make_request("plain", list(range(3, 40)), max_tokens=2))
+    add_request(engine, make_request("scored", list(range(3, 40)), max_tokens=2, prompt_logprobs=0))
     while engine.has_unfinished_requests:
         engine.step()
     positions = {"plain": [], "scored": []}
@@ -114,7 +114,7 @@ def test_only_requests_that_ask_get_prompt_positions_scheduled():
 
 
 def collect_scored(engine, prompt: list[int], **sampling) -> list:
-    engine.add_request(make_request("scored", prompt, prompt_logprobs=0, **sampling))
+    add_request(engine, make_request("scored", prompt, prompt_logprobs=0, **sampling))
     scored = None
     while engine.has_unfinished_requests:
         for output in engine.step():
@@ -139,7 +139,7 @@ def test_prompt_logprobs_are_collected_once_across_chunks_and_preemption():
     # A pool of 6 blocks of 16 tokens cannot hold the scored prompt beside a long-running
     # request, so one of them is preempted mid-prefill and computed again.
     engine = make_engine(num_kv_blocks=6, max_num_batched_tokens=24)
-    engine.add_request(make_request("other", list(range(3, 40)), max_tokens=40))
+    add_request(engine, make_request("other", list(range(3, 40)), max_tokens=40))
     engine.step()
     assert collect_scored(engine, prompt, max_tokens=3) == expected
     assert engine.scheduler.num_preemptions > 0
@@ -148,13 +148,13 @@ def test_prompt_logprobs_are_collected_once_across_chunks_and_preemption():
 def test_a_prefix_cache_hit_is_read_only_before_positions_still_to_score():
     prompt = list(range(5, 69))
     engine = make_engine(max_num_batched_tokens=256)
-    engine.add_request(make_request("warm", prompt, max_tokens=1))
+    add_request(engine, make_request("warm", prompt, max_tokens=1))
     while engine.has_unfinished_requests:
         engine.step()
     hits = engine.scheduler.prefix_cache_hits
     assert collect_scored(engine, prompt, max_tokens=1) == expected_simulated(prompt)
     assert engine.scheduler.prefix_cache_hits == hits
-    engine.add_request(make_request("again", prompt, max_tokens=1))
+    add_request(engine, make_request("again", prompt, max_tokens=1))
     while engine.has_unfinished_requests:
         engine.step()
     assert engine.scheduler.prefix_cache_hits > hits
@@ -162,7 +162,7 @@ def test_a_prefix_cache_hit_is_read_only_before_positions_still_to_score():
 
 def test_max_tokens_zero_finishes_after_prefill_without_a_token():
     engine = make_engine(max_num_batched_tokens=8)
-    engine.add_request(make_request("score", list(range(3, 30)), max_tokens=0))
+    add_request(engine, make_request("score", list(range(3, 30)), max_tokens=0))
     outputs = []
     while engine.has_unfinished_requests:
         outputs.extend(engine.step())
@@ -185,6 +185,6 @@ def test_a_scored_request_keeps_its_prompt_logprobs_when_a_batch_mate_faults():
             raise RuntimeError("injected fault")
 
     engine = make_engine(on_batch=fault)
-    engine.add_request(make_request("faulty", [99, 5, 6], max_tokens=2))
+    add_request(engine, make_request("faulty", [99, 5, 6], max_tokens=2))
     prompt = list(range(5, 40))
     assert collect_scored(engine, prompt, max_tokens=2) == expected_simulated(prompt)

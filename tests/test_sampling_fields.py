@@ -18,7 +18,7 @@ from baton.core.batch import ScheduledSequence
 from baton.core.request import EngineRequest
 from baton.core.sampling_params import SamplingParams
 from baton.gpu.sampler import Sampler
-from tests.factory import make_engine
+from tests.factory import add_request, make_engine
 from tests.server_harness import base_url, model_engine, running_server, simulated_engine
 
 PROMPT = "The for statement iterates over"
@@ -248,8 +248,8 @@ def run_choices(policy: str) -> tuple:
     prompt = list(range(3, 67))  # 64 tokens: 3 full blocks can be shared, the last is computed
     params = SamplingParams(max_tokens=4, seed=3)
     for index in range(3):
-        engine.add_request(EngineRequest(f"choice-{index}", prompt, params.for_choice(index)))
-    engine.add_request(EngineRequest("other", list(range(100, 164)), params))
+        add_request(engine, EngineRequest(f"choice-{index}", prompt, params.for_choice(index)))
+    add_request(engine, EngineRequest("other", list(range(100, 164)), params))
     while engine.has_unfinished_requests:
         engine.step()
     return engine, batches

@@ -11,7 +11,7 @@ from baton.core.batch import Batch
 from baton.core.engine import Engine
 from baton.core.request import EngineRequest, FinishReason, RequestStatus
 from baton.core.sampling_params import InvalidRequestError, SamplingParams
-from tests.factory import VOCAB_SIZE, make_engine, make_request
+from tests.factory import VOCAB_SIZE, add_request, make_engine, make_request
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:
@@ -46,8 +46,8 @@ def test_every_step_respects_token_budget_and_sequence_cap():
     rng = random.Random(1)
     for i in range(40):
         max_tokens = rng.randint(1, 40)
-        engine.add_request(
-            make_request(f"r{i}", prompt(rng.randint(1, 200), i), max_tokens=max_tokens)
+        add_request(
+            engine, make_request(f"r{i}", prompt(rng.randint(1, 200), i), max_tokens=max_tokens)
         )
     steps = list(scheduled_steps(engine))
     assert steps
@@ -59,7 +59,7 @@ def test_every_step_respects_token_budget_and_sequence_cap():
 
 def test_long_prompt_is_split_into_chunks_and_samples_only_after_the_last():
     engine = make_engine(max_num_batched_tokens=32)
-    engine.add_request(make_request("long", prompt(100), max_tokens=2))
+    add_request(engine, make_request("long", prompt(100), max_tokens=2))
     chunks = []
     for batch in scheduled_steps(engine):
         (seq,) = batch.sequences
@@ -76,9 +76,9 @@ def test_long_prompt_is_split_into_chunks_and_samples_only_after_the_last():
 def test_decodes_ride_in_every_step_while_a_long_prompt_prefills():
     engine = make_engine(max_num_batched_tokens=40)
     for i in range(4):
-        engine.add_request(make_request(f"d{i}", prompt(8, i), max_tokens=30))
+        add_request(engine, make_request(f"d{i}", prompt(8, i), max_tokens=30))
     engine.step()  # all four prefill together
-    engine.add_request(make_request("long", prompt(300, 9), max_tokens=1))
+    add_request(engine, make_request("long", prompt(300, 9), max_tokens=1))
     steps = scheduled_steps(engine)
     for _ in range(6):
         batch = next(steps)
@@ -94,12 +94,12 @@ def test_preempted_request_resumes_with_the_same_output():
 
     def add_all(engine):
         for i, (n_prompt, n_out) in enumerate(lengths):
-            engine.add_request(make_request(f"r{i}", prompt(n_prompt, i), max_tokens=n_out))
+            add_request(engine, make_request(f"r{i}", prompt(n_prompt, i), max_tokens=n_out))
 
     alone = {}
     for i, (n_prompt, n_out) in enumerate(lengths):
         engine = make_engine()
-        engine.add_request(make_request(f"r{i}", prompt(n_prompt, i), max_tokens=n_out))
+        add_request(engine, make_request(f"r{i}", prompt(n_prompt, i), max_tokens=n_out))
         alone.update(run_to_completion(engine))
 
     # 3 requests need up to 7 blocks each; 14 blocks force preemptions.
@@ -113,8 +113,8 @@ def test_preempted_request_resumes_with_the_same_output():
 
 def test_victim_is_the_latest_arrival_under_fcfs():
     engine = make_engine(num_kv_blocks=8, block_size=4)
-    engine.add_request(make_request("early", prompt(12, 1), max_tokens=16))
-    engine.add_request(make_request("late", prompt(12, 2), max_tokens=16))
+    add_request(engine, make_request("early", prompt(12, 1), max_tokens=16))
+    add_request(engine, make_request("late", prompt(12, 2), max_tokens=16))
     for _ in range(20):
         engine.step()
         late = engine.scheduler.requests.get("late")
@@ -128,20 +128,20 @@ def test_victim_is_the_latest_arrival_under_fcfs():
 def test_request_that_can_never_fit_is_refused_at_admission():
     engine = make_engine(num_kv_blocks=4, block_size=16)
     with pytest.raises(InvalidRequestError, match="KV blocks"):
-        engine.add_request(make_request("big", prompt(50), max_tokens=20))
+        add_request(engine, make_request("big", prompt(50), max_tokens=20))
     with pytest.raises(InvalidRequestError, match="context length"):
-        make_engine(max_model_len=64).add_request(make_request("x", prompt(60), max_tokens=10))
+        add_request(make_engine(max_model_len=64), make_request("x", prompt(60), max_tokens=10))
     with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
-        engine.add_request(make_request("bad", [VOCAB_SIZE]))
+        add_request(engine, make_request("bad", [VOCAB_SIZE]))
     with pytest.raises(InvalidRequestError, match="empty"):
-        engine.add_request(make_request("empty", []))
+        add_request(engine, make_request("empty", []))
     assert not engine.has_unfinished_requests
 
 
 def test_max_tokens_defaults_to_the_room_left_in_the_context():
     engine = make_engine(max_model_len=40)
     shared = SamplingParams(max_tokens=None)
-    engine.add_request(EngineRequest("a", prompt(30), shared))
+    add_request(engine, EngineRequest("a", prompt(30), shared))
     assert run_to_completion(engine)["a"].__len__() == 10
     assert shared.max_tokens is None, "the caller's params are not modified"
 
@@ -149,12 +149,12 @@ def test_max_tokens_defaults_to_the_room_left_in_the_context():
 def test_static_batching_never_admits_into_a_running_batch():
     engine = make_engine(scheduling_policy="static", max_num_seqs=4, max_num_batched_tokens=16)
     for i in range(3):
-        engine.add_request(make_request(f"a{i}", prompt(40, i), max_tokens=5 + 5 * i))
+        add_request(engine, make_request(f"a{i}", prompt(40, i), max_tokens=5 + 5 * i))
     first = engine.scheduler.schedule(0.0)
     assert {s.request_id for s in first.sequences} == {"a0", "a1", "a2"}
     assert first.num_prefill_tokens == 120, "static prefills the whole batch at once"
     engine.scheduler.update(first, engine.executor.execute(first))
-    engine.add_request(make_request("late", prompt(10, 7), max_tokens=3))
+    add_request(engine, make_request("late", prompt(10, 7), max_tokens=3))
     batch_sizes = []
     for batch in scheduled_steps(engine):
         ids = {s.request_id for s in batch.sequences}
@@ -166,7 +166,7 @@ def test_static_batching_never_admits_into_a_running_batch():
 
 def test_abort_frees_blocks_before_the_next_step():
     engine = make_engine(num_kv_blocks=32)
-    engine.add_request(make_request("a", prompt(100), max_tokens=50))
+    add_request(engine, make_request("a", prompt(100), max_tokens=50))
     engine.step()
     assert engine.kv_cache.pool.num_free_blocks < 32
     output = engine.abort_request("a")
@@ -179,9 +179,9 @@ def test_abort_frees_blocks_before_the_next_step():
 def test_prefix_cache_hit_skips_prefill_of_cached_blocks():
     engine = make_engine(max_num_batched_tokens=512)
     shared = prompt(64, 3)
-    engine.add_request(make_request("first", [*shared, 1, 2, 3], max_tokens=2))
+    add_request(engine, make_request("first", [*shared, 1, 2, 3], max_tokens=2))
     run_to_completion(engine)
-    engine.add_request(make_request("second", [*shared, 4, 5], max_tokens=2))
+    add_request(engine, make_request("second", [*shared, 4, 5], max_tokens=2))
     batch = engine.scheduler.schedule(engine.clock())
     (seq,) = batch.sequences
     assert seq.start_position == 64 and seq.token_ids == [4, 5]
@@ -192,9 +192,9 @@ def test_prefix_cache_hit_skips_prefill_of_cached_blocks():
 def test_prefix_caching_can_be_turned_off():
     engine = make_engine(enable_prefix_caching=False)
     shared = prompt(64, 3)
-    engine.add_request(make_request("first", [*shared, 1], max_tokens=2))
+    add_request(engine, make_request("first", [*shared, 1], max_tokens=2))
     run_to_completion(engine)
-    engine.add_request(make_request("second", [*shared, 2], max_tokens=2))
+    add_request(engine, make_request("second", [*shared, 2], max_tokens=2))
     (seq,) = engine.scheduler.schedule(engine.clock()).sequences
     assert seq.start_position == 0
 
@@ -209,7 +209,7 @@ def test_outputs_are_batch_invariant_across_budgets_and_caches():
             num_kv_blocks=blocks, max_num_batched_tokens=max_batched, enable_prefix_caching=prefix
         )
         for i, (n_prompt, n_out) in enumerate(specs):
-            engine.add_request(make_request(f"r{i}", prompt(n_prompt, i % 5), max_tokens=n_out))
+            add_request(engine, make_request(f"r{i}", prompt(n_prompt, i % 5), max_tokens=n_out))
         return run_to_completion(engine), engine
 
     reference, _ = run(2048, prefix=False)
@@ -225,7 +225,7 @@ def test_outputs_are_batch_invariant_across_budgets_and_caches():
 
 def test_unset_max_tokens_is_capped_by_what_the_cache_holds():
     engine = make_engine(num_kv_blocks=4, block_size=16, max_model_len=4096)
-    engine.add_request(make_request("a", prompt(10), max_tokens=None))
+    add_request(engine, make_request("a", prompt(10), max_tokens=None))
     assert len(run_to_completion(engine)["a"]) == 4 * 16 - 10
 
 
@@ -236,7 +236,7 @@ def test_steady_decode_steps_ask_the_policy_for_no_plan(monkeypatch: pytest.Monk
     plan = policy.plan
     monkeypatch.setattr(policy, "plan", lambda view: views.append(view) or plan(view))
     for i in range(2):
-        engine.add_request(make_request(f"r{i}", prompt(20, seed=i), max_tokens=5))
+        add_request(engine, make_request(f"r{i}", prompt(20, seed=i), max_tokens=5))
 
     outputs = run_to_completion(engine)
 

@@ -16,7 +16,7 @@ from baton.core.request import SLO, FinishReason
 from baton.core.scheduling.step_cost import CostCoefficients, StepCostModel
 from baton.core.scheduling.ttft_forecast import TTFTForecast
 from baton.core.text.tokenizer import Tokenizer
-from tests.factory import make_engine, make_request
+from tests.factory import add_request, make_engine, make_request
 from tests.server_harness import base_url, running_server, simulated_engine
 from tests.test_backpressure import GatedExecutor, wait_for
 
@@ -229,10 +229,10 @@ def queued_behind_one_place(factor: float) -> tuple[list[RequestOutput], Engine]
         slo_admission_factor=factor,
         cost=CostCoefficients(base_s=0.01),
     )
-    engine.add_request(make_request("long", [1] * 10, max_tokens=100))
+    add_request(engine, make_request("long", [1] * 10, max_tokens=100))
     engine.step()
     for request_id, slo in (("tight", SLO(100, None)), ("untargeted", SLO())):
-        engine.add_request(make_request(request_id, [1] * 10, slo=slo, max_tokens=4))
+        add_request(engine, make_request(request_id, [1] * 10, slo=slo, max_tokens=4))
     outputs = []
     while engine.has_unfinished_requests:
         outputs += engine.step()

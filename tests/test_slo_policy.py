@@ -19,7 +19,7 @@ from baton.core.scheduling.policy_registry import make_policy
 from baton.core.scheduling.slo_policy import SLOPolicy
 from baton.core.scheduling.step_cost import CostCoefficients, StepCostModel, StepShape
 from baton.core.scheduling.step_cost_profile import profile_shapes, warm_up
-from tests.factory import make_engine
+from tests.factory import add_request, make_engine
 
 VOCAB = 1000
 TRUE = CostCoefficients(
@@ -69,7 +69,8 @@ def run(engine: Engine, arrivals: list[Arrival]) -> dict[str, Request]:
         while pending and pending[0].time <= engine.clock():
             a = pending.pop(0)
             tokens = [rng.randrange(VOCAB) for _ in range(a.prompt_len)]
-            engine.add_request(
+            add_request(
+                engine,
                 EngineRequest(
                     a.request_id,
                     tokens,
@@ -77,7 +78,7 @@ def run(engine: Engine, arrivals: list[Arrival]) -> dict[str, Request]:
                     priority=a.priority,
                     slo=a.slo,
                     arrival_time=a.time,
-                )
+                ),
             )
         if not engine.has_unfinished_requests:
             engine.clock.now = pending[0].time

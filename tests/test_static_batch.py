@@ -17,7 +17,7 @@ from baton.core.scheduling.step_cost import CostCoefficients, StepShape
 from baton.core.simulation.records import summarize
 from baton.core.simulation.simulator import SimulationConfig, simulate
 from baton.core.simulation.workloads import cap_max_tokens, sample_requests
-from tests.factory import make_engine, make_request
+from tests.factory import add_request, make_engine, make_request
 
 
 def run(engine: Engine) -> tuple[dict[str, list[int]], list[Batch]]:
@@ -43,7 +43,7 @@ def test_a_static_batch_reserves_each_slots_maximum_length_so_fewer_fit():
     }
     for engine in engines.values():
         for i in range(6):
-            engine.add_request(make_request(f"r{i}", [1 + i] * 16, max_tokens=64))
+            add_request(engine, make_request(f"r{i}", [1 + i] * 16, max_tokens=64))
     static = engines["static"]
     first = static.scheduler.schedule(0.0)
     assert [seq.request_id for seq in first.sequences] == ["r0", "r1", "r2", "r3"]
@@ -61,7 +61,7 @@ def test_static_batching_never_preempts_where_continuous_batching_must():
     for policy in ("static", "fcfs"):
         engine = make_engine(num_kv_blocks=16, block_size=4, scheduling_policy=policy)
         for i in range(4):
-            engine.add_request(make_request(f"r{i}", [1 + i] * 10, max_tokens=20))
+            add_request(engine, make_request(f"r{i}", [1 + i] * 10, max_tokens=20))
         _tokens, batches = run(engine)
         members[policy] = [sorted(seq.request_id for seq in b.sequences) for b in batches]
         preemptions[policy] = engine.scheduler.num_preemptions
@@ -74,7 +74,7 @@ def test_each_step_of_a_static_batch_costs_the_padded_batch_until_its_longest_me
     cost = CostCoefficients()
     engine = make_engine(scheduling_policy="static", cost=cost, enable_prefix_caching=False)
     for name, prompt_len, max_tokens in (("a", 10, 2), ("b", 20, 5), ("c", 40, 3)):
-        engine.add_request(make_request(name, [7] * prompt_len, max_tokens=max_tokens))
+        add_request(engine, make_request(name, [7] * prompt_len, max_tokens=max_tokens))
     _tokens, batches = run(engine)
     assert [len(batch.sequences) for batch in batches] == [3, 3, 2, 1, 1]
     # Three rows throughout: prompts padded to 40, and every row decodes (and reads 40 + k
@@ -94,9 +94,9 @@ def test_each_step_of_a_static_batch_costs_the_padded_batch_until_its_longest_me
 
 def test_a_static_batch_is_closed_even_to_a_request_past_the_starvation_bound():
     engine = make_engine(scheduling_policy="static", max_wait_ms=1.0)
-    member = engine.add_request(make_request("member", [3] * 8, max_tokens=40))
+    member = add_request(engine, make_request("member", [3] * 8, max_tokens=40))
     engine.step()
-    late = engine.add_request(make_request("late", [4] * 8, max_tokens=2))
+    late = add_request(engine, make_request("late", [4] * 8, max_tokens=2))
     run(engine)
     assert late.first_scheduled_time >= member.finish_time
     assert late.first_scheduled_time - late.arrival_time > 0.001
@@ -114,7 +114,7 @@ def test_static_batching_pads_the_cost_but_not_the_tokens():
             scheduling_policy=policy, max_num_seqs=4, num_kv_blocks=24, max_num_batched_tokens=32
         )
         for request_id, prompt, max_tokens in requests:
-            engine.add_request(make_request(request_id, prompt, max_tokens=max_tokens))
+            add_request(engine, make_request(request_id, prompt, max_tokens=max_tokens))
         outputs[policy], batches = run(engine)
         padded = [b for b in batches if b.padding.num_decode_tokens or b.padding.num_prefill_tokens]
         assert bool(padded) == (policy == "static")

@@ -23,7 +23,7 @@ from baton.core.scheduling.step_cost import (
 from baton.core.scheduling.step_cost_profile import profile_shapes, warm_up
 from baton.core.simulation.simulated_executor import SimulatedClock, SimulatedExecutor
 from baton.core.simulation.simulator import DEFAULT_COST
-from tests.factory import make_engine, make_request
+from tests.factory import add_request, make_engine, make_request
 
 TRUE = CostCoefficients(0.008, 6e-5, 3e-4, 2e-7)
 DATA = Path(__file__).parent / "data"
@@ -94,7 +94,7 @@ def test_engine_fits_its_model_to_every_step():
     rng = random.Random(6)
     for i in range(40):
         tokens = [rng.randrange(1000) for _ in range(rng.randint(1, 600))]
-        engine.add_request(make_request(f"r{i}", tokens, max_tokens=rng.randint(1, 60)))
+        add_request(engine, make_request(f"r{i}", tokens, max_tokens=rng.randint(1, 60)))
     while engine.has_unfinished_requests:
         engine.step()
     model = engine.step_cost_model
@@ -116,7 +116,7 @@ def test_simulated_executor_charges_the_true_cost_with_bounded_noise():
         clock=clock,
     )
     noisy = SimulatedExecutor(64, 16, 1000, cost=TRUE, noise=0.1, seed=7)
-    engine.add_request(make_request("r", list(range(300)), max_tokens=3))
+    add_request(engine, make_request("r", list(range(300)), max_tokens=3))
     while engine.has_unfinished_requests:
         engine.step()
     assert [StepShape.of_batch(batch) for batch in batches] == [

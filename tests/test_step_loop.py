@@ -8,10 +8,12 @@ import time
 from collections.abc import Callable
 
 from baton.core.batch import Batch
+from baton.core.engine import INTERNAL_ERROR
 from baton.core.engine_stats import EngineStats
 from baton.core.outputs import RequestOutput
 from baton.core.request import FinishReason
 from baton.core.step_loop import StepLoop
+from baton.core.structured_output import GuideKind, StructuredOutput
 from tests.factory import make_engine, make_request
 
 
@@ -102,15 +104,32 @@ def test_abort_from_another_thread_frees_blocks():
         loop.stop(timeout=5)
 
 
-def test_invalid_request_is_rejected_without_disturbing_others():
+def test_request_the_engine_refuses_is_rejected_without_disturbing_others():
+    # Validation ran at admission; what the engine itself may still refuse is a constraint
+    # its executor cannot compile (the simulated one compiles none).
+    loop, collector = make_loop()
+    digits = StructuredOutput(GuideKind.REGEX, "[0-9]+")
+    try:
+        loop.submit(make_request("ok", [1, 2, 3], max_tokens=5))
+        loop.submit(make_request("bad", [1, 2], max_tokens=5, structured_output=digits))
+        collector.wait_finished({"ok", "bad"})
+        assert collector.finished["bad"].finish_reason is FinishReason.ERROR
+        assert "does not support" in collector.finished["bad"].error
+        assert len(collector.tokens["ok"]) == 5
+    finally:
+        loop.stop(timeout=5)
+
+
+def test_a_request_that_skipped_validation_fails_alone():
     loop, collector = make_loop()
     try:
         loop.submit(make_request("ok", [1, 2, 3], max_tokens=5))
-        loop.submit(make_request("bad", [1, 100], max_tokens=5))
-        collector.wait_finished({"ok", "bad"})
-        assert collector.finished["bad"].finish_reason is FinishReason.ERROR
-        assert "outside the vocabulary" in collector.finished["bad"].error
+        loop.submit(make_request("unchecked", [1, 2], max_tokens=None))
+        collector.wait_finished({"ok", "unchecked"})
+        assert collector.finished["unchecked"].finish_reason is FinishReason.ERROR
+        assert collector.finished["unchecked"].error == INTERNAL_ERROR
         assert len(collector.tokens["ok"]) == 5
+        assert loop.is_alive
     finally:
         loop.stop(timeout=5)
 

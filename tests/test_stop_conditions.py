@@ -12,6 +12,7 @@ from baton.core.engine import Engine
 from baton.core.request import EngineRequest, FinishReason
 from baton.core.sampling_params import SamplingParams
 from baton.core.text.tokenizer import Tokenizer
+from tests.factory import add_request
 
 
 class ScriptedExecutor:
@@ -48,7 +49,7 @@ def run(tokenizer, script_text: str, params: SamplingParams, eos_after: bool = T
         eos_token_ids=[tokenizer.eos_token_id],
         tokenizer=tokenizer,
     )
-    engine.add_request(EngineRequest("r", tokenizer.encode("Question:"), params))
+    add_request(engine, EngineRequest("r", tokenizer.encode("Question:"), params))
     pieces, last = [], None
     while engine.has_unfinished_requests:
         for output in engine.step():

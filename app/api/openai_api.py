@@ -34,8 +34,14 @@ from baton.app.api.openai_format import (
 )
 from baton.app.api.protocol import GenerationRequest, parse_json_object, validate_request
 from baton.app.api.tool_calls import ToolCallStream, tool_call_streams
-from baton.app.engine.admission import AdmittedRequest, admit, check_capacity, submit
-from baton.app.engine.async_engine import EngineDeadError, EngineStream
+from baton.app.engine.admission import (
+    AdmittedRequest,
+    admit,
+    check_capacity,
+    start_trace,
+    submit,
+)
+from baton.app.engine.client import EngineDeadError, EngineStream
 from baton.app.errors import APIError, output_error
 from baton.app.state import ServerState, server_state
 from baton.core.batch import TokenLogprobs
@@ -65,16 +71,29 @@ async def _serve(
     prompts = len(parsed.prompts) if isinstance(parsed, CompletionRequest) else 1
     # Each candidate of each prompt is an engine request: refuse what cannot fit before
     # tokenizing any.
-    check_capacity(state, prompts * parsed.num_candidates)
+    num_requests = prompts * parsed.num_candidates
+    check_capacity(state, num_requests)
     tool_streams = tool_call_streams(
-        parsed, state.tokenizer, state.settings.tool_call_parser, prompts * parsed.num_candidates
+        parsed, state.tokenizer, state.settings.tool_call_parser, num_requests
     )
-    admitted = await admit(state, parsed)
-    generation = Generation(state, parsed, admitted, format_class(state.tokenizer), tool_streams)
-    generation.open(arrival_time, request.headers.get("traceparent"))
+    response_id = state.next_request_id(format_class.id_prefix)
+    trace_context = start_trace(state, parsed, request.headers.get("traceparent"))
+    request_ids = engine_request_ids(response_id, num_requests)
+    admitted = await admit(state, parsed, request_ids, arrival_time, trace_context)
+    response_format = format_class(state.tokenizer)
+    generation = Generation(state, parsed, admitted, response_format, response_id, tool_streams)
+    generation.open()
     if parsed.stream:
         return EventStreamResponse(generation.events(), generation.close)
     return await _respond_unless_disconnected(request, generation)
+
+
+def engine_request_ids(response_id: str, num_requests: int) -> list[str]:
+    """A lone engine request shares the response's id, so logs and traces match; several are
+    numbered after it."""
+    if num_requests == 1:
+        return [response_id]
+    return [f"{response_id}-{index}" for index in range(num_requests)]
 
 
 class EventStreamResponse(StreamingResponse):
@@ -127,6 +146,7 @@ class Generation:
         request: GenerationRequest,
         admitted: AdmittedRequest,
         response_format: ResponseFormat,
+        response_id: str,
         tool_streams: list[ToolCallStream] | None = None,
     ) -> None:
         self.state = state
@@ -135,37 +155,24 @@ class Generation:
         self.request = request
         self.admitted = admitted
         self.format = response_format
-        response_id = state.next_request_id(response_format.id_prefix)
         self.envelope = Envelope(response_id, int(time.time()), state.model_name)
         self.streams: list[EngineStream] = []
         # Final outputs in the order their requests finished: usage and `timing` come from here.
         self._finished: list[RequestOutput] = []
         # Per engine request (prompt by prompt, `num_candidates` each): the prompt it echoes.
-        self.echoes: list[Echo | None] = [None] * admitted.num_engine_requests
+        self.echoes: list[Echo | None] = [None] * len(admitted.requests)
         if isinstance(request, CompletionRequest) and request.echo:
             self.echoes = [
-                Echo.of(prompt, admitted_prompt.token_ids, response_format.tokenizer)
-                for prompt, admitted_prompt in zip(request.prompts, admitted.prompts, strict=True)
+                Echo.of(prompt, token_ids, response_format.tokenizer)
+                for prompt, token_ids in zip(request.prompts, admitted.prompts, strict=True)
                 for _ in range(admitted.num_candidates)
             ]
         self.shows_logprobs = request.shows_logprobs
 
-    def open(self, arrival_time: float, traceparent: str | None) -> None:
+    def open(self) -> None:
         """Register the engine requests (raises APIError when the server is full); from here
         on `close()` must be called, which aborts whichever have not finished."""
-        num_requests = self.admitted.num_engine_requests
-        # A lone engine request shares the response's id, so logs and traces match.
-        ids = [f"{self.envelope.id}-{index}" for index in range(num_requests)]
-        if num_requests == 1:
-            ids = [self.envelope.id]
-        trace_context = None
-        if self.state.tracing is not None:
-            operation = (
-                "chat" if isinstance(self.request, ChatCompletionRequest) else "text_completion"
-            )
-            trace_context = self.state.tracing.start(operation, traceparent)
-        adds = self.admitted.engine_requests(ids, arrival_time, trace_context)
-        self.streams = submit(self.state, adds)
+        self.streams = submit(self.state, self.admitted.requests)
 
     def close(self) -> None:
         for stream in self.streams:

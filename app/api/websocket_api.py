@@ -20,8 +20,14 @@ from baton.app.api.completion_protocol import CompletionRequest
 from baton.app.api.openai_format import timing, usage
 from baton.app.api.protocol import GenerationRequest, json_type, parse_json_object, validate_request
 from baton.app.api.tool_calls import ToolCallStream, tool_call_streams
-from baton.app.engine.admission import AdmittedRequest, admit, check_capacity, submit
-from baton.app.engine.async_engine import EngineDeadError
+from baton.app.engine.admission import (
+    AdmittedRequest,
+    admit,
+    check_capacity,
+    start_trace,
+    submit,
+)
+from baton.app.engine.client import EngineDeadError
 from baton.app.errors import APIError, output_error
 from baton.app.state import ServerState, server_metrics, server_state
 from baton.core.outputs import RequestOutput
@@ -150,15 +156,11 @@ class Session:
             request, self.state.tokenizer, self.state.settings.tool_call_parser, 1
         )
         record.tool_stream = streams[0] if streams else None
-        admitted = await admit(self.state, request)
-        trace_context = None
-        if self.state.tracing is not None:
-            operation = "chat" if isinstance(request, ChatCompletionRequest) else "text_completion"
-            # A frame's own traceparent wins over the one the socket was opened with.
-            traceparent = frame.get("traceparent") or self.websocket.headers.get("traceparent")
-            trace_context = self.state.tracing.start(operation, traceparent)
-        adds = admitted.engine_requests([record.engine_id], arrival_time, trace_context)
-        (stream,) = submit(self.state, adds)
+        # A frame's own traceparent wins over the one the socket was opened with.
+        traceparent = frame.get("traceparent") or self.websocket.headers.get("traceparent")
+        trace_context = start_trace(self.state, request, traceparent)
+        admitted = await admit(self.state, request, [record.engine_id], arrival_time, trace_context)
+        (stream,) = submit(self.state, admitted.requests)
         if record.cancelled:
             # Cancelled while being admitted: the engine answers the abort with a final output.
             self.state.engine.abort(record.engine_id)

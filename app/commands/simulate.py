@@ -384,7 +384,8 @@ def _calibration_run(engine, args: argparse.Namespace) -> None:
         prompt_len = max(1, min(spec.prompt_len, engine.max_model_len - output_len - 1))
         prompt = [(index * 31 + i) % engine.vocab_size for i in range(prompt_len)]
         params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-        engine.add_request(EngineRequest(f"calibrate-{index}", prompt, params))
+        request = EngineRequest(f"calibrate-{index}", prompt, params)
+        engine.add_request(engine.validator.validate(request))
     while engine.has_unfinished_requests:
         engine.step()
 

@@ -1,12 +1,13 @@
 """Admission of one generation request, shared by HTTP and WebSocket: the capacity check that
 comes before any work, the model name, a length bound before tokenizing, tokenizing (off the
-event loop when long), the engine's own checks and the registration. Every refusal is an
-`APIError`."""
+event loop when long), the engine requests built and validated (the only validation they get)
+and their registration. Every refusal is an `APIError`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -14,11 +15,11 @@ from dataclasses import dataclass
 from baton.app.api.chat_protocol import ChatCompletionRequest
 from baton.app.api.completion_protocol import CompletionRequest
 from baton.app.api.protocol import GenerationRequest
-from baton.app.engine.async_engine import EngineDeadError, EngineStream, QueueFullError
+from baton.app.engine.client import EngineDeadError, EngineStream, QueueFullError
 from baton.app.errors import APIError
 from baton.app.state import ServerState
 from baton.core.request import SLO, EngineRequest
-from baton.core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError, SamplingParams
+from baton.core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError
 from baton.core.text.tokenizer import ChatTemplateError, Tokenizer
 
 # Tokenizing more characters than this would hold the event loop for a millisecond or more,
@@ -27,53 +28,25 @@ MAX_INLINE_TOKENIZE_CHARS = 4096
 
 
 @dataclass(slots=True)
-class EnginePrompt:
-    """One prompt ready for the engine, with `max_tokens` resolved for its length."""
-
-    token_ids: list[int]
-    params: SamplingParams
-
-
-@dataclass(slots=True)
 class AdmittedRequest:
-    """`num_candidates` engine requests per prompt (`n`, or `best_of`), sharing the prompt's KV
-    blocks through the prefix cache."""
+    """An API request's engine requests, built and validated: `num_candidates` per prompt (`n`,
+    or `best_of`), prompt by prompt, sharing each prompt's KV blocks through the prefix cache."""
 
-    prompts: list[EnginePrompt]
-    priority: int
-    slo: SLO
+    requests: list[EngineRequest]
     num_candidates: int = 1
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return sum(len(prompt.token_ids) for prompt in self.prompts)
+    def prompts(self) -> list[list[int]]:
+        """Each prompt's token ids, once."""
+        return [request.prompt_token_ids for request in self.requests[:: self.num_candidates]]
 
     @property
-    def num_engine_requests(self) -> int:
-        return len(self.prompts) * self.num_candidates
+    def num_prompt_tokens(self) -> int:
+        return sum(len(prompt) for prompt in self.prompts)
 
-    def engine_requests(
-        self, request_ids: list[str], arrival_time: float, trace_context: object | None
-    ) -> list[EngineRequest]:
-        """`num_candidates` engine requests per prompt, prompt by prompt, under the given ids;
-        each candidate samples with its own seed (`SamplingParams.for_choice`)."""
-        candidates = [
-            (prompt, prompt.params.for_choice(index))
-            for prompt in self.prompts
-            for index in range(self.num_candidates)
-        ]
-        return [
-            EngineRequest(
-                request_id,
-                prompt.token_ids,
-                params,
-                self.priority,
-                self.slo,
-                arrival_time,
-                trace_context,
-            )
-            for request_id, (prompt, params) in zip(request_ids, candidates, strict=True)
-        ]
+    @property
+    def slo(self) -> SLO:
+        return self.requests[0].slo
 
 
 def check_capacity(state: ServerState, num_requests: int = 1) -> None:
@@ -115,11 +88,19 @@ def check_model(state: ServerState, model: str | None) -> None:
         )
 
 
-async def admit(state: ServerState, request: GenerationRequest) -> AdmittedRequest:
-    """Tokenize and check `request` against the model; raises APIError on anything wrong."""
+async def admit(
+    state: ServerState,
+    request: GenerationRequest,
+    request_ids: list[str],
+    arrival_time: float,
+    trace_context: object | None,
+) -> AdmittedRequest:
+    """Tokenize `request`, build its engine requests under `request_ids` (`num_candidates` per
+    prompt) and validate them, the one time anything does; raises APIError on anything wrong."""
     check_model(state, request.model)
     params = request.sampling_params()
-    prompts = await _tokenize(state.tokenizer, request, state.engine.max_model_len)
+    validator = state.engine.validator
+    prompts = await _tokenize(state.tokenizer, request, validator.limits.max_model_len)
     if params.structured_output is not None:
         # Compiling a new schema takes milliseconds to seconds: on a worker, never on the loop
         # or the step thread; a schema seen before comes from the compiler's cache.
@@ -127,19 +108,39 @@ async def admit(state: ServerState, request: GenerationRequest) -> AdmittedReque
             params = await asyncio.to_thread(state.engine.compile_structured_output, params)
         except InvalidRequestError as error:
             raise request.invalid(error) from None
-    admitted = []
+    slo = request.slo_targets(SLO(state.settings.ttft_slo_ms, state.settings.tpot_slo_ms))
+    ids = iter(request_ids)
+    requests = []
     for token_ids in prompts:
+        first = EngineRequest(
+            next(ids), token_ids, params, request.priority, slo, arrival_time, trace_context
+        )
         try:
-            checked = state.engine.check_request(token_ids, params)
+            first = validator.validate(first)
         except InvalidRequestError as error:
             raise request.invalid(error) from None
-        admitted.append(EnginePrompt(token_ids, checked))
-    default_slo = SLO(state.settings.ttft_slo_ms, state.settings.tpot_slo_ms)
-    result = AdmittedRequest(
-        admitted, request.priority, request.slo_targets(default_slo), request.num_candidates
-    )
-    check_slo(state, result)
-    return result
+        requests.append(first)
+        # The other candidates differ from the first only in their seed, which no check reads.
+        requests.extend(
+            dataclasses.replace(
+                first, request_id=next(ids), sampling_params=first.sampling_params.for_choice(i)
+            )
+            for i in range(1, request.num_candidates)
+        )
+    admitted = AdmittedRequest(requests, request.num_candidates)
+    check_slo(state, admitted)
+    return admitted
+
+
+def start_trace(
+    state: ServerState, request: GenerationRequest, traceparent: str | None
+) -> object | None:
+    """The trace context for `request`'s engine requests (continuing `traceparent`), or None
+    when no spans are exported."""
+    if state.tracing is None:
+        return None
+    operation = "chat" if isinstance(request, ChatCompletionRequest) else "text_completion"
+    return state.tracing.start(operation, traceparent)
 
 
 def check_slo(state: ServerState, request: AdmittedRequest) -> None:

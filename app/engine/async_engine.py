@@ -1,4 +1,4 @@
-"""The bridge between the asyncio event loop and the step thread.
+"""The bridge between the asyncio event loop and the step thread: the in-process `EngineClient`.
 
 Routes `submit()` requests and iterate the streams it returns. Adds and aborts cross into the
 step thread through `StepLoop`'s inbox; each step's outputs for all requests come back in one
@@ -16,12 +16,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from baton.app.engine.client import EngineDeadError, EngineStream, QueueFullError
 from baton.core.config import EngineConfig
 from baton.core.engine import Engine
 from baton.core.engine_stats import EngineStats, ReplicaStatus
 from baton.core.metrics.metric_aggregates import EngineMetrics
 from baton.core.outputs import RequestOutput
 from baton.core.request import EngineRequest, Request
+from baton.core.request_validator import RequestValidator
 from baton.core.sampling_params import SamplingParams
 from baton.core.scheduling.ttft_forecast import Forecast, TTFTForecast
 from baton.core.step_loop import StepLoop
@@ -34,60 +36,10 @@ MAX_RETRY_AFTER_S = 60
 DISPATCH_WAIT_S = 0.5
 
 
-class EngineDeadError(RuntimeError):
-    pass
-
-
-class QueueFullError(RuntimeError):
-    def __init__(self, retry_after_s: int, limit: int) -> None:
-        super().__init__(
-            f"the server is at its limit of {limit} requests in flight (--max-num-seqs plus "
-            "--max-queued-requests)"
-        )
-        self.retry_after_s = retry_after_s
-
-
-class EngineStream:
-    """One request's outputs, in order, as the step thread delivers them; the last one is
-    finished. Closing the stream before that aborts the request."""
-
-    def __init__(self, engine: AsyncEngine, request_id: str) -> None:
-        self.request_id = request_id
-        self._engine = engine
-        self._queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
-        self._finished = False
-        self._closed = False
-
-    def put(self, item: RequestOutput | Exception) -> None:
-        self._queue.put_nowait(item)
-
-    def __aiter__(self) -> EngineStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._finished or self._closed:
-            # Released only now, once the consumer is past the final output: shutdown waits for
-            # in-flight streams, and so for their last frames to go out.
-            self.close()
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, Exception):
-            self.close()
-            raise item
-        self._finished = item.finished
-        return item
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._engine._release(self.request_id, abort=not self._finished)
-
-    async def aclose(self) -> None:
-        self.close()
-
-
 class AsyncEngine:
-    """Owns the step thread; safe to use from the event loop that called `start()`."""
+    """Owns the step thread; safe to use from the event loop that called `start()`. Implements
+    `EngineClient`; `engine` is the engine the step thread owns, which outside this module only
+    tests reach into."""
 
     def __init__(self, engine: Engine, max_queued_requests: int) -> None:
         self.engine = engine
@@ -98,10 +50,10 @@ class AsyncEngine:
         self._step_loop = StepLoop(engine, self._deliver_from_step_thread, self._on_death)
         # The engine as of the last step the event loop has taken: what metrics, stats and
         # admission read, never the step thread's live queues.
-        self.stats: EngineStats = engine.make_stats()
+        self._stats: EngineStats = engine.make_stats()
         self._dead: str | None = None
-        # Set at shutdown: in-flight requests finish, new ones are refused with 503.
-        self.draining = False
+        # Set at shutdown (`drain`): in-flight requests finish, new ones are refused with 503.
+        self._draining = False
         self._started_at = time.monotonic()
         # Event-loop times of recent completions; bounded so a busy server keeps only the last.
         self._finish_times: deque[float] = deque(maxlen=1024)
@@ -113,7 +65,7 @@ class AsyncEngine:
         # Prefill owed by the requests in flight, kept on the event loop for admission control.
         config = engine.config
         self.forecast = TTFTForecast(
-            self.stats.step_cost,
+            self._stats.step_cost,
             config.max_num_batched_tokens,
             config.max_num_seqs,
             config.max_wait_ms / 1000,
@@ -124,8 +76,12 @@ class AsyncEngine:
         return self.engine.config
 
     @property
-    def max_model_len(self) -> int:
-        return self.engine.max_model_len
+    def validator(self) -> RequestValidator:
+        return self.engine.validator
+
+    @property
+    def stats(self) -> EngineStats:
+        return self._stats
 
     def clock(self) -> float:
         """The engine's clock, on which arrival times are given."""
@@ -148,12 +104,12 @@ class AsyncEngine:
 
     @property
     def healthy(self) -> bool:
-        return self._step_loop.is_alive and self._dead is None and not self.draining
+        return self._step_loop.is_alive and self._dead is None and not self._draining
 
     @property
     def failure(self) -> str:
         """Why the engine is not serving, for 503 bodies (health, refused requests)."""
-        if self._dead is None and self.draining:
+        if self._dead is None and self._draining:
             return "the server is shutting down"
         return self._dead or "the engine is not running"
 
@@ -165,6 +121,9 @@ class AsyncEngine:
         self.loop = asyncio.get_running_loop()
         self._started_at = time.monotonic()
         self._step_loop.start()
+
+    def drain(self) -> None:
+        self._draining = True
 
     def stop(self, timeout: float | None = None) -> None:
         """Cancel what is left and end the step thread (blocks up to `timeout`)."""
@@ -179,7 +138,7 @@ class AsyncEngine:
                 socket.gethostname(),
                 os.getpid(),
                 self.healthy,
-                self.stats,
+                self._stats,
                 len(self._streams),
                 self._num_submitted,
                 self._num_finished,
@@ -194,9 +153,6 @@ class AsyncEngine:
         if len(self._streams) + num_requests > limit:
             raise QueueFullError(self._retry_after_s(), limit)
 
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
-        return self.engine.check_request(prompt_token_ids, params)
-
     def compile_structured_output(self, params: SamplingParams) -> SamplingParams:
         return self.engine.compile_structured_output(params)
 
@@ -205,7 +161,8 @@ class AsyncEngine:
         return self.forecast.predict(num_prompt_tokens, ttft_ms, time.monotonic())
 
     def submit(self, requests: list[EngineRequest]) -> list[EngineStream]:
-        """Hand `requests` to the step thread, all or none, and return their output streams.
+        """Hand `requests` (validated) to the step thread, all or none, and return their output
+        streams.
 
         The capacity check and the registration are one synchronous step on the event loop, so
         concurrent admissions cannot overshoot the queue limit between them. Closing a stream
@@ -218,7 +175,7 @@ class AsyncEngine:
         now = time.monotonic()
         streams = []
         for request in requests:
-            stream = EngineStream(self, request.request_id)
+            stream = EngineStream(request.request_id, self._release)
             self._streams[request.request_id] = stream
             self.forecast.add(request.request_id, len(request.prompt_token_ids), request.slo, now)
             self._step_loop.submit(request)
@@ -226,7 +183,7 @@ class AsyncEngine:
             streams.append(stream)
         return streams
 
-    def _release(self, request_id: str, *, abort: bool) -> None:
+    def _release(self, request_id: str, abort: bool) -> None:
         """A stream is done with: forget it and, if it had not finished, abort its request."""
         if self._streams.pop(request_id, None) is None:
             return
@@ -264,7 +221,7 @@ class AsyncEngine:
             loop.call_soon_threadsafe(callback, *arguments)
 
     def _dispatch(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
-        self.stats = stats
+        self._stats = stats
         self.forecast.cost_model = stats.step_cost
         self.forecast.lifetime_s = stats.mean_lifetime_s
         now = time.monotonic()

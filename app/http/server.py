@@ -31,6 +31,7 @@ from starlette.staticfiles import StaticFiles
 from baton.app.api.openai_api import chat_completions, completions
 from baton.app.api.websocket_api import websocket_endpoint
 from baton.app.engine.async_engine import AsyncEngine
+from baton.app.engine.client import EngineClient
 from baton.app.errors import APIError
 from baton.app.http.http_limits import http_protocol
 from baton.app.http.security import security_middleware
@@ -71,7 +72,7 @@ async def models(request: Request) -> Response:
         "object": "model",
         "created": state.created,
         "owned_by": "baton",
-        "max_model_len": state.engine.max_model_len,
+        "max_model_len": state.engine.validator.limits.max_model_len,
     }
     return json_response({"object": "list", "data": [card]})
 
@@ -182,7 +183,7 @@ class BatonServer(uvicorn.Server):
         for sock in sockets or []:
             sock.close()
         engine = self.state.engine
-        engine.draining = True
+        engine.drain()
         loop = asyncio.get_running_loop()
         timeout_s = self.state.settings.shutdown_timeout_s
         deadline = loop.time() + timeout_s
@@ -316,7 +317,7 @@ def serve_engine(
 
 
 def serve_front_end(
-    engine: AsyncEngine,
+    engine: EngineClient,
     tokenizer: Tokenizer,
     model_name: str,
     settings: ServerSettings,

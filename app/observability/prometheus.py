@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
-from baton.app.engine.async_engine import AsyncEngine
+from baton.app.engine.client import EngineClient
 from baton.app.settings import METRICS_STYLES
 from baton.core.engine_stats import EngineStats, ReplicaStatus
 from baton.core.metrics.metric_aggregates import EngineMetrics, Histogram
@@ -191,7 +191,7 @@ class ServerMetrics:
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: EngineClient,
         window_s: float = 60.0,
         *,
         record: bool = True,

@@ -24,7 +24,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from baton.app.engine.async_engine import AsyncEngine
+from baton.app.engine.client import EngineClient
 from baton.app.settings import ServerSettings
 from baton.core.metrics.latency import percentile, slo_outcome
 from baton.core.metrics.metric_aggregates import token_gaps
@@ -74,7 +74,9 @@ class Tracing:
     """Span trees for the requests that carry a `TraceStart` (the engine request's
     `trace_context`, which the route sets from `start()`), built as each finishes."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str, exporters: list[SpanExporter]) -> None:
+    def __init__(
+        self, engine: EngineClient, model_name: str, exporters: list[SpanExporter]
+    ) -> None:
         self.model_name = model_name
         self.policy = engine.config.scheduling_policy
         # Processors of its own, not a global provider: several servers may share a process.

@@ -17,6 +17,7 @@ from baton.app.replicas.replica_settings import ReplicaModel
 from baton.core.engine_stats import EngineStats
 from baton.core.outputs import RequestOutput
 from baton.core.request import EngineRequest, Request
+from baton.core.request_validator import ModelLimits
 from baton.core.step_loop import StepLoop
 from baton.core.step_stats import StepStats
 
@@ -39,10 +40,7 @@ class ReplicaInfo:
 
     node: str
     pid: int
-    num_kv_blocks: int
-    block_size: int
-    max_model_len: int
-    vocab_size: int
+    limits: ModelLimits
     stats: EngineStats
 
 
@@ -72,10 +70,7 @@ class EngineReplica:
         return ReplicaInfo(
             socket.gethostname(),
             os.getpid(),
-            engine.kv_cache.num_blocks,
-            engine.kv_cache.block_size,
-            engine.max_model_len,
-            engine.vocab_size,
+            engine.limits,
             engine.make_stats(),
         )
 

@@ -13,8 +13,7 @@ from baton.app.replicas.ray_replica import EngineReplica
 from baton.app.replicas.replica_settings import ReplicaModel, ReplicaSettings
 from baton.app.replicas.replicated_engine import ReplicatedEngine
 from baton.app.settings import ServerSettings
-from baton.core.engine import Engine
-from baton.core.simulation.simulated_executor import SimulatedExecutor
+from baton.core.request_validator import RequestValidator
 from baton.core.text.tokenizer import Tokenizer
 
 # Calls a replica serves at once: its step stream, and submits and aborts beside it.
@@ -39,18 +38,12 @@ def start_replicas(
     )
     actors = [actor_class.remote(index, spec) for index in range(settings.num_replicas)]
     infos = ray.get([actor.info.remote() for actor in actors])
-    first = infos[0]
-    # The checks a single engine makes on the event loop need only its settings and sizes:
-    # an engine without a model, sized as the replicas are.
-    checker = Engine(
-        spec.config,
-        SimulatedExecutor(first.num_kv_blocks, first.block_size, first.vocab_size),
-        max_model_len=first.max_model_len,
-        vocab_size=first.vocab_size,
-        eos_token_ids=[],
-    )
+    # Replicas of one model differ at most in cache size (sized from each one's memory): the
+    # smallest cache's limits pass only what every replica can serve, wherever it is routed.
+    limits = min((info.limits for info in infos), key=lambda limits: limits.num_kv_blocks)
+    validator = RequestValidator(spec.config, limits)
     return ReplicatedEngine(
-        actors, infos, spec.config, settings.router, max_queued_requests, checker
+        actors, infos, spec.config, settings.router, max_queued_requests, validator
     )
 
 

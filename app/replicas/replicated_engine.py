@@ -1,7 +1,8 @@
-"""The front end's engine over N replica actors (`baton serve --replicas N`): what routes use
-of `AsyncEngine`, with each request routed by core/replicas/router.py on the replicas' ledgers, one
-task per replica reading its per-step messages, and a dead replica's requests failed cleanly
-or, when they had sent no token yet, retried on another replica while Ray restarts it."""
+"""The front end's engine over N replica actors (`baton serve --replicas N`): an `EngineClient`
+(app/engine/client.py), with each request routed by core/replicas/router.py on the replicas'
+ledgers, one task per replica reading its per-step messages, and a dead replica's requests
+failed cleanly or, when they had sent no token yet, retried on another replica while Ray
+restarts it."""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ from collections.abc import Callable, Sequence
 import ray
 from ray.exceptions import RayActorError, RayError
 
-from baton.app.engine.async_engine import EngineDeadError, EngineStream, QueueFullError
+from baton.app.engine.client import EngineDeadError, EngineStream, QueueFullError
 from baton.app.replicas.ray_replica import ReplicaInfo, ReplicaStep
 from baton.core.config import EngineConfig
-from baton.core.engine import Engine
 from baton.core.engine_stats import EngineStats, ReplicaStatus
+from baton.core.metrics.metric_aggregates import EngineMetrics
 from baton.core.outputs import RequestOutput
 from baton.core.replicas.replica_ledger import ReplicaLedger
 from baton.core.replicas.router import NoReplicaError, Router, RouteRequest
 from baton.core.request import SLO, EngineRequest, Request
+from baton.core.request_validator import RequestValidator
 from baton.core.sampling_params import InvalidRequestError, SamplingParams
 from baton.core.scheduling.ttft_forecast import Forecast
 from baton.core.step_stats import StepStats
@@ -47,14 +49,12 @@ class ReplicatedEngine:
         config: EngineConfig,
         router: str,
         max_queued_requests: int,
-        checker: Engine,
+        validator: RequestValidator,
     ) -> None:
         self.actors = list(actors)
         self.infos = list(infos)
         self._config = config
-        # A model-less engine with the replicas' settings: it checks requests on the event
-        # loop as a single engine does, without a call to a replica.
-        self.checker = checker
+        self._validator = validator
         self.max_queued_requests = max_queued_requests
         factor = config.slo_admission_factor if config.scheduling_policy == "slo" else 0.0
         self.router = Router(
@@ -63,7 +63,7 @@ class ReplicatedEngine:
         self.step_listeners: list[Callable[[StepStats], None]] = []
         self.finish_listeners: list[Callable[[Request, RequestOutput], None]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.draining = False
+        self._draining = False
         self._stopped = False
         self._streams: dict[str, EngineStream] = {}
         self._replica_of: dict[str, int] = {}
@@ -80,8 +80,8 @@ class ReplicatedEngine:
         return self._config
 
     @property
-    def max_model_len(self) -> int:
-        return self.checker.max_model_len
+    def validator(self) -> RequestValidator:
+        return self._validator
 
     @property
     def ledgers(self) -> list[ReplicaLedger]:
@@ -123,7 +123,7 @@ class ReplicatedEngine:
             for ledger, info in zip(self.ledgers, self.infos, strict=True)
         ]
 
-    def attach(self, metrics) -> None:
+    def attach(self, metrics: EngineMetrics) -> None:
         """Let `metrics` subscribe to every replica's steps and finishes, which the front end
         replays on the event loop as their messages arrive."""
         metrics.attach(self)
@@ -133,11 +133,11 @@ class ReplicatedEngine:
 
     @property
     def healthy(self) -> bool:
-        return not self._stopped and not self.draining and any(r.healthy for r in self.ledgers)
+        return not self._stopped and not self._draining and any(r.healthy for r in self.ledgers)
 
     @property
     def failure(self) -> str:
-        if self.draining:
+        if self._draining:
             return "the server is shutting down"
         if self._stopped:
             return "the engine has shut down"
@@ -150,6 +150,9 @@ class ReplicatedEngine:
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._tasks = [self.loop.create_task(self._follow(i)) for i in range(len(self.actors))]
+
+    def drain(self) -> None:
+        self._draining = True
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop every replica (blocks up to `timeout`); called off the event loop."""
@@ -169,9 +172,6 @@ class ReplicatedEngine:
         limit = len(self.actors) * self._config.max_num_seqs + self.max_queued_requests
         if len(self._streams) + num_requests > limit:
             raise QueueFullError(1, limit)
-
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
-        return self.checker.check_request(prompt_token_ids, params)
 
     def compile_structured_output(self, params: SamplingParams) -> SamplingParams:
         if params.structured_output is None:
@@ -199,7 +199,7 @@ class ReplicatedEngine:
                 raise ValueError(f"request id {request.request_id!r} is already in flight")
         streams = []
         for request in requests:
-            stream = EngineStream(self, request.request_id)  # type: ignore[arg-type]
+            stream = EngineStream(request.request_id, self._release)
             self._streams[request.request_id] = stream
             self._send(request)
             streams.append(stream)
@@ -234,9 +234,9 @@ class ReplicatedEngine:
 
     @property
     def _block_size(self) -> int:
-        return self.infos[0].block_size
+        return self.infos[0].limits.block_size
 
-    def _release(self, request_id: str, *, abort: bool) -> None:
+    def _release(self, request_id: str, abort: bool) -> None:
         """A stream is done with: forget it and, if it had not finished, abort its request."""
         if self._streams.pop(request_id, None) is None:
             return
@@ -335,6 +335,6 @@ class ReplicatedEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
             max_wait_s=config.max_wait_ms / 1000,
-            block_size=info.block_size,
-            num_kv_blocks=info.num_kv_blocks,
+            block_size=info.limits.block_size,
+            num_kv_blocks=info.limits.num_kv_blocks,
         )

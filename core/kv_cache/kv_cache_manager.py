@@ -8,6 +8,23 @@ from baton.core.kv_cache.block_pool import BlockPool, KVBlock, hash_block
 from baton.core.request import Request
 
 
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+def max_blocks_held(
+    num_tokens: int, block_size: int, max_chunk: int, sliding_window: int | None
+) -> int:
+    """The most blocks a request of `num_tokens` tokens holds at once, computed in chunks of at
+    most `max_chunk`: all of them, or with a sliding window the window behind a chunk, the
+    chunk's, and one more where they straddle a block boundary. A function of the sizes alone,
+    so request validation sizes a request without a cache."""
+    needed = blocks_needed(num_tokens, block_size)
+    if sliding_window is None:
+        return needed
+    return min(needed, blocks_needed(sliding_window - 1 + max_chunk, block_size) + 1)
+
+
 class KVCacheManager:
     """`sliding_window`: when every layer of the model attends only to its last that many
     tokens, a request's blocks that fall wholly before the window of its next token are never
@@ -42,16 +59,10 @@ class KVCacheManager:
         return self.pool.usage
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return blocks_needed(num_tokens, self.block_size)
 
     def max_blocks_held(self, num_tokens: int, max_chunk: int) -> int:
-        """The most blocks a request of `num_tokens` tokens holds at once, computed in chunks
-        of at most `max_chunk`: all of them, or with a sliding window the window behind a
-        chunk, the chunk's, and one more where they straddle a block boundary."""
-        needed = self.blocks_needed(num_tokens)
-        if self.sliding_window is None:
-            return needed
-        return min(needed, self.blocks_needed(self.sliding_window - 1 + max_chunk) + 1)
+        return max_blocks_held(num_tokens, self.block_size, max_chunk, self.sliding_window)
 
     def block_table(self, request_id: str) -> list[int]:
         return self._block_tables[request_id]

@@ -224,16 +224,15 @@ def submit(
         request_id, spec.output_len if spec.output_len < spec.max_tokens else None
     )
     try:
-        engine.add_request(
-            EngineRequest(
-                request_id,
-                prompt,
-                SamplingParams(max_tokens=spec.max_tokens),
-                priority=spec.request_class.priority,
-                slo=slo,
-                arrival_time=spec.arrival_s,
-            )
+        request = EngineRequest(
+            request_id,
+            prompt,
+            SamplingParams(max_tokens=spec.max_tokens),
+            priority=spec.request_class.priority,
+            slo=slo,
+            arrival_time=spec.arrival_s,
         )
+        engine.add_request(engine.validator.validate(request))
     except InvalidRequestError as error:
         raise ValueError(f"workload request {index} cannot be simulated: {error}") from None
 
