@@ -1,41 +1,126 @@
-"""Server settings: what `baton serve` flags set beyond the engine's own configuration."""
+"""The front end's settings: which model `baton serve` and `baton generate` load, and what the
+server's flags set beyond the engine's own configuration; each field is also its flag."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
+from baton.app.api.tool_parsers import PARSERS
+from baton.core.config import LOAD_FORMATS
 from baton.core.request import SLO
 from baton.core.sampling_params import InvalidRequestError
+from baton.core.setting import comma_list, setting
 
+# The checkpoint tools/train_demo.py trained, shipped inside the package (docs/demo_model.md), so
+# `baton serve` answers with no arguments.
+DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
+DEMO_MODEL_NAME = "baton-demo"
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 # What `/metrics` names its series after (baton.app.observability.prometheus).
 METRICS_STYLES = ("baton", "vllm", "both")
 EVENT_LOOPS = ("asyncio", "uvloop")
 
 
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    """The checkpoint to load and where it runs (baton.gpu.executor resolves auto)."""
+
+    model: str = setting(
+        str(DEMO_MODEL),
+        help="Hugging Face checkpoint folder",
+        default_text="the built-in demo model",
+    )
+    load_format: str = setting(
+        "auto",
+        choices=LOAD_FORMATS,
+        help="auto: the checkpoint's weights; dummy: random weights from config.json alone "
+        "(--model may be a config file)",
+    )
+    device: str = setting(
+        "auto", choices=DEVICES, help="where the model runs: auto is CUDA where a GPU is visible"
+    )
+    dtype: str = setting(
+        "auto",
+        choices=DTYPES,
+        help="the model's dtype: auto is float32 on the CPU and bfloat16 on CUDA",
+    )
+
+
 @dataclass(slots=True)
 class ServerSettings:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: str | None = None
-    api_keys: list[str] = field(default_factory=list)
-    allowed_origins: list[str] = field(default_factory=list)
+    """What `baton serve` listens on, whom it answers, its limits, SLO defaults and telemetry."""
+
+    host: str = setting("127.0.0.1", help="the address to listen on")
+    port: int = setting(8000, help="the port to listen on (0: any free port)")
+    served_model_name: str | None = setting(
+        None,
+        help="the model's name in the API (/v1/models, the model field)",
+        default_text="the --model folder's name",
+    )
+    api_keys: list[str] = setting(
+        name="--api-key",
+        repeatable=True,
+        default_factory=list,
+        help="require this bearer key (repeatable; or set BATON_API_KEY)",
+        default_text="no key",
+    )
+    allowed_origins: list[str] = setting(
+        default_factory=list,
+        parse=comma_list,
+        help="comma-separated origins allowed for CORS and WebSocket upgrades",
+    )
     # Host names answered beyond loopback's own when bound to loopback (baton.app.http.security).
-    allowed_hosts: list[str] = field(default_factory=list)
-    max_queued_requests: int = 256
+    allowed_hosts: list[str] = setting(
+        default_factory=list,
+        parse=comma_list,
+        help="comma-separated Host names to answer (*.example.org for subdomains, * for any); "
+        "on a loopback --host, loopback names are always answered and nothing else by default",
+    )
+    max_queued_requests: int = setting(
+        256, help="requests that may wait beside a full batch; more are refused (429)"
+    )
     # Bodies past this get 413 before they are read whole.
     max_body_bytes: int = 4 * 1024 * 1024
-    shutdown_timeout_s: float = 30.0
+    shutdown_timeout_s: float = setting(
+        30.0,
+        name="--shutdown-timeout",
+        help="seconds a stopping server lets running streams finish before it cuts them",
+    )
     # The request target and header fields past this get 431 (baton.app.http.http_limits).
-    max_header_bytes: int = 64 * 1024
-    # A request whose headers, or whose body, take longer than this to arrive gets 408.
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    ttft_slo_ms: float | None = None
-    tpot_slo_ms: float | None = None
-    otlp_traces_endpoint: str | None = None
-    # Print every span to stdout: for debugging, not production.
-    trace_console: bool = False
+    max_header_bytes: int = setting(
+        64 * 1024, help="answer 431 to a request whose target and header fields are larger"
+    )
+    header_timeout_s: float = setting(
+        10.0,
+        name="--header-timeout",
+        help="seconds a request's headers may take to arrive (408 and close after)",
+    )
+    body_timeout_s: float = setting(
+        30.0,
+        name="--body-timeout",
+        help="seconds a request's body may take to arrive once its headers have (408 and close "
+        "after); streamed responses are not limited",
+    )
+    ttft_slo_ms: float | None = setting(
+        None,
+        help="the time-to-first-token target in ms of requests that set none",
+        default_text="none",
+    )
+    tpot_slo_ms: float | None = setting(
+        None,
+        help="the time-per-output-token target in ms of requests that set none",
+        default_text="none",
+    )
+    otlp_traces_endpoint: str | None = setting(
+        None,
+        help="export request traces over OTLP/HTTP to this URL (e.g. http://localhost:4318)",
+        default_text="no export",
+    )
+    trace_console: bool = setting(False, help="print request traces to stdout (debugging)")
     # The sliding window /v1/stats reports over.
     stats_window_s: float = 60.0
     # Off only to measure what metrics cost (benchmarks/server_throughput.py): the engine's
@@ -43,13 +128,29 @@ class ServerSettings:
     record_metrics: bool = True
     # The format `tool_choice: auto` parses calls in (baton.app.api.tool_parsers); None: read it off
     # the chat template.
-    tool_call_parser: str | None = None
+    tool_call_parser: str | None = setting(
+        None,
+        choices=tuple(sorted(PARSERS)),
+        help="the format the model writes tool calls in, for tool_choice 'auto'",
+        default_text="read off the chat template: <tool_call> is hermes, [TOOL_CALLS] mistral, "
+        "<|python_tag|> llama3_json",
+    )
     # Names on /metrics: Baton's (`baton:`), vLLM's (`vllm:`, for its dashboards), or both.
-    metrics_style: str = "baton"
+    metrics_style: str = setting(
+        "baton",
+        choices=METRICS_STYLES,
+        help="names on /metrics: baton: (Baton's), vllm: (vLLM's names and labels, so vLLM's "
+        "Grafana dashboards work unchanged; series vLLM lacks keep baton:), or both",
+    )
     # The event loop uvicorn runs on. asyncio's own lets the step thread run while a socket
     # write is in the kernel: uvloop holds the GIL through each write, and the step thread
     # waits for it every token, which lengthens a lone stream's TPOT (docs/decisions.md).
-    event_loop: str = "asyncio"
+    event_loop: str = setting(
+        "asyncio",
+        choices=EVENT_LOOPS,
+        help="the event loop serving HTTP and WebSockets: asyncio's own (it lets the step "
+        "thread run while a token is written to a socket) or uvloop",
+    )
 
     @property
     def exports_spans(self) -> bool:

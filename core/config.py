@@ -1,11 +1,21 @@
-"""Engine settings: the scheduler's budgets, the KV cache shape and the policy."""
+"""Engine settings: the scheduler's budgets and policy, the KV cache's shape and how the model
+runs; each field is also the flag that sets it (core/setting.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
-from baton.core.scheduling.policy_registry import POLICIES
+from baton.core.kv_cache.host_memory import parse_memory_size
+from baton.core.setting import setting
 
+# The scheduling policies by name, the default first. A plain tuple rather than the registry's
+# keys, so the config loads without the policies (baton.core.scheduling.policy_registry builds
+# them; a test checks that both name the same policies in the same order).
+POLICIES = ("slo", "fcfs", "priority", "sjf", "hrrn", "ltr", "static")
+# Where a checkpoint's weights come from (baton.gpu.loader): its files, or random values drawn
+# for the shapes config.json gives.
+LOAD_FORMATS = ("auto", "dummy")
 # How a checkpoint's model runs (baton.core.checkpoint.model_impl): auto, Baton's native model, or
 # transformers'.
 MODEL_IMPLS = ("auto", "native", "transformers")
@@ -19,42 +29,92 @@ KV_CACHE_DTYPES = ("auto", "float16")
 
 @dataclass(slots=True)
 class EngineConfig:
-    """What `baton serve` and `baton generate` flags set for the engine.
+    """What `baton serve`, `baton generate` and (in part) `baton simulate` flags set for the
+    engine.
 
     `max_model_len=None` takes the checkpoint's context length; `num_kv_blocks=None` lets the
     executor size the cache from memory: from `kv_cache_memory_bytes` where given.
     """
 
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    enable_prefix_caching: bool = True
-    scheduling_policy: str = "slo"
+    max_model_len: int | None = setting(
+        None,
+        help="the longest sequence, prompt and output together",
+        default_text="the checkpoint's context length",
+    )
+    max_num_seqs: int = setting(64, help="the most sequences in one step's batch")
+    max_num_batched_tokens: int = setting(
+        2048, help="the token budget of one step: every decode and prefill chunk in it"
+    )
+    block_size: int = setting(16, help="tokens per KV cache block (a power of two)")
+    num_kv_blocks: int | None = setting(
+        None,
+        help="KV cache blocks to allocate (wins over --kv-cache-memory)",
+        default_text="sized from memory",
+    )
+    kv_cache_memory_bytes: int | None = setting(
+        None,
+        name="--kv-cache-memory",
+        metavar="SIZE",
+        parse=partial(parse_memory_size, flag="--kv-cache-memory"),
+        help="size the KV cache from this budget: bytes, or with a unit (512MiB, 2GiB)",
+        default_text="on the CPU, --max-num-seqs sequences of --max-model-len, at most 2 GiB "
+        "and a quarter of available memory; on CUDA, --gpu-memory-utilization",
+    )
+    enable_prefix_caching: bool = setting(
+        True, help="reuse the KV blocks of a prompt prefix computed before"
+    )
+    scheduling_policy: str = setting(
+        "slo",
+        choices=POLICIES,
+        help="what orders the queue: slo (the SLO-aware planner), fcfs, priority, sjf, hrrn and "
+        "ltr (the literature's orderings) or static (classic static batching)",
+    )
     # Hard bounds under every policy: no request waits longer for its first token, and none is
     # preempted more often (after that it is protected). Static batching keeps only the second
     # (its batch is closed; core/scheduling/scheduler.py).
-    max_wait_ms: float = 20_000.0
-    max_preemptions: int = 3
-    # With the slo policy, no request with a TTFT target starts later than this times its
-    # target: refused at arrival when predicted to, refused once it has waited that long.
+    max_wait_ms: float = setting(
+        20_000.0,
+        help="starvation bound, under every policy but static: no request waits longer for its "
+        "first token (one about to pass it preempts the running request that loses least)",
+    )
+    max_preemptions: int = setting(
+        3, help="a request preempted this many times is never preempted again"
+    )
     # 0 turns SLO admission control off.
-    slo_admission_factor: float = 3.0
-    gpu_memory_utilization: float = 0.9
-    # CUDA graphs for decode steps off: every step runs eagerly (the CPU always does).
-    enforce_eager: bool = False
-    seed: int = 0
-    # auto: Baton's native model where it has one, else transformers' modeling code (the generic
-    # path); native or transformers forces one (baton.core.checkpoint.model_impl).
-    model_impl: str = "auto"
-    # int8: the native model's linear layers over int8 weights with per-channel scales,
-    # quantized at load (CPU only).
-    quantization: str = "none"
-    # float16: keys and values rounded to float16 as they are stored, half the bytes to read
-    # and to hold (CPU only); auto: the model's dtype.
-    kv_cache_dtype: str = "auto"
+    slo_admission_factor: float = setting(
+        3.0,
+        help="with the slo policy, no request with a TTFT target starts later than this factor "
+        "times its target: one predicted to is refused at arrival (429), one that has waited "
+        "that long is refused then (0: off)",
+    )
+    gpu_memory_utilization: float = setting(
+        0.9, help="on CUDA, the share of GPU memory weights, activations and the KV cache fill"
+    )
+    enforce_eager: bool = setting(
+        False, help="no CUDA graphs: run decode steps eagerly too (for debugging and comparison)"
+    )
+    seed: int = setting(
+        0, help="seeds the generator that requests without a seed of their own sample from"
+    )
+    model_impl: str = setting(
+        "auto",
+        choices=MODEL_IMPLS,
+        help="auto: Baton's native model where it has one, else transformers' modeling code "
+        "over Baton's paged cache; native or transformers forces one",
+    )
+    quantization: str = setting(
+        "none",
+        choices=QUANTIZATIONS,
+        help="int8: weight-only int8 with per-channel scales, quantized at load from the float "
+        "checkpoint (native model on the CPU only)",
+    )
+    kv_cache_dtype: str = setting(
+        "auto",
+        choices=KV_CACHE_DTYPES,
+        help="auto: the KV cache in the model's dtype; float16: keys and values stored in "
+        "float16, half the memory and half the bytes each decode step reads (CPU only; outputs "
+        "may differ slightly from float32's)",
+    )
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

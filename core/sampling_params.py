@@ -7,6 +7,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
+from baton.core.setting import setting
 from baton.core.structured_output import StructuredOutput
 
 MAX_STOP_STRINGS = 16
@@ -52,17 +53,34 @@ class SamplingParams:
     `structured_output` constrains the output to a grammar (compiled before the request runs).
     """
 
-    max_tokens: int | None = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
+    # Fields declared with `setting` are flags too: `baton generate` samples by them, and
+    # `baton bench` sends --ignore-eos.
+    max_tokens: int | None = setting(16, help="tokens to generate at most")
+    temperature: float = setting(1.0, help="sampling temperature (0: greedy)")
+    top_p: float = setting(
+        1.0, help="sample from the most likely tokens whose probabilities sum to this (1: off)"
+    )
+    top_k: int = setting(-1, help="sample from this many most likely tokens (-1: off)")
+    min_p: float = setting(
+        0.0, help="drop tokens less likely than this share of the most likely one's (0: off)"
+    )
+    seed: int | None = setting(
+        None,
+        name="--sampling-seed",
+        help="per-request seed: the same seed samples the same tokens",
+        default_text="none: requests draw from the engine's generator (--seed)",
+    )
+    stop: list[str] = setting(
+        default_factory=list, repeatable=True, help="stop string (repeatable)"
+    )
     stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
+    ignore_eos: bool = setting(
+        False, help="keep generating past the end-of-sequence token, up to the token limit"
+    )
     min_tokens: int = 0
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = setting(
+        1.0, help="penalise tokens already in the prompt or output (1: off; above 1 penalises)"
+    )
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None

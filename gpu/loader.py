@@ -19,6 +19,7 @@ from safetensors import safe_open
 from torch import nn
 
 from baton.core.checkpoint.model_config import ModelConfig
+from baton.core.config import LOAD_FORMATS
 from baton.gpu.models.model import CausalLM
 from baton.gpu.models.moe import SparseMoE
 
@@ -88,9 +89,6 @@ def checkpoint_tensor_names(path: Path) -> set[str]:
         with safe_open(file, framework="pt") as f:
             names.update(f.keys())
     return names
-
-
-LOAD_FORMATS = ("auto", "dummy")
 
 
 def load_model(

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from baton.app.cli import main
-from baton.app.commands.simulate import served_coefficients
+from baton.app.commands.calibration import served_coefficients
 from baton.core.scheduling.step_cost import CostCoefficients, StepShape
 from tests.server_harness import base_url, running_server, simulated_engine
 

@@ -20,13 +20,19 @@ import sys
 import uvloop
 
 from baton.app.commands.bench_client import BenchRequest, RequestResult, benchmark
+from baton.app.commands.bench_settings import DEFAULT_NUM_PROMPTS, BenchSettings
+from baton.app.commands.load_settings import LoadSettings
 from baton.app.commands.progress import progress_bar
+from baton.app.flags import FlagGroup
 from baton.core.metrics.latency import SLOOutcome, percentile
+from baton.core.sampling_params import SamplingParams
 from baton.core.simulation.trace import load_trace
 from baton.core.simulation.workloads import WORKLOADS, arrival_rng, arrival_times, sample_requests
 
-# Prompts sent from a random or synthetic dataset when --num-prompts is not given.
-DEFAULT_NUM_PROMPTS = 100
+BENCH = FlagGroup(BenchSettings, "benchmark")
+# Prompts are random words, so the simulator's shared-prefix workloads would share nothing here.
+LOAD = FlagGroup(LoadSettings, "load", choices={"workload": tuple(WORKLOADS)})
+SAMPLING = FlagGroup(SamplingParams, "sampling", only=("ignore_eos",))
 # Ids every byte-level vocabulary has (its 256 bytes), clear of special tokens put first.
 TOKEN_ID_LOW, TOKEN_ID_HIGH = 16, 256
 
@@ -46,144 +52,58 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> None:
         help="benchmark an OpenAI-compatible server (TTFT, TPOT, ITL, goodput)",
         description="Stream requests at a set rate and report latency, throughput and goodput.",
     )
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
-    parser.add_argument("--model", default=None, help="model name (default: the server's first)")
-    parser.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
-    parser.add_argument("--api-key", default=None)
-    parser.add_argument(
-        "--dataset", choices=["random", "synthetic-chat", "trace"], default="random"
-    )
-    parser.add_argument(
-        "--trace-file",
-        metavar="PATH",
-        default=None,
-        help="trace: JSONL rows (arrival_s, prompt_tokens, output_tokens, optional ttft_ms, "
-        "tpot_ms, priority, class) or the Azure LLM inference trace CSV, replayed at its own "
-        "arrival times unless --request-rate is given",
-    )
-    parser.add_argument(
-        "--time-scale",
-        type=float,
-        default=1.0,
-        help="trace: multiply every arrival time (0.5 replays at twice the rate)",
-    )
-    parser.add_argument("--input-len", type=int, default=128, help="random: prompt words")
-    parser.add_argument("--output-len", type=int, default=64, help="random: max_tokens")
-    parser.add_argument(
-        "--range-ratio", type=float, default=0.0, help="random: lengths vary by ± this share"
-    )
-    parser.add_argument(
-        "--workload", choices=list(WORKLOADS), default="mixed", help="synthetic-chat lengths"
-    )
-    parser.add_argument(
-        "--length-scale",
-        type=float,
-        default=1.0,
-        help="synthetic-chat, trace: multiply every prompt and output length (small models, CPUs)",
-    )
-    parser.add_argument(
-        "--slo-scale",
-        type=float,
-        default=1.0,
-        help="synthetic-chat, trace: multiply the SLO targets",
-    )
-    parser.add_argument(
-        "--slo-classes",
-        action="store_true",
-        help="synthetic-chat, trace: count goodput against each request's own SLO targets (its "
-        "class's; a trace row's, or its named class's)",
-    )
-    parser.add_argument(
-        "--send-slo",
-        action="store_true",
-        help="send each request's slo and priority (Baton's extension; other servers refuse it)",
-    )
-    parser.add_argument(
-        "--num-prompts",
-        type=int,
-        default=None,
-        help=f"requests to send (default {DEFAULT_NUM_PROMPTS}); trace: its first rows "
-        "(default all)",
-    )
-    parser.add_argument(
-        "--request-rate",
-        default=None,
-        help="requests per second, or a comma-separated list to sweep (inf: all at once; the "
-        "default, but a trace's own arrival times for --dataset trace)",
-    )
-    parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1: Poisson)")
-    parser.add_argument(
-        "--token-prompts",
-        action="store_true",
-        help="completions: send each prompt as that many random token ids rather than words, so "
-        "the server sees exactly the lengths a trace or workload gives (as the simulator does)",
-    )
-    parser.add_argument("--max-concurrency", type=int, default=None)
-    parser.add_argument("--ignore-eos", action="store_true")
-    parser.add_argument(
-        "--goodput",
-        nargs="+",
-        default=[],
-        metavar="METRIC:MS",
-        help="SLO for goodput, e.g. ttft:500 tpot:50 e2el:10000",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=600.0)
-    parser.add_argument("--label", default=None, help="a name for this run in the JSON")
-    parser.add_argument("--result-json", default=None, help="write the results here")
-    parser.add_argument("--plot", default=None, help="write a PNG of the latency CDFs here")
-    parser.add_argument(
-        "--json", action="store_true", help="print the results as one JSON object, no table"
-    )
+    for group in (BENCH, LOAD, SAMPLING):
+        group.add_to(parser)
     parser.set_defaults(handler=run)
 
 
+def settings_from(args: argparse.Namespace) -> BenchSettings:
+    """The benchmark the flags describe, with the load and request flags it shares."""
+    return BENCH.build(args, load=LOAD.build(args), ignore_eos=SAMPLING.build(args).ignore_eos)
+
+
 def run(args: argparse.Namespace) -> int:
-    goodput = parse_goodput(args.goodput)
-    if args.num_prompts is not None and args.num_prompts < 1:
-        raise ValueError("--num-prompts must be >= 1")
-    if args.token_prompts and args.endpoint == "chat":
-        raise ValueError("--token-prompts sends token ids, which only --endpoint completions takes")
-    if (args.dataset == "trace") != (args.trace_file is not None):
-        raise ValueError("--dataset trace and --trace-file PATH go together")
-    requests = make_requests(args)
+    bench = settings_from(args)
+    goodput = parse_goodput(bench.goodput)
+    requests = make_requests(bench)
     runs = []
-    for rate, offsets in schedules(args, requests):
-        with progress_bar(len(requests), f"rate {rate:g}/s", "req", quiet=args.json) as bar:
+    for rate, offsets in schedules(bench, requests):
+        with progress_bar(len(requests), f"rate {rate:g}/s", "req", quiet=bench.load.json) as bar:
             # On uvloop: the client shares the machine with the server it measures, and uvloop
             # spends less CPU per streamed token than asyncio's loop. (The server is on asyncio's
             # by default, where a socket write lets its step thread run; the client has none.)
-            results, duration = uvloop.run(benchmark(args, requests, offsets, bar.update))
+            results, duration = uvloop.run(benchmark(bench, requests, offsets, bar.update))
         summary = summarize(results, duration, goodput)
-        summary = {"label": args.label, "request_rate": rate, **summary}
-        if args.dataset == "trace":
-            summary["arrivals"] = "request-rate" if args.request_rate else "trace"
-        if not args.json:
+        summary = {"label": bench.label, "request_rate": rate, **summary}
+        if bench.dataset == "trace":
+            summary["arrivals"] = "request-rate" if bench.request_rate else "trace"
+        if not bench.load.json:
             print_summary(summary)
         runs.append((summary, results))
     report = runs[0][0] if len(runs) == 1 else {"runs": [summary for summary, _ in runs]}
-    if args.json:
+    if bench.load.json:
         print(json.dumps(report, indent=2))
-    if args.result_json:
-        with open(args.result_json, "w") as file:
+    if bench.result_json:
+        with open(bench.result_json, "w") as file:
             json.dump(report, file, indent=2)
-    if args.plot:
-        plot(runs, args.plot)
+    if bench.plot:
+        plot(runs, bench.plot)
     return 0 if all(summary["completed"] for summary, _ in runs) else 1
 
 
 def schedules(
-    args: argparse.Namespace, requests: list[BenchRequest]
+    bench: BenchSettings, requests: list[BenchRequest]
 ) -> list[tuple[float, list[float]]]:
     """Each run's request rate and send times (seconds from its start): a trace's own, or
     gamma-distributed at each --request-rate."""
-    if args.dataset == "trace" and args.request_rate is None:
+    if bench.dataset == "trace" and bench.request_rate is None:
         offsets = [request.arrival_s or 0.0 for request in requests]
         span = offsets[-1] - offsets[0]
         return [((len(offsets) - 1) / span if span > 0 else math.inf, offsets)]
+    load = bench.load
     return [
-        (rate, arrival_times(len(requests), rate, arrival_rng(args.seed), args.burstiness))
-        for rate in parse_rates(args.request_rate or "inf")
+        (rate, arrival_times(len(requests), rate, arrival_rng(load.seed), load.burstiness))
+        for rate in parse_rates(bench.request_rate or "inf")
     ]
 
 
@@ -207,36 +127,36 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
     return targets
 
 
-def make_requests(args: argparse.Namespace) -> list[BenchRequest]:
-    rng = random.Random(args.seed)
-    if args.dataset == "random":
-        low = max(1, round(args.input_len * (1 - args.range_ratio)))
-        high = max(low, round(args.input_len * (1 + args.range_ratio)))
-        out_low = max(1, round(args.output_len * (1 - args.range_ratio)))
-        out_high = max(out_low, round(args.output_len * (1 + args.range_ratio)))
+def make_requests(bench: BenchSettings) -> list[BenchRequest]:
+    rng = random.Random(bench.load.seed)
+    if bench.dataset == "random":
+        low = max(1, round(bench.input_len * (1 - bench.range_ratio)))
+        high = max(low, round(bench.input_len * (1 + bench.range_ratio)))
+        out_low = max(1, round(bench.output_len * (1 - bench.range_ratio)))
+        out_high = max(out_low, round(bench.output_len * (1 + bench.range_ratio)))
         return [
-            BenchRequest(prompt(args, rng, rng.randint(low, high)), rng.randint(out_low, out_high))
-            for _ in range(args.num_prompts or DEFAULT_NUM_PROMPTS)
+            BenchRequest(prompt(bench, rng, rng.randint(low, high)), rng.randint(out_low, out_high))
+            for _ in range(bench.num_prompts or DEFAULT_NUM_PROMPTS)
         ]
-    if args.dataset == "trace":
+    if bench.dataset == "trace":
         specs = load_trace(
-            args.trace_file,
-            time_scale=args.time_scale,
-            length_scale=args.length_scale,
-            limit=args.num_prompts,
+            bench.trace_file,
+            time_scale=bench.load.time_scale,
+            length_scale=bench.load.length_scale,
+            limit=bench.num_prompts,
         )
     else:
         specs = sample_requests(
-            args.workload,
-            args.num_prompts or DEFAULT_NUM_PROMPTS,
+            bench.load.workload,
+            bench.num_prompts or DEFAULT_NUM_PROMPTS,
             math.inf,
-            args.seed,
-            length_scale=args.length_scale,
+            bench.load.seed,
+            length_scale=bench.load.length_scale,
         )
-    scale = args.slo_scale if args.slo_classes else None
+    scale = bench.load.slo_scale if bench.slo_classes else None
     return [
         BenchRequest(
-            prompt(args, rng, spec.prompt_len),
+            prompt(bench, rng, spec.prompt_len),
             spec.output_len,
             _target(spec.request_class.ttft_ms, scale),
             _target(spec.request_class.tpot_ms, scale),
@@ -251,8 +171,8 @@ def _target(target_ms: float | None, scale: float | None) -> float | None:
     return None if target_ms is None or scale is None else target_ms * scale
 
 
-def prompt(args: argparse.Namespace, rng: random.Random, length: int) -> str | list[int]:
-    if args.token_prompts:
+def prompt(bench: BenchSettings, rng: random.Random, length: int) -> str | list[int]:
+    if bench.token_prompts:
         return [rng.randrange(TOKEN_ID_LOW, TOKEN_ID_HIGH) for _ in range(length)]
     return words(rng, length)
 

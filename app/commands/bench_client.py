@@ -4,7 +4,6 @@ rather than stopping at the first."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import re
@@ -12,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from baton.app.commands.bench_settings import BenchSettings
 from baton.core.metrics.latency import tpot_ms
 
 SSE_LINE_END = re.compile(r"\r\n|\r|\n")
@@ -45,7 +45,7 @@ class RequestResult:
 
 
 async def benchmark(
-    args: argparse.Namespace,
+    bench: BenchSettings,
     requests: list[BenchRequest],
     offsets: list[float],
     on_done: Callable[[], object] = lambda: None,
@@ -53,20 +53,20 @@ async def benchmark(
     """Send `requests` at `offsets` seconds from the start; `on_done` after each one ends."""
     import httpx  # the client's only dependency beyond the standard library
 
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    headers = {"Authorization": f"Bearer {bench.load.api_key}"} if bench.load.api_key else {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(args.timeout, connect=30.0)
+    timeout = httpx.Timeout(bench.timeout, connect=30.0)
     async with httpx.AsyncClient(
-        base_url=args.base_url, headers=headers, limits=limits, timeout=timeout
+        base_url=bench.base_url, headers=headers, limits=limits, timeout=timeout
     ) as client:
-        model = args.model or await first_model(client)
-        limit = asyncio.Semaphore(args.max_concurrency or len(requests))
+        model = bench.model or await first_model(client)
+        limit = asyncio.Semaphore(bench.max_concurrency or len(requests))
         started = time.perf_counter()
 
         async def issue(request: BenchRequest, offset: float) -> RequestResult:
             await asyncio.sleep(max(0.0, started + offset - time.perf_counter()))
             async with limit:
-                result = await send(client, args, model, request)
+                result = await send(client, bench, model, request)
             on_done()
             return result
 
@@ -82,9 +82,7 @@ async def first_model(client) -> str:
     return response.json()["data"][0]["id"]
 
 
-async def send(
-    client, args: argparse.Namespace, model: str, request: BenchRequest
-) -> RequestResult:
+async def send(client, bench: BenchSettings, model: str, request: BenchRequest) -> RequestResult:
     body: dict = {
         "model": model,
         "max_tokens": request.max_tokens,
@@ -92,15 +90,15 @@ async def send(
         "stream_options": {"include_usage": True},
         "temperature": 0.0,
     }
-    if args.endpoint == "chat":
+    if bench.endpoint == "chat":
         path = "/v1/chat/completions"
         body["messages"] = [{"role": "user", "content": request.prompt}]
     else:
         path = "/v1/completions"
         body["prompt"] = request.prompt
-    if args.ignore_eos:
+    if bench.ignore_eos:
         body["ignore_eos"] = True
-    if args.send_slo and (request.ttft_ms is not None or request.tpot_ms is not None):
+    if bench.send_slo and (request.ttft_ms is not None or request.tpot_ms is not None):
         body["slo"] = {"ttft_ms": request.ttft_ms, "tpot_ms": request.tpot_ms}
         body["priority"] = request.priority
     result = RequestResult(False, ttft_target_ms=request.ttft_ms, tpot_target_ms=request.tpot_ms)

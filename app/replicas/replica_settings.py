@@ -4,12 +4,12 @@ parses them without importing Ray."""
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from baton.core.config import EngineConfig
 from baton.core.replicas.router import DEFAULT_ROUTER, ROUTERS
+from baton.core.setting import setting
 
 if TYPE_CHECKING:
     from baton.core.engine import Engine
@@ -47,15 +47,36 @@ class ReplicaSettings:
     """N engine replicas as Ray actors behind one front end; `ray_address` None starts a
     local Ray instance."""
 
-    num_replicas: int = 1
-    router: str = DEFAULT_ROUTER
-    ray_address: str | None = None
+    num_replicas: int = setting(
+        1,
+        name="--replicas",
+        help="engine replicas behind the router: in baton serve, Ray actors behind this front "
+        "end (needs baton[ray]; 1 runs the engine in this process, without Ray); in baton "
+        "simulate, simulated engines, and --load is of their combined saturation",
+    )
+    router: str = setting(
+        DEFAULT_ROUTER,
+        choices=ROUTERS,
+        help="how the front end picks a request's replica: slo (lowest predicted TTFT), "
+        "least-loaded (fewest tokens waiting and running), prefix (likeliest to hold the "
+        "prompt's first blocks) or round-robin",
+    )
+    ray_address: str | None = setting(
+        None,
+        help="an existing Ray cluster to start the replicas on",
+        default_text="a local Ray",
+    )
     # Ray resources each replica's actor holds: CPU threads (its torch threads follow them),
     # and GPUs (one each on a GPU machine).
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    # How often Ray restarts a replica that died before giving up on it.
-    max_restarts: int = 3
+    num_cpus: float = setting(
+        1.0, name="--replica-cpus", help="CPU threads each replica's actor holds"
+    )
+    num_gpus: float = setting(0.0, name="--replica-gpus", help="GPUs each replica's actor holds")
+    max_restarts: int = setting(
+        3,
+        name="--replica-max-restarts",
+        help="how often Ray restarts a replica that died before giving up on it",
+    )
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
@@ -66,34 +87,3 @@ class ReplicaSettings:
             raise ValueError(
                 "--replica-cpus must be > 0, --replica-gpus and --replica-max-restarts >= 0"
             )
-
-
-def add_replica_args(parser: argparse.ArgumentParser) -> None:
-    defaults = ReplicaSettings()
-    parser.add_argument(
-        "--replicas",
-        type=int,
-        default=defaults.num_replicas,
-        help="engine replicas, as Ray actors behind this front end (needs baton[ray]); "
-        "1 runs the engine in this process, without Ray",
-    )
-    parser.add_argument("--router", choices=ROUTERS, default=defaults.router)
-    parser.add_argument(
-        "--ray-address",
-        default=None,
-        help="an existing Ray cluster to start the replicas on (default: a local Ray)",
-    )
-    parser.add_argument("--replica-cpus", type=float, default=defaults.num_cpus)
-    parser.add_argument("--replica-gpus", type=float, default=defaults.num_gpus)
-    parser.add_argument("--replica-max-restarts", type=int, default=defaults.max_restarts)
-
-
-def replica_settings_from(args: argparse.Namespace) -> ReplicaSettings:
-    return ReplicaSettings(
-        num_replicas=args.replicas,
-        router=args.router,
-        ray_address=args.ray_address,
-        num_cpus=args.replica_cpus,
-        num_gpus=args.replica_gpus,
-        max_restarts=args.replica_max_restarts,
-    )

@@ -1,7 +1,9 @@
-"""The scheduling policies by name: what `--scheduling-policy` offers and how one is built."""
+"""The scheduling policies by name: how the one `--scheduling-policy` names is built (its
+choices are baton.core.config.POLICIES, which a test checks against these)."""
 
 from __future__ import annotations
 
+from baton.core.config import POLICIES
 from baton.core.scheduling.policy import (
     FCFSPolicy,
     HRRNPolicy,
@@ -26,8 +28,6 @@ POLICY_CLASSES: dict[str, type[SchedulingPolicy]] = {
         StaticPolicy,
     )
 }
-# The CLI's choices, in the order its help lists them (the default first).
-POLICIES = tuple(POLICY_CLASSES)
 
 
 def make_policy(name: str, context: PolicyContext | None = None) -> SchedulingPolicy:
