@@ -10,14 +10,14 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 
 from baton.app.commands.bench import add_bench_parser
 from baton.app.commands.generate import GenerateSettings, generate
 from baton.app.commands.simulate import add_simulate_parser
 from baton.app.flags import FlagGroup
+from baton.app.model_source import ModelSource, resolve_model
 from baton.app.replicas.replica_settings import ReplicaModel, ReplicaSettings
-from baton.app.settings import DEMO_MODEL, DEMO_MODEL_NAME, ModelSettings, ServerSettings
+from baton.app.settings import ModelSettings, ServerSettings
 from baton.core.config import EngineConfig
 from baton.core.sampling_params import InvalidRequestError, SamplingParams
 
@@ -42,17 +42,11 @@ def server_settings_from(args: argparse.Namespace) -> ServerSettings:
     return settings
 
 
-def served_model_name(model: str) -> str:
-    """The name /v1/models reports when --served-model-name is not given."""
-    path = Path(model).resolve()
-    return DEMO_MODEL_NAME if path == DEMO_MODEL else path.name
-
-
-def serving_model(args: argparse.Namespace) -> ReplicaModel:
+def serving_model(args: argparse.Namespace, source: ModelSource) -> ReplicaModel:
     """The engine `baton serve` with these flags builds (alone, or on each replica)."""
     model = MODEL.build(args)
     return ReplicaModel(
-        model.model, engine_config_from(args), model.device, model.dtype, model.load_format
+        str(source.folder), engine_config_from(args), model.device, model.dtype, model.load_format
     )
 
 
@@ -61,8 +55,9 @@ def serve(args: argparse.Namespace) -> int:
 
     settings = server_settings_from(args)
     replicas = REPLICAS.build(args)
-    spec = serving_model(args)
-    name = settings.served_model_name or served_model_name(spec.model)
+    source = resolve_model(MODEL.build(args))
+    spec = serving_model(args, source)
+    name = settings.served_model_name or source.name
     configure_logging()
     sock = bind_socket(settings)
     if replicas.num_replicas > 1:
@@ -72,7 +67,7 @@ def serve(args: argparse.Namespace) -> int:
         exit_without_teardown(0)
     start = time.perf_counter()
     engine = spec.build_engine()
-    log_startup(engine, spec.model, time.perf_counter() - start)
+    log_startup(engine, source.origin, time.perf_counter() - start)
     serve_engine(engine, name, settings, sock)
     exit_without_teardown(0)
     return 0

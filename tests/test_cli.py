@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from baton.app.cli import DEMO_MODEL
 from baton.app.http.server import log_startup
+from baton.app.settings import DEMO_MODEL
 from tests.server_harness import free_port, simulated_engine
 
 
@@ -153,7 +153,7 @@ def test_serve_logs_what_it_loaded_and_exits_cleanly_on_sigint(llama_checkpoint,
             process.wait()
     text = log.read_text()
     loaded = re.search(
-        r"loaded \S+ \(LlamaForCausalLM on the native path\) in [\d.]+ s: device cpu, "
+        r"loaded the folder \S+ \(LlamaForCausalLM on the native path\) in [\d.]+ s: device cpu, "
         r"dtype float32, quantization none, "
         r"KV cache (\d+) blocks x 16 tokens = (\d+) tokens, max model len \d+, "
         r"RSS (\d+) MiB \(peak (\d+) MiB\)",

@@ -7,7 +7,9 @@ from functools import cache
 
 import pytest
 
-from baton.app.cli import DEMO_MODEL, DEMO_MODEL_NAME, build_parser, served_model_name
+from baton.app.cli import build_parser
+from baton.app.model_source import resolve_model
+from baton.app.settings import DEMO_MODEL, DEMO_MODEL_NAME, ModelSettings
 from baton.core.checkpoint.model_config import ModelConfig
 from baton.core.request import FinishReason
 from baton.core.sampling_params import SamplingParams
@@ -54,8 +56,17 @@ def test_serve_and_generate_default_to_the_demo_model():
     parser = build_parser()
     assert parser.parse_args(["serve"]).model == str(DEMO_MODEL)
     assert parser.parse_args(["generate", "--prompt", "hi"]).model == str(DEMO_MODEL)
-    assert served_model_name(str(DEMO_MODEL)) == DEMO_MODEL_NAME == "baton-demo"
-    assert served_model_name("/somewhere/my-model") == "my-model"
+    assert resolve_model(ModelSettings()).name == DEMO_MODEL_NAME == "baton-demo"
+
+
+def test_a_folder_is_served_under_its_own_name(tmp_path):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+
+    source = resolve_model(ModelSettings(model=str(folder)))
+
+    assert (source.folder, source.name) == (folder, "my-model")
+    assert str(folder) in source.origin
 
 
 def test_demo_model_is_a_llama_whose_template_ends_on_eos(demo_llm):

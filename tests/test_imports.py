@@ -232,7 +232,7 @@ LAZY = ("xgrammar", "transformers", "opentelemetry", "triton", "sympy", "setupto
 SERVE_THEN_CONSTRAIN = """
 import json, sys
 from baton.app.engine.async_engine import AsyncEngine
-from baton.app.cli import DEMO_MODEL
+from baton.app.settings import DEMO_MODEL
 from baton.app.llm import LLM
 from baton.app.http.server import create_app
 from baton.app.settings import ServerSettings

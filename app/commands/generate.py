@@ -7,6 +7,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from baton.app.model_source import resolve_model
 from baton.app.settings import ModelSettings
 from baton.core.config import EngineConfig
 from baton.core.sampling_params import SamplingParams
@@ -32,7 +33,7 @@ def generate(
     from baton.app.llm import LLM  # torch loads here, not with the CLI
 
     llm = LLM(
-        model.model,
+        resolve_model(model).folder,
         device=model.device,
         dtype=model.dtype,
         load_format=model.load_format,

@@ -1,0 +1,38 @@
+"""Where `--model` comes from: the folder the loader reads, the name the API serves it under by
+default, and a line for the start-up log saying where it came from.
+
+A local Hugging Face checkpoint folder is read where it is. Every other kind of `--model` a user
+may hold (a hub id, a GGUF file) is turned here into such a folder, so the loader, the tokenizer
+and the replicas see one kind of checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from baton.app.settings import DEMO_MODEL, DEMO_MODEL_NAME, ModelSettings
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """A `--model` resolved to a checkpoint folder."""
+
+    folder: Path
+    # The name /v1/models reports when --served-model-name is not given.
+    name: str
+    # Where the model came from, for the start-up log.
+    origin: str
+
+
+def resolve_model(settings: ModelSettings) -> ModelSource:
+    """The checkpoint folder `settings.model` names. A path that is neither a folder nor a file
+    is passed on as it is, so the checkpoint check names what is wrong with it."""
+    path = Path(settings.model).expanduser()
+    if path.resolve() == DEMO_MODEL:
+        return ModelSource(DEMO_MODEL, DEMO_MODEL_NAME, "the built-in demo model")
+    if path.is_dir():
+        return ModelSource(path, path.resolve().name, f"the folder {path}")
+    if path.is_file():
+        return ModelSource(path, path.stem, f"the file {path}")
+    return ModelSource(path, path.name, str(path))
