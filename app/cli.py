@@ -8,8 +8,10 @@ import dataclasses
 import importlib.metadata
 import logging
 import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 from baton.app.commands.bench import add_bench_parser
 from baton.app.commands.generate import GenerateSettings, generate
@@ -92,16 +94,50 @@ def exit_without_teardown(code: int) -> None:
 
 
 def baton_version() -> str:
-    """The installed distribution's version; a source tree that was never installed has none."""
+    """The installed distribution's version and, for a git checkout (an editable install), the
+    commit it runs, so a report names the code and not only the version it was cut from."""
     try:
-        return importlib.metadata.version("baton")
+        version = importlib.metadata.version("baton")
     except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+        version = "unknown (not installed)"
+    commit = checkout_commit(Path(__file__).resolve().parents[1])
+    return f"{version} ({commit})" if commit else version
+
+
+def checkout_commit(root: Path) -> str | None:
+    """`commit abc1234`, with `, modified` when tracked files differ from it, where `root` is a
+    git checkout with git at hand; None for a wheel's install."""
+    if not (root / ".git").exists():
+        return None
+    try:
+        git = ["git", "-C", str(root)]
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], **GIT_RUN).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], **GIT_RUN)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not head:
+        return None
+    return f"commit {head}" + (", modified" if dirty.stdout.strip() else "")
+
+
+# git's answer or nothing: a version string is never worth a hang or a traceback.
+GIT_RUN = {"capture_output": True, "text": True, "timeout": 5, "check": False}
+
+
+class VersionAction(argparse.Action):
+    """`--version`, asked of git only when it is given, not on every command's start."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"baton {baton_version()}")
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description="Baton LLM inference server")
-    parser.add_argument("--version", action="version", version=f"baton {baton_version()}")
+    parser.add_argument("--version", action=VersionAction, help="show the version and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="generate offline from a checkpoint, no server")
     for group in (MODEL, ENGINE, SAMPLING, GENERATE):

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,6 +17,8 @@ import pytest
 from baton.app.http.server import log_startup
 from baton.app.settings import DEMO_MODEL
 from tests.server_harness import free_port, simulated_engine
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def baton(*args: str) -> subprocess.CompletedProcess:
@@ -103,10 +106,14 @@ def test_startup_line_reports_the_resident_set_and_its_peak(caplog):
     assert 0 < int(line[1]) <= int(line[2])
 
 
-def test_version_names_the_installed_distribution():
+def test_version_names_the_installed_distribution_and_the_checkouts_commit():
     result = baton("--version")
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+
     assert result.returncode == 0
-    assert re.fullmatch(r"baton \d+\.\d+\.\d+\S*\n", result.stdout)
+    assert re.fullmatch(rf"baton \d+\.\d+\.\d+\S* \(commit {head}(, modified)?\)\n", result.stdout)
 
 
 def test_a_busy_port_fails_fast_without_loading_the_model(llama_checkpoint):
