@@ -57,11 +57,12 @@ def serve(args: argparse.Namespace) -> int:
 
     settings = server_settings_from(args)
     replicas = REPLICAS.build(args)
+    configure_logging()
+    sock = bind_socket(settings)
+    # After the port is taken, so a busy port fails before a download too.
     source = resolve_model(MODEL.build(args))
     spec = serving_model(args, source)
     name = settings.served_model_name or source.name
-    configure_logging()
-    sock = bind_socket(settings)
     if replicas.num_replicas > 1:
         from baton.app.replicas.replica_server import serve_replicas  # Ray loads only with replicas
 
@@ -135,15 +136,38 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
+def add_model_positional(parser: argparse.ArgumentParser) -> None:
+    """`baton serve ORG/NAME`, as `vllm serve` takes it: --model's value given without the
+    flag (parse_args moves it there)."""
+    parser.add_argument(
+        "model_positional",
+        nargs="?",
+        metavar="MODEL",
+        help="the model, as --model takes it: a checkpoint folder or a hub id (ORG/NAME)",
+    )
+
+
+def take_positional_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Move a positional MODEL into --model's place; both given and different is an error."""
+    given = getattr(args, "model_positional", None)
+    if given is None:
+        return
+    if args.model not in (given, ModelSettings().model):
+        parser.error(f"the model is given twice, as MODEL ({given}) and --model ({args.model})")
+    args.model = given
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description="Baton LLM inference server")
     parser.add_argument("--version", action=VersionAction, help="show the version and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="generate offline from a checkpoint, no server")
+    add_model_positional(gen)
     for group in (MODEL, ENGINE, SAMPLING, GENERATE):
         group.add_to(gen)
     gen.set_defaults(handler=run_generate)
     srv = commands.add_parser("serve", help="serve the OpenAI API, WebSockets and the chat UI")
+    add_model_positional(srv)
     for group in (MODEL, ENGINE, SERVER, REPLICAS):
         group.add_to(srv)
     srv.set_defaults(handler=serve)
@@ -152,8 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    take_positional_model(parser, args)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return args.handler(args)
     except (InvalidRequestError, ValueError, FileNotFoundError) as error:

@@ -3,7 +3,8 @@ default, and a line for the start-up log saying where it came from.
 
 A local Hugging Face checkpoint folder is read where it is. Every other kind of `--model` a user
 may hold (a hub id, a GGUF file) is turned here into such a folder, so the loader, the tokenizer
-and the replicas see one kind of checkpoint.
+and the replicas see one kind of checkpoint. A local path that exists wins over a hub id of the
+same spelling.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from baton.app.settings import DEMO_MODEL, DEMO_MODEL_NAME, ModelSettings
+from baton.core.checkpoint.checkpoint_check import HUB_ID
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,4 +37,9 @@ def resolve_model(settings: ModelSettings) -> ModelSource:
         return ModelSource(path, path.resolve().name, f"the folder {path}")
     if path.is_file():
         return ModelSource(path, path.stem, f"the file {path}")
+    if HUB_ID.match(settings.model):
+        from baton.app.model_hub import fetch_hub_model  # huggingface_hub loads for hub ids only
+
+        hub = fetch_hub_model(settings.model, settings.revision, settings.download_dir)
+        return ModelSource(hub.folder, settings.model, hub.origin)
     return ModelSource(path, path.name, str(path))

@@ -31,8 +31,19 @@ class ModelSettings:
 
     model: str = setting(
         str(DEMO_MODEL),
-        help="Hugging Face checkpoint folder",
+        help="Hugging Face checkpoint folder, or a hub id (ORG/NAME: the local cache's copy, "
+        "else downloaded; a folder of that name wins)",
         default_text="the built-in demo model",
+    )
+    revision: str | None = setting(
+        None,
+        help="the hub model's branch, tag or commit",
+        default_text="its default branch",
+    )
+    download_dir: str | None = setting(
+        None,
+        help="the cache a hub model is read from and downloaded to",
+        default_text="huggingface_hub's: HF_HUB_CACHE, else $HF_HOME/hub",
     )
     load_format: str = setting(
         "auto",

@@ -47,14 +47,16 @@ def test_a_folder_of_gguf_files_is_named_as_gguf(tmp_path):
         check_checkpoint(tmp_path)
 
 
-def test_a_hub_id_says_nothing_is_downloaded_and_how_to_fetch_it(capsys):
-    err = serve_error("meta-llama/Llama-3.1-8B-Instruct", capsys)
-    assert "is not a local folder, and Baton downloads nothing" in err
-    assert (
-        "huggingface-cli download meta-llama/Llama-3.1-8B-Instruct --local-dir "
-        "./Llama-3.1-8B-Instruct" in err
+def test_a_hub_id_given_to_the_offline_api_says_how_to_fetch_it():
+    # `baton serve` resolves a hub id to its folder first (tests/test_model_hub.py); the
+    # offline API takes a folder.
+    with pytest.raises(CheckpointFormatError) as raised:
+        check_checkpoint("meta-llama/Llama-3.1-8B-Instruct")
+    assert str(raised.value) == (
+        "meta-llama/Llama-3.1-8B-Instruct is not a local folder: `baton serve "
+        "meta-llama/Llama-3.1-8B-Instruct` fetches it from the hub; here, pass the folder "
+        "`huggingface_hub.snapshot_download('meta-llama/Llama-3.1-8B-Instruct')` returns"
     )
-    assert "--model ./Llama-3.1-8B-Instruct" in err
 
 
 def test_a_missing_path_that_is_no_hub_id_is_just_missing(tmp_path):

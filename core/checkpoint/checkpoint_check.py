@@ -83,11 +83,11 @@ def _gguf_message(path: Path) -> str:
 
 def _missing_message(model: str) -> str:
     if HUB_ID.match(model):
-        name = model.split("/")[1]
+        # Only the offline API gets here: `baton serve` and `baton generate` resolve a hub id
+        # to its folder first (baton.app.model_source).
         return (
-            f"{model} is not a local folder, and Baton downloads nothing: fetch the checkpoint "
-            f"first, e.g. `huggingface-cli download {model} --local-dir ./{name}`, then pass "
-            f"--model ./{name}"
+            f"{model} is not a local folder: `baton serve {model}` fetches it from the hub; "
+            f"here, pass the folder `huggingface_hub.snapshot_download('{model}')` returns"
         )
     return f"{model} does not exist; --model takes a Hugging Face checkpoint folder"
 
