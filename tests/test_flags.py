@@ -62,7 +62,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_every_subcommand_is_walked() -> None:
     assert set(subcommands()) == {"generate", "serve", "simulate", "bench"}
-    assert len(flags(subcommands()["serve"])) == 45
+    assert len(flags(subcommands()["serve"])) == 47
 
 
 def test_every_flag_of_every_subcommand_has_help_that_ends_in_its_default() -> None:
