@@ -19,6 +19,7 @@ from baton.app.commands.simulate import add_simulate_parser
 from baton.app.flags import FlagGroup
 from baton.app.model_source import ModelSource, resolve_model
 from baton.app.replicas.replica_settings import ReplicaModel, ReplicaSettings
+from baton.app.request_defaults import read_request_defaults
 from baton.app.settings import ModelSettings, ServerSettings
 from baton.core.config import EngineConfig
 from baton.core.sampling_params import InvalidRequestError, SamplingParams
@@ -63,15 +64,18 @@ def serve(args: argparse.Namespace) -> int:
     source = resolve_model(MODEL.build(args))
     spec = serving_model(args, source)
     name = settings.served_model_name or source.name
+    defaults = read_request_defaults(
+        source.folder, settings.generation_config, settings.chat_template
+    )
     if replicas.num_replicas > 1:
         from baton.app.replicas.replica_server import serve_replicas  # Ray loads only with replicas
 
-        serve_replicas(spec, name, settings, replicas, sock)
+        serve_replicas(spec, name, settings, replicas, sock, defaults)
         exit_without_teardown(0)
     start = time.perf_counter()
     engine = spec.build_engine()
     log_startup(engine, source.origin, time.perf_counter() - start)
-    serve_engine(engine, name, settings, sock)
+    serve_engine(engine, name, settings, sock, defaults)
     exit_without_teardown(0)
     return 0
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from baton.app.request_defaults import read_request_defaults
 from baton.core.batch import TokenLogprobs
 from baton.core.checkpoint.model_impl import resolve_model_config
 from baton.core.config import EngineConfig
@@ -172,14 +173,28 @@ class LLM:
         device: str = "auto",
         dtype: str = "auto",
         load_format: str = "auto",
+        generation_config: str = "auto",
+        chat_template: str | None = None,
         config: EngineConfig | None = None,
         **engine_config,
     ) -> None:
-        """`config` or keyword settings of EngineConfig (`max_num_seqs=8`, ...)."""
+        """`config` or keyword settings of EngineConfig (`max_num_seqs=8`, ...).
+        `generation_config` and `chat_template` take what `baton serve`'s flags of those names
+        take: the sampling defaults (auto: the checkpoint's generation_config.json; none; a
+        folder), and a template file or text to use instead of the checkpoint's."""
         config = config or EngineConfig(**engine_config)
+        # Read before the weights, so a bad file fails before a long load.
+        self.defaults = read_request_defaults(Path(model), generation_config, chat_template)
         self.engine = build_engine(model, config, device, dtype, load_format=load_format)
-        self.tokenizer = self.engine.tokenizer
+        self.tokenizer = self.defaults.tokenizer_for(self.engine.tokenizer)
         self._next_id = 0
+
+    def default_sampling_params(self) -> SamplingParams:
+        """What `generate` samples with when given no params: SamplingParams' defaults with the
+        checkpoint's recommended ones in their place (vLLM's `get_default_sampling_params`).
+        Params passed to `generate` are taken whole, as given: a SamplingParams cannot tell a
+        field left at its default from one set to that value."""
+        return self.defaults.sampling.apply_to(SamplingParams())
 
     def generate(
         self,
@@ -188,13 +203,14 @@ class LLM:
         on_output: Callable[[RequestOutput], None] | None = None,
     ) -> list[GenerationResult]:
         """Generate for each prompt (text or token ids); results come back in prompt order.
+        No `params`: `default_sampling_params()` for every prompt.
 
         `on_output` sees every per-step delta as it is produced, for streaming.
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
+            params = [params or self.default_sampling_params()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
         requests = []

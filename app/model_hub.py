@@ -35,12 +35,15 @@ SERVING_FILES = [
     "special_tokens_map.json",
     "chat_template.jinja",
     "chat_template.json",
+    "additional_chat_templates/*.jinja",
     "*.safetensors",
     "model.safetensors.index.json",
 ]
-# The loader reads the repository's top level only; Mistral's repositories ship their weights a
-# second time as consolidated.safetensors, for mistral-inference.
-SKIPPED_FILES = ["*/*", "consolidated*.safetensors"]
+# The loader reads the repository's top level only (but for the named chat templates, which
+# transformers saves in a folder of their own): weights and configs in subfolders belong to
+# other formats. Mistral's repositories ship their weights a second time as
+# consolidated.safetensors, for mistral-inference.
+SKIPPED_FILES = ["*/*.safetensors", "*/*.json", "consolidated*.safetensors"]
 
 
 class TerminalProgressBar(hub_tqdm):

@@ -162,6 +162,22 @@ class ServerSettings:
         help="the event loop serving HTTP and WebSockets: asyncio's own (it lets the step "
         "thread run while a token is written to a socket) or uvloop",
     )
+    # Where a request's omitted sampling fields come from (baton.app.request_defaults).
+    generation_config: str = setting(
+        "auto",
+        metavar="auto|none|DIR",
+        help="the sampling defaults for fields a request leaves out (temperature, top_p, top_k, "
+        "min_p, repetition_penalty, max_new_tokens as max_tokens): auto takes the checkpoint's "
+        "generation_config.json, none the API's own, a folder (or file) its "
+        "generation_config.json",
+    )
+    chat_template: str | None = setting(
+        None,
+        metavar="FILE",
+        help="a Jinja chat template file to use instead of the checkpoint's (or the template "
+        "itself, inline)",
+        default_text="the checkpoint's: tokenizer_config.json's, or chat_template.jinja beside it",
+    )
 
     @property
     def exports_spans(self) -> bool:

@@ -14,6 +14,7 @@ from starlette.responses import Response
 from baton.app.engine.client import EngineClient
 from baton.app.observability.prometheus import ServerMetrics
 from baton.app.settings import ServerSettings
+from baton.core.checkpoint.generation_config import NO_DEFAULTS, SamplingDefaults
 from baton.core.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # OpenTelemetry loads only where tracing is configured (baton.app.http.server)
@@ -29,6 +30,8 @@ class ServerState:
     model_name: str
     settings: ServerSettings
     created: int = 0
+    # What a request's omitted sampling fields become (--generation-config); none by default.
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS
     # Set when spans are exported (--otlp-traces-endpoint, --trace-console or a test's exporter).
     tracing: Tracing | None = None
     _ids: itertools.count = field(default_factory=itertools.count)

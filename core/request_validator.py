@@ -35,8 +35,12 @@ class RequestValidator:
         # A static slot holds its whole maximum length from the start, window or not.
         self.static_batching = POLICY_CLASSES[config.scheduling_policy].static_batching
 
-    def validate(self, request: EngineRequest) -> EngineRequest:
-        """`request` with `max_tokens` resolved, or InvalidRequestError saying what to change."""
+    def validate(
+        self, request: EngineRequest, default_max_tokens: int | None = None
+    ) -> EngineRequest:
+        """`request` with `max_tokens` resolved, or InvalidRequestError saying what to change.
+        An unset max_tokens becomes what fits, and at most `default_max_tokens` (the
+        checkpoint's max_new_tokens): a default nobody sent is never a reason to refuse."""
         limits = self.limits
         prompt = request.prompt_token_ids
         params = request.sampling_params
@@ -57,6 +61,9 @@ class RequestValidator:
             # KV cache holds if that is less, rather than a refusal for a limit nobody set.
             cache_room = limits.num_kv_blocks * limits.block_size - num_prompt
             max_tokens = max(1, min(room, cache_room))
+            if default_max_tokens is not None:
+                # The request's own min_tokens wins over a default it did not send.
+                max_tokens = min(max_tokens, max(default_max_tokens, params.min_tokens))
             params = dataclasses.replace(params, max_tokens=max_tokens)
             request = dataclasses.replace(request, sampling_params=params)
         elif max_tokens > room:

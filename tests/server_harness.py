@@ -17,6 +17,7 @@ import uvloop
 from baton.app.engine.async_engine import AsyncEngine
 from baton.app.http.server import BatonServer, bind_socket, create_app, uvicorn_config
 from baton.app.llm import build_engine, build_simulated_engine
+from baton.app.request_defaults import NO_REQUEST_DEFAULTS, RequestDefaults
 from baton.app.settings import ServerSettings
 from baton.app.state import ServerState
 from baton.core.config import EngineConfig
@@ -79,27 +80,41 @@ class ControlledExecutor(SimulatedExecutor):
 
 @contextlib.contextmanager
 def running_server(
-    engine: Engine, model_name: str = "tiny", span_exporter=None, **settings
+    engine: Engine,
+    model_name: str = "tiny",
+    span_exporter=None,
+    defaults: RequestDefaults = NO_REQUEST_DEFAULTS,
+    **settings,
 ) -> Iterator[ServerState]:
     """Serve `engine` on a free loopback port; yields the state (`state.settings.port`).
-    A `span_exporter` receives every request's spans as they end."""
+    A `span_exporter` receives every request's spans as they end; `defaults` fill what requests
+    leave out, as --generation-config and --chat-template make them."""
     # A free port unless the test names one (to start a server again where one was).
     server_settings = ServerSettings(**{"port": free_port(), **settings})
     async_engine = AsyncEngine(engine, server_settings.max_queued_requests)
     with running_front_end(
-        async_engine, engine.tokenizer, model_name, span_exporter, server_settings
+        async_engine, engine.tokenizer, model_name, span_exporter, server_settings, defaults
     ) as state:
         yield state
 
 
 @contextlib.contextmanager
 def running_front_end(
-    engine, tokenizer: Tokenizer, model_name: str, span_exporter, settings: ServerSettings
+    engine,
+    tokenizer: Tokenizer,
+    model_name: str,
+    span_exporter,
+    settings: ServerSettings,
+    defaults: RequestDefaults = NO_REQUEST_DEFAULTS,
 ) -> Iterator[ServerState]:
     """Serve the front end over `engine` (an `AsyncEngine`, or replicas behind its interface)
     with `settings`; yields the state."""
     state = ServerState(
-        engine=engine, tokenizer=tokenizer, model_name=model_name, settings=settings
+        engine=engine,
+        tokenizer=defaults.tokenizer_for(tokenizer),
+        model_name=model_name,
+        settings=settings,
+        sampling_defaults=defaults.sampling,
     )
     app = create_app(state, span_exporter=span_exporter)
     server = BatonServer(uvicorn_config(app, settings), state)

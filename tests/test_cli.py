@@ -128,6 +128,27 @@ def test_a_busy_port_fails_fast_without_loading_the_model(llama_checkpoint):
     assert "loaded" not in result.stderr and "KV cache" not in result.stderr
 
 
+def test_a_bad_chat_template_or_generation_config_fails_fast_in_one_line(
+    llama_checkpoint, tmp_path
+):
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% if %}")
+    (tmp_path / "generation_config.json").write_text('{"temperature": -1}')
+    cases = [
+        (["--chat-template", str(tmp_path / "nope.jinja")], "--chat-template: no file"),
+        (["--chat-template", str(broken)], f"the chat template {broken} is not valid Jinja"),
+        (
+            ["--generation-config", str(tmp_path)],
+            f"{tmp_path / 'generation_config.json'}: temperature is unusable",
+        ),
+    ]
+    for flags, fragment in cases:
+        result = baton("serve", "--model", str(llama_checkpoint), "--port", "0", *flags)
+        assert result.returncode == 2
+        assert result.stderr.startswith(f"baton: error: {fragment}"), result.stderr
+        assert result.stderr.count("\n") == 1
+
+
 @pytest.mark.slow
 def test_serve_logs_what_it_loaded_and_exits_cleanly_on_sigint(llama_checkpoint, tmp_path):
     port = free_port()

@@ -76,9 +76,13 @@ def hub_env(monkeypatch, tmp_path):
     importlib.reload(constants)
 
 
+# A named chat template, where transformers saves one: in a folder, which serving reads.
+NAMED_TEMPLATE = {"additional_chat_templates/tool_use.jinja": b"{{ messages[0].content }}"}
+
+
 @pytest.fixture(scope="module")
 def checkpoint_files(llama_checkpoint) -> dict[str, bytes]:
-    return folder_files(llama_checkpoint)
+    return {**folder_files(llama_checkpoint), **NAMED_TEMPLATE}
 
 
 @pytest.fixture

@@ -114,9 +114,9 @@ def test_the_server_validates_each_prompt_once(llama_checkpoint):
     calls = []
     validate = engine.validator.validate
 
-    def counted(request: EngineRequest) -> EngineRequest:
+    def counted(request: EngineRequest, default_max_tokens: int | None = None) -> EngineRequest:
         calls.append(request.request_id)
-        return validate(request)
+        return validate(request, default_max_tokens)
 
     engine.validator.validate = counted
     with running_server(engine, model_name="tiny") as state:

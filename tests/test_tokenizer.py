@@ -255,6 +255,22 @@ def test_named_templates_use_default_and_tool_use_like_transformers(tmp_path, hf
     assert ours.apply_chat_template(CHAT).startswith("<|begin|><|start_header_id|>system")
 
 
+def test_named_templates_saved_as_files_are_read_like_transformers(tmp_path, hf_tokenizer):
+    # transformers saves the default as chat_template.jinja and the others in
+    # additional_chat_templates/, with none left in tokenizer_config.json.
+    hf_tokenizer.save_pretrained(tmp_path)
+    (tmp_path / "additional_chat_templates").mkdir()
+    (tmp_path / "additional_chat_templates" / "tool_use.jinja").write_text(CHATML_TOOLS_TEMPLATE)
+    assert "chat_template" not in json.loads((tmp_path / "tokenizer_config.json").read_text())
+    ours, oracle = Tokenizer.from_pretrained(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    assert sorted(ours.chat_templates) == ["default", "tool_use"]
+    for tools in (None, [WEATHER_TOOL]):
+        expected = oracle.apply_chat_template(
+            CHAT, tools=tools, tokenize=False, add_generation_prompt=True
+        )
+        assert ours.apply_chat_template(CHAT, tools=tools) == expected
+
+
 def test_chat_template_jinja_file_wins_over_config(tmp_path, hf_tokenizer):
     folder = custom_folder(
         tmp_path, hf_tokenizer, chat_template="from config", jinja="from {{ 'file' }}"

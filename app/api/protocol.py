@@ -27,6 +27,7 @@ from baton.app.api.guided import (
     structured_output,
 )
 from baton.app.errors import APIError
+from baton.core.checkpoint.generation_config import NO_DEFAULTS, SamplingDefaults
 from baton.core.request import MAX_SLO_MS, SLO
 from baton.core.sampling_params import InvalidRequestError, SamplingParams
 from baton.core.structured_output import StructuredOutput
@@ -198,8 +199,11 @@ class GenerationRequest(StrictModel):
         """Whether the prompt is the point (completions' `echo`): then max_tokens may be 0."""
         return False
 
-    def sampling_params(self) -> SamplingParams:
-        """Engine parameters; OpenAI's defaults where a field is absent. Raises APIError."""
+    def sampling_params(self, defaults: SamplingDefaults = NO_DEFAULTS) -> SamplingParams:
+        """Engine parameters: each field the request leaves out (or sends as null, as OpenAI's
+        clients do for "unset") from `defaults` (the checkpoint's generation_config.json),
+        else OpenAI's default. A max_tokens from `defaults` stays unset here: the validator
+        bounds it by the room the prompt leaves (`default_max_tokens`). Raises APIError."""
         max_tokens = self.requested_max_tokens()
         if max_tokens == 0 and not self.scores_prompt:
             raise APIError(
@@ -208,16 +212,18 @@ class GenerationRequest(StrictModel):
                 "/v1/completions with echo: true (to score the prompt); send a positive value",
                 param=self.field_name("max_tokens"),
             )
+        if max_tokens is None and defaults.max_tokens is None:
+            max_tokens = self.default_max_tokens
         settings = {
-            "max_tokens": self.default_max_tokens if max_tokens is None else max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
+            "max_tokens": max_tokens,
+            "temperature": _given(self.temperature, defaults.temperature),
+            "top_p": _given(self.top_p, defaults.top_p),
+            "top_k": _given(self.top_k, defaults.top_k),
+            "min_p": _given(self.min_p, defaults.min_p),
             "seed": self.seed,
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
-            "repetition_penalty": self.repetition_penalty,
+            "repetition_penalty": _given(self.repetition_penalty, defaults.repetition_penalty),
             "stop": self.stop,
             "stop_token_ids": self.stop_token_ids,
             "logprobs": self.requested_logprobs(),
@@ -269,6 +275,10 @@ class GenerationRequest(StrictModel):
 
     def field_name(self, param: str | None) -> str | None:
         return param
+
+
+def _given(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def validate_request(model: type[GenerationRequest], body: dict[str, Any]) -> GenerationRequest:

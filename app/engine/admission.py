@@ -98,7 +98,8 @@ async def admit(
     """Tokenize `request`, build its engine requests under `request_ids` (`num_candidates` per
     prompt) and validate them, the one time anything does; raises APIError on anything wrong."""
     check_model(state, request.model)
-    params = request.sampling_params()
+    defaults = state.sampling_defaults
+    params = request.sampling_params(defaults)
     validator = state.engine.validator
     prompts = await _tokenize(state.tokenizer, request, validator.limits.max_model_len)
     if params.structured_output is not None:
@@ -116,7 +117,7 @@ async def admit(
             next(ids), token_ids, params, request.priority, slo, arrival_time, trace_context
         )
         try:
-            first = validator.validate(first)
+            first = validator.validate(first, defaults.max_tokens)
         except InvalidRequestError as error:
             raise request.invalid(error) from None
         requests.append(first)

@@ -37,6 +37,7 @@ from baton.app.http.http_limits import http_protocol
 from baton.app.http.security import security_middleware
 from baton.app.observability.prometheus import ServerMetrics, metrics_endpoint
 from baton.app.observability.stats_endpoint import stats_endpoint
+from baton.app.request_defaults import NO_REQUEST_DEFAULTS, RequestDefaults
 from baton.app.settings import ServerSettings
 from baton.app.state import ServerState, json_response, server_metrics, server_state
 from baton.core.engine import Engine
@@ -304,6 +305,7 @@ def serve_engine(
     model_name: str,
     settings: ServerSettings,
     sock: socket.socket | None = None,
+    defaults: RequestDefaults = NO_REQUEST_DEFAULTS,
 ) -> None:
     """Run the server until SIGTERM/SIGINT; blocks. `sock` is the address `bind_socket` took
     (uvicorn binds its own when None)."""
@@ -313,6 +315,7 @@ def serve_engine(
         model_name,
         settings,
         sock,
+        defaults,
     )
 
 
@@ -322,16 +325,20 @@ def serve_front_end(
     model_name: str,
     settings: ServerSettings,
     sock: socket.socket | None = None,
+    defaults: RequestDefaults = NO_REQUEST_DEFAULTS,
 ) -> None:
     """Run the front end over `engine` (one in-process engine, or replicas behind the same
-    interface: app/replicas/replicated_engine.py) until SIGTERM/SIGINT; blocks."""
+    interface: app/replicas/replicated_engine.py) until SIGTERM/SIGINT; blocks. `defaults`
+    fill what requests leave out (--generation-config, --chat-template)."""
     configure_logging()
+    defaults.log()
     state = ServerState(
         engine=engine,
-        tokenizer=tokenizer,
+        tokenizer=defaults.tokenizer_for(tokenizer),
         model_name=model_name,
         settings=settings,
         created=int(time.time()),
+        sampling_defaults=defaults.sampling,
     )
     app = create_app(state)
     BatonServer(uvicorn_config(app, settings), state).run(sockets=[sock] if sock else None)

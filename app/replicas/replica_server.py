@@ -12,6 +12,7 @@ from baton.app.http.server import serve_front_end
 from baton.app.replicas.ray_replica import EngineReplica
 from baton.app.replicas.replica_settings import ReplicaModel, ReplicaSettings
 from baton.app.replicas.replicated_engine import ReplicatedEngine
+from baton.app.request_defaults import NO_REQUEST_DEFAULTS, RequestDefaults
 from baton.app.settings import ServerSettings
 from baton.core.request_validator import RequestValidator
 from baton.core.text.tokenizer import Tokenizer
@@ -53,11 +54,13 @@ def serve_replicas(
     settings: ServerSettings,
     replicas: ReplicaSettings,
     sock: socket.socket | None = None,
+    defaults: RequestDefaults = NO_REQUEST_DEFAULTS,
 ) -> None:
     """`baton serve --replicas N`: start the replicas, then the one front end; blocks."""
     engine = start_replicas(spec, replicas, settings.max_queued_requests)
     try:
-        serve_front_end(engine, Tokenizer.from_pretrained(spec.model), model_name, settings, sock)
+        tokenizer = Tokenizer.from_pretrained(spec.model)
+        serve_front_end(engine, tokenizer, model_name, settings, sock, defaults)
     finally:
         # The CLI ends without the interpreter's teardown, so Ray's exit hook would not run:
         # a local Ray this process started would outlive it.

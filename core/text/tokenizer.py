@@ -72,6 +72,17 @@ class Tokenizer:
         named, extra = _special_tokens(config)
         return cls(backend, named, _chat_templates(path, config), extra, path.name)
 
+    def with_chat_template(self, template: str, origin: str) -> Tokenizer:
+        """This tokenizer with `template` as its one chat template, with or without tools (as
+        vLLM's --chat-template replaces the checkpoint's). Compiled now, so a broken template
+        fails where it is given rather than at the first chat; `origin` names it in that error.
+        Raises ChatTemplateError."""
+        compiled = compile_chat_template(template, origin, "fix it")
+        templates = {"default": template}
+        tokenizer = Tokenizer(self.backend, self.special_tokens, templates, [], self.name)
+        tokenizer._compiled["default"] = compiled
+        return tokenizer
+
     def _ensure_special(self, tokens: list[str]) -> None:
         # transformers registers every declared special token with the backend as special, even
         # when tokenizer.json lists it as a plain token; without this, decode would not skip it.
@@ -151,7 +162,7 @@ class Tokenizer:
             raise NoChatTemplateError(
                 f"{self.name} has no chat template (no `chat_template` in tokenizer_config.json "
                 "and no chat_template.jinja); send a raw prompt to /v1/completions, or add a "
-                "template to the checkpoint"
+                "template to the checkpoint or give one with --chat-template"
             )
         name = "tool_use" if with_tools and "tool_use" in self.chat_templates else "default"
         if name not in self.chat_templates:
@@ -161,17 +172,24 @@ class Tokenizer:
             )
         # Compiled on first use, so a broken template fails only the requests that need it.
         if name not in self._compiled:
-            try:
-                self._compiled[name] = _template_environment().from_string(
-                    self.chat_templates[name]
-                )
-            except jinja2.TemplateSyntaxError as exc:
-                raise ChatTemplateError(
-                    f"the chat template {name!r} of {self.name} is not valid Jinja (line "
-                    f"{exc.lineno}: {exc.message}); fix it in the checkpoint's "
-                    "tokenizer_config.json or chat_template.jinja"
-                ) from exc
+            self._compiled[name] = compile_chat_template(
+                self.chat_templates[name],
+                f"{name!r} of {self.name}",
+                "fix it in the checkpoint's tokenizer_config.json or chat_template.jinja",
+            )
         return self._compiled[name]
+
+
+def compile_chat_template(template: str, origin: str, fix: str) -> jinja2.Template:
+    """`template` compiled as transformers compiles chat templates. Raises ChatTemplateError
+    naming `origin` (where the template came from), the line, and `fix` (what to do)."""
+    try:
+        return _template_environment().from_string(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ChatTemplateError(
+            f"the chat template {origin} is not valid Jinja (line {exc.lineno}: {exc.message}); "
+            f"{fix}"
+        ) from exc
 
 
 class _GenerationBlock(jinja2.ext.Extension):
@@ -252,14 +270,15 @@ def _special_tokens(config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
 
 
 def _chat_templates(path: Path, config: dict[str, Any]) -> dict[str, str]:
-    """Templates by name; `chat_template.jinja` files win over the config, as in transformers."""
+    """Templates by name; the files transformers saves (`chat_template.jinja` for the default,
+    `additional_chat_templates/NAME.jinja` for the others) win over the config, as there."""
     raw = config.get("chat_template")
     templates: dict[str, str] = {}
     if isinstance(raw, str):
         templates["default"] = raw
     elif isinstance(raw, list):
         templates.update((t["name"], t["template"]) for t in raw)
-    named_dir = path / "chat_templates"
+    named_dir = path / "additional_chat_templates"
     if named_dir.is_dir():
         for file in sorted(named_dir.glob("*.jinja")):
             templates[file.stem] = file.read_text(encoding="utf-8")
