@@ -55,10 +55,10 @@ def serve(args: argparse.Namespace) -> int:
 
     settings = server_settings_from(args)
     replicas = REPLICAS.build(args)
+    configure_logging()  # before resolving: converting a GGUF file logs what it does
     source = resolve_model(MODEL.build(args))
     spec = serving_model(args, source)
     name = settings.served_model_name or source.name
-    configure_logging()
     sock = bind_socket(settings)
     if replicas.num_replicas > 1:
         from baton.app.replicas.replica_server import serve_replicas  # Ray loads only with replicas

@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from baton.app.model_source import resolve_model
+from baton.app.settings import ModelSettings
 from baton.core.batch import TokenLogprobs
 from baton.core.checkpoint.model_impl import resolve_model_config
 from baton.core.config import EngineConfig
@@ -175,9 +177,11 @@ class LLM:
         config: EngineConfig | None = None,
         **engine_config,
     ) -> None:
-        """`config` or keyword settings of EngineConfig (`max_num_seqs=8`, ...)."""
+        """`model` as `--model` takes it (a checkpoint folder or a GGUF file); `config` or
+        keyword settings of EngineConfig (`max_num_seqs=8`, ...)."""
         config = config or EngineConfig(**engine_config)
-        self.engine = build_engine(model, config, device, dtype, load_format=load_format)
+        folder = resolve_model(ModelSettings(model=str(model))).folder
+        self.engine = build_engine(folder, config, device, dtype, load_format=load_format)
         self.tokenizer = self.engine.tokenizer
         self._next_id = 0
 

@@ -31,7 +31,7 @@ class ModelSettings:
 
     model: str = setting(
         str(DEMO_MODEL),
-        help="Hugging Face checkpoint folder",
+        help="a Hugging Face checkpoint folder, or a GGUF file (or a folder holding one)",
         default_text="the built-in demo model",
     )
     load_format: str = setting(
