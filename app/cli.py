@@ -58,7 +58,7 @@ def serve(args: argparse.Namespace) -> int:
 
     settings = server_settings_from(args)
     replicas = REPLICAS.build(args)
-    configure_logging()
+    configure_logging()  # before resolving: converting a GGUF file logs what it does
     sock = bind_socket(settings)
     # After the port is taken, so a busy port fails before a download too.
     source = resolve_model(MODEL.build(args))

@@ -10,7 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from baton.app.model_source import resolve_model
 from baton.app.request_defaults import read_request_defaults
+from baton.app.settings import ModelSettings
 from baton.core.batch import TokenLogprobs
 from baton.core.checkpoint.model_impl import resolve_model_config
 from baton.core.config import EngineConfig
@@ -178,14 +180,16 @@ class LLM:
         config: EngineConfig | None = None,
         **engine_config,
     ) -> None:
-        """`config` or keyword settings of EngineConfig (`max_num_seqs=8`, ...).
-        `generation_config` and `chat_template` take what `baton serve`'s flags of those names
-        take: the sampling defaults (auto: the checkpoint's generation_config.json; none; a
-        folder), and a template file or text to use instead of the checkpoint's."""
+        """`model` as `--model` takes it (a checkpoint folder, a GGUF file or a hub id); `config`
+        or keyword settings of EngineConfig (`max_num_seqs=8`, ...). `generation_config` and
+        `chat_template` take what `baton serve`'s flags of those names take: the sampling
+        defaults (auto: the checkpoint's generation_config.json; none; a folder), and a template
+        file or text to use instead of the checkpoint's."""
         config = config or EngineConfig(**engine_config)
+        folder = resolve_model(ModelSettings(model=str(model))).folder
         # Read before the weights, so a bad file fails before a long load.
-        self.defaults = read_request_defaults(Path(model), generation_config, chat_template)
-        self.engine = build_engine(model, config, device, dtype, load_format=load_format)
+        self.defaults = read_request_defaults(folder, generation_config, chat_template)
+        self.engine = build_engine(folder, config, device, dtype, load_format=load_format)
         self.tokenizer = self.defaults.tokenizer_for(self.engine.tokenizer)
         self._next_id = 0
 

@@ -9,11 +9,12 @@ same spelling.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from baton.app.settings import DEMO_MODEL, DEMO_MODEL_NAME, ModelSettings
-from baton.core.checkpoint.checkpoint_check import HUB_ID
+from baton.core.checkpoint.checkpoint_check import HUB_ID, gguf_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,8 @@ def resolve_model(settings: ModelSettings) -> ModelSource:
     path = Path(settings.model).expanduser()
     if path.resolve() == DEMO_MODEL:
         return ModelSource(DEMO_MODEL, DEMO_MODEL_NAME, "the built-in demo model")
+    if path.exists() and (gguf := gguf_file(path)) is not None:
+        return from_gguf(gguf, path.resolve().name if path.is_dir() else gguf.stem)
     if path.is_dir():
         return ModelSource(path, path.resolve().name, f"the folder {path}")
     if path.is_file():
@@ -43,3 +46,22 @@ def resolve_model(settings: ModelSettings) -> ModelSource:
         hub = fetch_hub_model(settings.model, settings.revision, settings.download_dir)
         return ModelSource(hub.folder, settings.model, hub.origin)
     return ModelSource(path, path.name, str(path))
+
+
+def from_gguf(file: Path, name: str) -> ModelSource:
+    """The checkpoint folder a GGUF file converts to, made on the first start that needs it."""
+    from baton.gpu.gguf_checkpoint import gguf_checkpoint  # torch and transformers load here
+
+    made = gguf_checkpoint(file, cache_dir() / "gguf")
+    how = "converted into" if made.converted_now else "converted before, read from"
+    origin = f"the GGUF file {file} ({made.architecture}, {made.file_type}; {how} {made.folder})"
+    return ModelSource(made.folder, name, origin)
+
+
+def cache_dir() -> Path:
+    """Where Baton keeps what it makes from a `--model` (converted GGUF files): `BATON_CACHE`,
+    else `baton` in the XDG cache folder."""
+    if os.environ.get("BATON_CACHE"):
+        return Path(os.environ["BATON_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg).expanduser() / "baton"

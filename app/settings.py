@@ -31,8 +31,8 @@ class ModelSettings:
 
     model: str = setting(
         str(DEMO_MODEL),
-        help="Hugging Face checkpoint folder, or a hub id (ORG/NAME: the local cache's copy, "
-        "else downloaded; a folder of that name wins)",
+        help="a Hugging Face checkpoint folder, a GGUF file (or a folder holding one), or a hub "
+        "id (ORG/NAME: the local cache's copy, else downloaded; a folder of that name wins)",
         default_text="the built-in demo model",
     )
     revision: str | None = setting(

@@ -97,9 +97,11 @@ def cmake_configure_command(source: Path, isa: str = "native") -> list[str]:
     return ["cmake", "-S", str(source), "-B", str(build_dir(source, isa)), *options]
 
 
-def cmake_build_command(source: Path, jobs: int, isa: str = "native") -> list[str]:
+def cmake_build_command(
+    source: Path, jobs: int, isa: str = "native", targets: tuple[str, ...] = TARGETS
+) -> list[str]:
     folder = str(build_dir(source, isa))
-    return ["cmake", "--build", folder, "--target", *TARGETS, f"-j{jobs}"]
+    return ["cmake", "--build", folder, "--target", *targets, f"-j{jobs}"]
 
 
 def ensure_cmake() -> None:
@@ -113,24 +115,27 @@ def ensure_cmake() -> None:
     )
 
 
-def build(peers: Path, jobs: int | None = None, isa: str = "native") -> Path:
-    """`llama-server` (and `llama-quantize`) for `isa`, built once; returns the server's path."""
+def build(
+    peers: Path, jobs: int | None = None, isa: str = "native", targets: tuple[str, ...] = TARGETS
+) -> Path:
+    """`targets` (`llama-server` and `llama-quantize`) for `isa`, built once; returns the first
+    one's path."""
     if isa not in ISA_OPTIONS:
         raise ValueError(f"isa must be one of {', '.join(ISAS)}, got {isa!r}")
-    if all(binary(peers, name, isa).is_file() for name in TARGETS):
-        return binary(peers, "llama-server", isa)
+    if all(binary(peers, name, isa).is_file() for name in targets):
+        return binary(peers, targets[0], isa)
     source = fetch_source(peers)
     ensure_cmake()
     log = peers / ("build.log" if isa == "native" else f"build-{isa}.log")
     with log.open("w") as out:
         for command in (
             cmake_configure_command(source, isa),
-            cmake_build_command(source, jobs or os.cpu_count() or 1, isa),
+            cmake_build_command(source, jobs or os.cpu_count() or 1, isa, targets),
         ):
             if subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode:
                 tail = "\n".join(log.read_text().splitlines()[-20:])
                 raise RuntimeError(f"building llama.cpp failed ({' '.join(command)}):\n{tail}")
-    return binary(peers, "llama-server", isa)
+    return binary(peers, targets[0], isa)
 
 
 def pre_tokenizer_label(spec: dict) -> str | None:
@@ -198,9 +203,12 @@ def convert(peers: Path, checkpoint: Path, out_dir: Path, kind: str = "f32") -> 
     return out
 
 
-def run_converter(source: Path, deps: Path, checkpoint: Path, out: Path) -> None:
-    """In a process of its own: llama.cpp's `convert_hf_to_gguf.py` to F32, with one fallback
-    added for tokenizers whose hash it does not know (`pre_tokenizer_label`)."""
+def run_converter(
+    source: Path, deps: Path, checkpoint: Path, out: Path, outtype: str = "f32"
+) -> None:
+    """In a process of its own: llama.cpp's `convert_hf_to_gguf.py` to `outtype` (f32, f16, bf16
+    or q8_0), with one fallback added for tokenizers whose hash it does not know
+    (`pre_tokenizer_label`)."""
     sys.path[:0] = [str(deps), str(source), str(source / "gguf-py")]
     import convert_hf_to_gguf
     from conversion.base import TextModel
@@ -218,7 +226,8 @@ def run_converter(source: Path, deps: Path, checkpoint: Path, out: Path) -> None
             return label
 
     TextModel.get_vocab_base_pre = get_vocab_base_pre
-    sys.argv = ["convert_hf_to_gguf.py", str(checkpoint), "--outtype", "f32", "--outfile", str(out)]
+    sys.argv = ["convert_hf_to_gguf.py", str(checkpoint), "--outtype", outtype]
+    sys.argv += ["--outfile", str(out)]
     convert_hf_to_gguf.main()
 
 
@@ -243,8 +252,8 @@ def main(argv: list[str]) -> None:
             print(build(peers, isa=isa[0] if isa else "native"))
         case ["convert", checkpoint, out_dir, *kind] if len(kind) <= 1:
             print(convert(peers, Path(checkpoint), Path(out_dir), *kind))
-        case ["_run-converter", source, deps, checkpoint, out]:
-            run_converter(Path(source), Path(deps), Path(checkpoint), Path(out))
+        case ["_run-converter", source, deps, checkpoint, out, *outtype] if len(outtype) <= 1:
+            run_converter(Path(source), Path(deps), Path(checkpoint), Path(out), *outtype)
         case _:
             sys.exit(__doc__)
 

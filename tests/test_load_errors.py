@@ -33,17 +33,17 @@ def folder_with_config(tmp_path: Path, llama_checkpoint: Path, **changes) -> Pat
     return folder
 
 
-def test_a_gguf_file_says_baton_loads_safetensors_folders_and_how_to_get_one(tmp_path, capsys):
+def test_a_truncated_gguf_file_is_refused_as_unreadable(tmp_path, capsys):
     gguf = tmp_path / "llama-3-8b.Q4_K_M.gguf"
     gguf.write_bytes(b"GGUF")
     err = serve_error(gguf, capsys)
-    assert "is GGUF (llama.cpp's format); Baton loads Hugging Face safetensors folders" in err
-    assert "huggingface-cli download OWNER/NAME --local-dir ./NAME" in err
+    assert f"{gguf} is not a readable GGUF file" in err and "is the download complete?" in err
 
 
-def test_a_folder_of_gguf_files_is_named_as_gguf(tmp_path):
+def test_a_folder_of_gguf_files_is_named_as_gguf_and_sent_through_the_conversion(tmp_path):
+    # The loader reads checkpoint folders; GGUF reaches it converted (tests/test_gguf.py).
     (tmp_path / "model.Q8_0.gguf").write_bytes(b"GGUF")
-    with pytest.raises(CheckpointFormatError, match="is GGUF"):
+    with pytest.raises(CheckpointFormatError, match="is GGUF, which Baton reads once converted"):
         check_checkpoint(tmp_path)
 
 
@@ -147,4 +147,4 @@ def test_baton_serve_prints_the_message_and_exits_2_in_a_real_process(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr.startswith("baton: error: ")
-    assert "is GGUF" in result.stderr and "Traceback" not in result.stderr
+    assert "is not a readable GGUF file" in result.stderr and "Traceback" not in result.stderr

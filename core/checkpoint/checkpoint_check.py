@@ -13,6 +13,8 @@ from pathlib import Path
 
 # A hub id as people paste it: `owner/name`, nothing else.
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# The parts of a GGUF that llama.cpp's gguf-split cut in several files: `-00001-of-00003.gguf`.
+SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
 # Names transformers gives its decoder-only text generators.
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 # quantization_config.quant_method -> the name users know the format by.
@@ -46,14 +48,18 @@ def check_checkpoint(model: str | Path, *, needs_weights: bool = True) -> Path:
     """The checkpoint folder `model` names, or a `CheckpointFormatError` saying why it cannot be
     served. `needs_weights=False` (random weights) skips the weight-file checks."""
     path = Path(model).expanduser()
-    if path.suffix.lower() == ".gguf" or (path.is_dir() and _only_gguf(path)):
-        raise CheckpointFormatError(_gguf_message(path))
     if not path.exists():
         raise CheckpointFormatError(_missing_message(str(model)))
+    if gguf_file(path) is not None:
+        raise CheckpointFormatError(
+            f"{path} is GGUF, which Baton reads once converted into a checkpoint folder: pass it "
+            "as --model to `baton serve` or `baton generate`, or to `LLM`, which convert it "
+            "(baton.app.model_source.resolve_model)"
+        )
     if not path.is_dir():
         raise CheckpointFormatError(
             f"{path} is a file; --model takes a Hugging Face checkpoint folder (config.json, "
-            "*.safetensors and the tokenizer files)"
+            "*.safetensors and the tokenizer files) or a .gguf file"
         )
     config_file = path / "config.json"
     if not config_file.is_file():
@@ -69,16 +75,30 @@ def check_checkpoint(model: str | Path, *, needs_weights: bool = True) -> Path:
     return path
 
 
-def _only_gguf(path: Path) -> bool:
-    return not (path / "config.json").exists() and any(path.glob("*.gguf"))
+def gguf_file(path: Path) -> Path | None:
+    """The GGUF file `path` names: itself, or the one GGUF model file of a folder without a
+    config.json (a vision projector, `mmproj-*.gguf`, set aside); None if it names none.
 
-
-def _gguf_message(path: Path) -> str:
-    return (
-        f"{path} is GGUF (llama.cpp's format); Baton loads Hugging Face safetensors folders. "
-        "Download the original model's folder instead, e.g. "
-        "`huggingface-cli download OWNER/NAME --local-dir ./NAME`, and pass --model ./NAME"
-    )
+    A folder of several (a model's quantizations side by side, as GGUF repositories hold them)
+    is refused rather than one guessed: which quantization to serve is the user's choice."""
+    if path.suffix.lower() == ".gguf":
+        candidates = [path]
+    elif path.is_dir() and not (path / "config.json").exists():
+        candidates = sorted(p for p in path.glob("*.gguf") if not p.name.startswith("mmproj"))
+    else:
+        return None
+    if len(candidates) > 1:
+        names = ", ".join(p.name for p in candidates)
+        raise CheckpointFormatError(
+            f"{path} holds {len(candidates)} GGUF files ({names}); pass the one to serve, "
+            f"e.g. --model {candidates[0]}"
+        )
+    if candidates and SPLIT_GGUF.search(candidates[0].name):
+        raise CheckpointFormatError(
+            f"{candidates[0]} is one part of a split GGUF; merge the parts into one file first "
+            f"(llama.cpp's `llama-gguf-split --merge {candidates[0].name} merged.gguf`)"
+        )
+    return candidates[0] if candidates else None
 
 
 def _missing_message(model: str) -> str:
@@ -89,7 +109,7 @@ def _missing_message(model: str) -> str:
             f"{model} is not a local folder: `baton serve {model}` fetches it from the hub; "
             f"here, pass the folder `huggingface_hub.snapshot_download('{model}')` returns"
         )
-    return f"{model} does not exist; --model takes a Hugging Face checkpoint folder"
+    return f"{model} does not exist; --model takes a Hugging Face checkpoint folder or a GGUF file"
 
 
 def _check_causal_lm(path: Path, raw: dict) -> None:
