@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from baton.app.api.reasoning import REASONING_PARSERS
 from baton.app.api.tool_parsers import PARSERS
 from baton.core.config import LOAD_FORMATS
 from baton.core.request import SLO
@@ -145,6 +146,15 @@ class ServerSettings:
         help="the format the model writes tool calls in, for tool_choice 'auto'",
         default_text="read off the chat template: <tool_call> is hermes, [TOOL_CALLS] mistral, "
         "<|python_tag|> llama3_json",
+    )
+    # The model's thinking format: chat answers split it off as `reasoning_content`
+    # (baton.app.api.reasoning).
+    reasoning_parser: str | None = setting(
+        None,
+        choices=tuple(sorted(REASONING_PARSERS)),
+        help="split a reasoning model's <think>...</think> text off chat answers as "
+        "reasoning_content; structured output then starts after the thinking",
+        default_text="none: the thinking stays in content",
     )
     # Names on /metrics: Baton's (`baton:`), vLLM's (`vllm:`, for its dashboards), or both.
     metrics_style: str = setting(

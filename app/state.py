@@ -11,6 +11,7 @@ import orjson
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
+from baton.app.api.reasoning import ReasoningParser, reasoning_parser
 from baton.app.engine.client import EngineClient
 from baton.app.observability.prometheus import ServerMetrics
 from baton.app.settings import ServerSettings
@@ -35,6 +36,11 @@ class ServerState:
     # Set when spans are exported (--otlp-traces-endpoint, --trace-console or a test's exporter).
     tracing: Tracing | None = None
     _ids: itertools.count = field(default_factory=itertools.count)
+    # --reasoning-parser, checked against the tokenizer when the server starts.
+    reasoning_parser: ReasoningParser | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reasoning_parser = reasoning_parser(self.settings.reasoning_parser, self.tokenizer)
 
     def next_request_id(self, prefix: str) -> str:
         return f"{prefix}-{next(self._ids)}"

@@ -51,6 +51,10 @@ class SamplingParams:
     `prompt_logprobs=N` the same for every prompt token after the first (what scoring harnesses
     read). `logit_bias` adds a bias in [-100, 100] to the logits of the token ids it names.
     `structured_output` constrains the output to a grammar (compiled before the request runs).
+    The text options are vLLM's: `include_stop_str_in_output` keeps the stop string (or the
+    stop token's text) that ended the output; `skip_special_tokens` leaves special tokens out of
+    the text; `spaces_between_special_tokens` false writes an added token that follows another
+    without the space a decoder (WordPiece's) puts between them.
     """
 
     # Fields declared with `setting` are flags too: `baton generate` samples by them, and
@@ -87,6 +91,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -29,12 +30,15 @@ class StructuredOutput:
     the EBNF grammar, or the choices as a JSON array; with `kind` it is the compile cache's key.
     `param` names the request field it came from, for error messages. `grammar` is the
     executor's compiled form (opaque here), attached by `GrammarCompiler.compile`.
+    `after_token_id`, where set, is the token that ends a reasoning model's thinking (`</think>`):
+    the output is free up to its first occurrence, and the grammar governs what follows it.
     """
 
     kind: GuideKind
     spec: str = ""
     param: str = "response_format"
     grammar: object | None = field(default=None, compare=False, repr=False)
+    after_token_id: int | None = None
 
     @property
     def cache_key(self) -> tuple[str, str]:
@@ -42,6 +46,16 @@ class StructuredOutput:
 
     def compiled(self, grammar: object) -> StructuredOutput:
         return dataclasses.replace(self, grammar=grammar)
+
+    def governed_from(self, output_token_ids: Sequence[int]) -> int | None:
+        """Where in the output the grammar starts: 0, or just past the first `after_token_id`;
+        None while that token has not come yet."""
+        if self.after_token_id is None:
+            return 0
+        try:
+            return output_token_ids.index(self.after_token_id) + 1
+        except ValueError:
+            return None
 
 
 class GrammarCompiler(Protocol):

@@ -147,6 +147,9 @@ def _regex_literal(text: str) -> str:
 @dataclass(slots=True)
 class _Matcher:
     matcher: xgrammar.GrammarMatcher
+    # Where the governed output starts (past a reasoning model's end of thinking, else 0).
+    # Fixed once found: committed output tokens are never taken back.
+    start: int = 0
     num_accepted: int = 0
 
 
@@ -182,15 +185,18 @@ class GrammarMatchers:
             self._matchers.pop(request_id, None)
 
     def fill_mask(self, sequences: Sequence[ScheduledSequence]) -> GrammarMask | None:
-        """The bitmask of the constrained rows among `sequences` (the rows to be sampled)."""
-        rows = [
-            row
-            for row, seq in enumerate(sequences)
-            if seq.sampling_params.structured_output is not None
-        ]
+        """The bitmask of the constrained rows among `sequences` (the rows to be sampled); a
+        reasoning model's row is free until its thinking has ended."""
+        rows, matchers = [], []
+        for row, seq in enumerate(sequences):
+            if seq.sampling_params.structured_output is None:
+                continue
+            matcher = self._level_with(seq)
+            if matcher is not None:
+                rows.append(row)
+                matchers.append(matcher)
         if not rows:
             return None
-        matchers = [self._level_with(sequences[row]) for row in rows]
         bitmask = xgrammar.allocate_token_bitmask(len(sequences), self.vocab_size)
         self._batch.batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)
         return GrammarMask(bitmask, rows)
@@ -208,21 +214,25 @@ class GrammarMatchers:
                 continue
             state.num_accepted += 1
 
-    def _level_with(self, seq: ScheduledSequence) -> xgrammar.GrammarMatcher:
-        """The request's matcher having accepted exactly its output tokens so far."""
+    def _level_with(self, seq: ScheduledSequence) -> xgrammar.GrammarMatcher | None:
+        """The request's matcher having accepted exactly its governed output tokens so far;
+        None while its grammar has not started (a reasoning model still thinking)."""
+        outputs = seq.all_token_ids[seq.num_prompt_tokens :]
         state = self._matchers.get(seq.request_id)
         if state is None:
             constraint = seq.sampling_params.structured_output
             assert constraint is not None and constraint.grammar is not None
-            state = _Matcher(xgrammar.GrammarMatcher(constraint.grammar))
+            start = constraint.governed_from(outputs)
+            if start is None:
+                return None
+            state = _Matcher(xgrammar.GrammarMatcher(constraint.grammar), start)
             self._matchers[seq.request_id] = state
-        num_output = seq.num_output_tokens
-        if state.num_accepted > num_output:
+        num_governed = len(outputs) - state.start
+        if state.num_accepted > num_governed:
             # A step re-run (fault isolation) after its tokens were accepted: undo them.
-            state.matcher.rollback(state.num_accepted - num_output)
-            state.num_accepted = num_output
-        outputs = seq.all_token_ids[seq.num_prompt_tokens :]
-        while state.num_accepted < num_output:
-            state.matcher.accept_token(outputs[state.num_accepted])
+            state.matcher.rollback(state.num_accepted - num_governed)
+            state.num_accepted = num_governed
+        while state.num_accepted < num_governed:
+            state.matcher.accept_token(outputs[state.start + state.num_accepted])
             state.num_accepted += 1
         return state.matcher

@@ -58,6 +58,36 @@ def llama_checkpoint(make_checkpoint) -> Path:
     return make_checkpoint("llama")
 
 
+# A Qwen3-style template: `reasoning_effort` shows in a system turn, and `enable_thinking:
+# false` closes an empty thinking block in the generation prompt.
+THINK_TEMPLATE = (
+    "{{ bos_token }}{% if reasoning_effort is defined %}<|system|>\n"
+    "Reasoning: {{ reasoning_effort }}<|end|>\n{% endif %}"
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def think_checkpoint(tmp_path_factory, hf_tokenizer) -> Path:
+    """A tiny random checkpoint of a reasoning model: `<think>` and `</think>` are plain added
+    tokens (as in Qwen3's tokenizer) and the chat template is THINK_TEMPLATE. The model's
+    vocabulary is padded past the tokenizer's."""
+    from transformers import PreTrainedTokenizerFast
+
+    from baton.tools.random_checkpoint import write_checkpoint
+
+    copy = tmp_path_factory.mktemp("think-tokenizer")
+    hf_tokenizer.save_pretrained(copy)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(copy)
+    tokenizer.add_tokens(["<think>", "</think>"])
+    tokenizer.chat_template = THINK_TEMPLATE
+    out = tmp_path_factory.mktemp("ckpt-think")
+    return write_checkpoint(out, "llama", "tiny", tokenizer=tokenizer, vocab_size=640)
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Headless chromium for the UI tests; Playwright loads only for the tests that use it."""

@@ -9,7 +9,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import uvloop
@@ -20,6 +20,7 @@ from baton.app.llm import build_engine, build_simulated_engine
 from baton.app.request_defaults import NO_REQUEST_DEFAULTS, RequestDefaults
 from baton.app.settings import ServerSettings
 from baton.app.state import ServerState
+from baton.core.batch import ExecutorOutput
 from baton.core.config import EngineConfig
 from baton.core.engine import Engine
 from baton.core.simulation.simulated_executor import SimulatedExecutor
@@ -76,6 +77,26 @@ class ControlledExecutor(SimulatedExecutor):
             self.faulted_batch_sizes.append(len(batch))
             raise RuntimeError("injected fault")
         return super().execute(batch)
+
+
+class ScriptedExecutor(SimulatedExecutor):
+    """Instant tokens: every request answers `answer` (token ids, which a test may change
+    between requests), then EOS. `prompts` keeps the prompt ids each request was given."""
+
+    def __init__(self, vocab_size: int, eos_token_id: int, answer: Sequence[int] = ()) -> None:
+        super().__init__(256, 16, vocab_size, eos_token_id=eos_token_id)
+        self.answer = list(answer)
+        self.prompts: dict[str, list[int]] = {}
+
+    def execute(self, batch):
+        sampled = []
+        for seq in batch.sequences:
+            self.prompts.setdefault(seq.request_id, seq.all_token_ids[: seq.num_prompt_tokens])
+            if seq.sample:
+                position = seq.num_output_tokens
+                done = position >= len(self.answer)
+                sampled.append(self.eos_token_id if done else self.answer[position])
+        return ExecutorOutput(sampled)
 
 
 @contextlib.contextmanager

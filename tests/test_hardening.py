@@ -63,7 +63,10 @@ FIELDS = [
     "function_call", "modalities", "store", "metadata", "service_tier", "audio", "prediction",
     "reasoning_effort", "prompt_cache_key", "safety_identifier", "web_search_options",
     "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
-    "priority", "slo", "return_token_timestamps", "not_a_field",
+    "priority", "slo", "return_token_timestamps", "chat_template_kwargs",
+    "add_generation_prompt", "continue_final_message", "structured_outputs",
+    "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+    "truncate_prompt_tokens", "not_a_field",
 ]  # fmt: skip
 # JSON literals Python's JSON would turn into inf, nan or a float; spliced in as raw text.
 RAW_NUMBERS = ["1e999", "-1e999", "NaN", "Infinity", "1e-400", "123456789012345678901234567890"]
@@ -248,9 +251,8 @@ def test_generated_websocket_frames_get_answers_and_the_socket_stays_usable(serv
         (CHAT, "audio", {"voice": "alloy"}),
         (CHAT, "modalities", ["text", "audio"]),
         (CHAT, "prediction", {"type": "content", "content": "x"}),
-        (CHAT, "reasoning_effort", "high"),
-        (CHAT, "store", True),
-        (CHAT, "metadata", {"a": "b"}),
+        (CHAT, "reasoning_effort", "extreme"),
+        (CHAT, "metadata", {"a": 1}),
         (CHAT, "web_search_options", {}),
         (CHAT, "service_tier", "flex"),
         (COMPLETIONS, "stream_options", {"include_usage": True, "continuous_usage_stats": True}),
@@ -268,6 +270,7 @@ def test_fields_baton_does_not_honour_are_refused_by_name(server, path, field, v
     [
         (CHAT, {"response_format": {"type": "text"}, "tools": [], "tool_choice": "none"}),
         (CHAT, {"user": "u-1", "store": False, "service_tier": "auto", "modalities": ["text"]}),
+        (CHAT, {"store": True, "metadata": {"a": "b"}}),
         (CHAT, {"parallel_tool_calls": False, "prompt_cache_key": "k", "safety_identifier": "s"}),
         (COMPLETIONS, {"best_of": 1, "suffix": "", "logit_bias": {}, "user": "u-1"}),
     ],

@@ -4,10 +4,18 @@ messages as the chat template sees them, tools, and the chat spellings of shared
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from baton.app.api.body_fields import Int64, Name
@@ -15,6 +23,17 @@ from baton.app.api.guided import MAX_TOOLS, Tool, ToolChoice, ToolMode, structur
 from baton.app.api.protocol import GenerationRequest
 from baton.app.errors import APIError
 from baton.core.structured_output import StructuredOutput
+
+# OpenAI's bounds on `metadata`.
+MAX_METADATA_PAIRS = 16
+MetadataKey = Annotated[StrictStr, Field(max_length=64)]
+MetadataValue = Annotated[StrictStr, Field(max_length=512)]
+# vLLM's values: OpenAI's, and DeepSeek's "max".
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+# Template variables the request sets through fields of their own.
+RESERVED_TEMPLATE_VARIABLES = frozenset(
+    {"messages", "tools", "add_generation_prompt", "continue_final_message"}
+)
 
 
 class ChatMessage(BaseModel):
@@ -55,11 +74,43 @@ class ChatCompletionRequest(GenerationRequest):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     modalities: list[StrictStr] | None = None
-    store: StrictBool | None = None
     service_tier: StrictStr | None = None
     # Identifiers that ask nothing of the server: prefix caching is automatic here.
     prompt_cache_key: Name | None = None
     safety_identifier: Name | None = None
+    # OpenAI's tags for stored completions, and `store` itself: accepted and kept nowhere, as
+    # vLLM does; they ask for retention after the response, and the response is the same.
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(
+        default=None, max_length=MAX_METADATA_PAIRS
+    )
+    store: StrictBool | None = None
+    # The chat template's inputs beyond the messages and tools (vLLM's).
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    reasoning_effort: ReasoningEffort | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_reserved_variables(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key in kwargs or {}:
+            if key in RESERVED_TEMPLATE_VARIABLES:
+                raise PydanticCustomError(
+                    "baton_reserved",
+                    f"must not set {key!r}: the request's own {key} field sets it",
+                )
+        return kwargs
+
+    @model_validator(mode="after")
+    def _continue_or_open(self) -> ChatCompletionRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise APIError(
+                400,
+                "continue_final_message continues the last message, and add_generation_prompt "
+                "(true unless sent) opens a new one; send add_generation_prompt: false with it",
+                param="continue_final_message",
+            )
+        return self
 
     @field_validator("messages")
     @classmethod
@@ -102,6 +153,26 @@ class ChatCompletionRequest(GenerationRequest):
 
     def message_dicts(self) -> list[dict[str, Any]]:
         return [_template_message(message.model_dump()) for message in self.messages]
+
+    def template_variables(self) -> dict[str, Any]:
+        """The chat template's variables besides the messages: the tools, `reasoning_effort`
+        as vLLM passes it, then `chat_template_kwargs`, which win."""
+        variables: dict[str, Any] = {}
+        if (tools := self.tool_dicts()) is not None:
+            variables["tools"] = tools
+        if self.reasoning_effort is not None:
+            variables["reasoning_effort"] = self.reasoning_effort
+            # vLLM's: templates that think only when asked to (enable_thinking) follow it.
+            variables["enable_thinking"] = self.reasoning_effort != "none"
+        return {**variables, **(self.chat_template_kwargs or {})}
+
+    def echo_text(self) -> str:
+        """What `echo` puts before the answer: the last message's text when it is the
+        assistant's (a prefill the answer continues), else nothing, as vLLM does."""
+        last = self.messages[-1]
+        if not self.echo or last.role != "assistant" or not isinstance(last.content, str):
+            return ""
+        return last.content
 
 
 def _template_message(message: dict[str, Any]) -> dict[str, Any]:

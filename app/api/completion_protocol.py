@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import StrictBool, StrictStr, field_validator, model_validator
+from pydantic import StrictStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from baton.app.api.body_fields import Int64
@@ -22,7 +22,6 @@ class CompletionRequest(GenerationRequest):
 
     prompt: Any
     logprobs: Int64 | None = None
-    echo: StrictBool = False
     best_of: Int64 | None = None
     suffix: StrictStr | None = None
 

@@ -1,14 +1,15 @@
 """Structured output and tool fields of a request body: their shapes (`response_format`,
-vLLM's `guided_*` extensions, `tools`, `tool_choice`) and the one output constraint they ask
-the engine for."""
+vLLM's `guided_*` extensions and `structured_outputs`, `tools`, `tool_choice`) and the one
+output constraint they ask the engine for."""
 
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import Field, StrictBool, StrictStr
+from pydantic import Field, StrictBool, StrictStr, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from baton.app.api.body_fields import Name, StrictModel
 from baton.app.errors import APIError
@@ -29,6 +30,51 @@ class JSONSchemaFormat(StrictModel):
 class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
+
+
+class StructuredOutputs(StrictModel):
+    """vLLM's `structured_outputs`: the newer spelling of its guided_* fields, one constraint
+    per request. Baton's JSON is always compact and never has properties the schema leaves out
+    (xgrammar's strict mode), which is what the two `disable_*` options ask for; either value
+    is accepted, as neither asks for whitespace or extra properties. One backend, so nothing
+    ever falls back (`disable_fallback`)."""
+
+    # `json` is a BaseModel attribute, hence the alias.
+    json_: dict[str, Any] | StrictStr | None = Field(default=None, alias="json")
+    regex: StrictStr | None = Field(default=None, min_length=1)
+    choice: list[Annotated[StrictStr, Field(min_length=1)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_CHOICES
+    )
+    grammar: StrictStr | None = Field(default=None, min_length=1)
+    json_object: StrictBool | None = None
+    disable_any_whitespace: StrictBool = False
+    disable_additional_properties: StrictBool = False
+    disable_fallback: StrictBool = False
+    whitespace_pattern: Any = None
+    structural_tag: Any = None
+
+    @field_validator("whitespace_pattern", "structural_tag")
+    @classmethod
+    def _not_supported(cls, value: Any, info: ValidationInfo) -> None:
+        if value is not None:
+            reason = {
+                "whitespace_pattern": "Baton's JSON is compact, without free whitespace",
+                "structural_tag": "Baton constrains the whole output, not tagged parts of it",
+            }[info.field_name]
+            raise PydanticCustomError(
+                "baton_unsupported", f"is not supported: {reason}; leave it out"
+            )
+
+    def asked(self) -> list[tuple[str, Any]]:
+        """The constraints it names, as (field path, value)."""
+        values = {
+            "json": self.json_,
+            "regex": self.regex,
+            "choice": self.choice,
+            "grammar": self.grammar,
+            "json_object": self.json_object or None,
+        }
+        return [(f"structured_outputs.{k}", v) for k, v in values.items() if v is not None]
 
 
 class FunctionDefinition(StrictModel):
@@ -119,7 +165,12 @@ def structured_output(
 ) -> StructuredOutput | None:
     """The constraint the request's fields ask for, or None; a 400 when they ask for more than
     one. `fields` maps response_format and the guided_* field names to their values."""
-    asked = [(name, value) for name, value in fields.items() if _asks(name, value)]
+    asked = []
+    for name, value in fields.items():
+        if isinstance(value, StructuredOutputs):
+            asked.extend(_one_of(value))
+        elif _asks(name, value):
+            asked.append((name, value))
     mode = tool_mode(tools, tool_choice)
     if mode in (ToolMode.REQUIRED, ToolMode.NAMED):
         asked.append(("tool_choice", tool_choice))
@@ -135,6 +186,18 @@ def structured_output(
         assert tools is not None
         return _tool_constraint(tools, tool_choice, fields.get("parallel_tool_calls"))
     return _field_constraint(name, value)
+
+
+def _one_of(request: StructuredOutputs) -> list[tuple[str, Any]]:
+    asked = request.asked()
+    if not asked:
+        raise APIError(
+            400,
+            "structured_outputs names no constraint; send one of json, regex, choice, grammar "
+            "or json_object: true",
+            param="structured_outputs",
+        )
+    return asked
 
 
 def _asks(name: str, value: Any) -> bool:
@@ -166,25 +229,27 @@ def _field_constraint(name: str, value: Any) -> StructuredOutput:
                 param="response_format.json_schema",
             )
         return StructuredOutput(GuideKind.JSON_SCHEMA, _json_text(value.json_schema.schema_), name)
-    if name == "guided_json":
-        schema = value if isinstance(value, dict) else _parsed_schema(value)
+    # guided_json and structured_outputs.json, guided_regex and structured_outputs.regex, ...
+    kind = name.removeprefix("structured_outputs.").removeprefix("guided_")
+    if kind == "json":
+        schema = value if isinstance(value, dict) else _parsed_schema(value, name)
         return StructuredOutput(GuideKind.JSON_SCHEMA, _json_text(schema), name)
-    if name == "guided_regex":
+    if kind == "json_object":
+        return StructuredOutput(GuideKind.JSON_OBJECT, "", name)
+    if kind == "regex":
         return StructuredOutput(GuideKind.REGEX, value, name)
-    if name == "guided_choice":
+    if kind == "choice":
         return StructuredOutput(GuideKind.CHOICE, _json_text(value), name)
     return StructuredOutput(GuideKind.GRAMMAR, value, name)
 
 
-def _parsed_schema(text: str) -> dict[str, Any]:
+def _parsed_schema(text: str, param: str) -> dict[str, Any]:
     try:
         schema = orjson.loads(text)
     except orjson.JSONDecodeError as error:
-        raise APIError(
-            400, f"guided_json is not a JSON schema ({error})", param="guided_json"
-        ) from None
+        raise APIError(400, f"{param} is not a JSON schema ({error})", param=param) from None
     if not isinstance(schema, dict):
-        raise APIError(400, "guided_json must be a JSON schema object", param="guided_json")
+        raise APIError(400, f"{param} must be a JSON schema object", param=param)
     return schema
 
 

@@ -33,6 +33,7 @@ from baton.app.api.openai_format import (
     usage,
 )
 from baton.app.api.protocol import GenerationRequest, parse_json_object, validate_request
+from baton.app.api.reasoning import ReasoningStream
 from baton.app.api.tool_calls import ToolCallStream, tool_call_streams
 from baton.app.engine.admission import (
     AdmittedRequest,
@@ -162,12 +163,24 @@ class Generation:
         # Per engine request (prompt by prompt, `num_candidates` each): the prompt it echoes.
         self.echoes: list[Echo | None] = [None] * len(admitted.requests)
         if isinstance(request, CompletionRequest) and request.echo:
+            # A truncated prompt echoes what the model was given: its kept tokens.
+            sent = admitted.prompts if request.truncate_prompt_tokens else request.prompts
             self.echoes = [
                 Echo.of(prompt, token_ids, response_format.tokenizer)
-                for prompt, token_ids in zip(request.prompts, admitted.prompts, strict=True)
+                for prompt, token_ids in zip(sent, admitted.prompts, strict=True)
                 for _ in range(admitted.num_candidates)
             ]
         self.shows_logprobs = request.shows_logprobs
+        # Chat only: the last (assistant) message repeated before the answer (`echo`), and
+        # with --reasoning-parser each choice's thinking split off its answer.
+        self.chat_echo = request.echo_text() if isinstance(request, ChatCompletionRequest) else ""
+        self.reasoning_streams: list[ReasoningStream] | None = None
+        if admitted.thinks_first is not None:
+            assert state.reasoning_parser is not None
+            form = state.reasoning_parser.format
+            self.reasoning_streams = [
+                ReasoningStream(form, admitted.thinks_first) for _ in admitted.requests
+            ]
 
     def open(self) -> None:
         """Register the engine requests (raises APIError when the server is full); from here
@@ -183,6 +196,8 @@ class Generation:
         chunk_name = self.format.chunk_object_name
         # Streams are refused when best_of exceeds n: each engine request is one choice.
         for choice in self.format.opening_choices(len(self.streams)):
+            if self.chat_echo:
+                choice["delta"]["content"] = self.chat_echo
             yield sse_event(self.envelope.wrap(chunk_name, choices=[choice]))
         try:
             async for event in self._delta_events():
@@ -225,6 +240,12 @@ class Generation:
                 assert isinstance(self.format, CompletionFormat)
                 parts = [self.format.echo_logprobs(echo.token_ids, output.prompt_logprobs)]
                 logprobs = self.format.merge_logprobs(parts + ([logprobs] if logprobs else []))
+        reasoning = ""
+        if self.reasoning_streams is not None:
+            split = self.reasoning_streams[index]
+            reasoning, text = split.feed(text)
+            if output.finished:
+                reasoning += split.finish()[0]
         if self.tool_streams is not None:
             stream = self.tool_streams[index]
             text, tool_calls = stream.feed(text)
@@ -232,9 +253,12 @@ class Generation:
                 rest, more_calls = stream.finish()
                 text, tool_calls = text + rest, tool_calls + more_calls
             reason = stream.finish_reason(reason)
-        if not output.finished and not text and not tool_calls and logprobs is None:
-            return None  # text held back (a possible stop string or tool call, a split char)
-        choice = self.format.delta_choice(index, text, reason, logprobs, tool_calls or None)
+        held = not text and not tool_calls and not reasoning and logprobs is None
+        if held and not output.finished:
+            return None  # held back: a possible stop string, tag or tool call, a split char
+        choice = self.format.delta_choice(
+            index, text, reason, logprobs, tool_calls or None, reasoning
+        )
         prompt_logprobs = self._prompt_logprobs_field(output.prompt_logprobs)
         if prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs
@@ -320,13 +344,21 @@ class Generation:
         logprobs = self.format.merge_logprobs(choice.logprobs) if choice.logprobs else None
         reason = _reason(choice.final) if choice.final is not None else None
         text = "".join(choice.pieces)
-        fields = None
+        fields: dict[str, Any] = {}
+        if self.reasoning_streams is not None:
+            split = self.reasoning_streams[index]
+            split.feed(text)
+            split.finish()
+            fields, text = split.message_fields(), split.content
         if self.tool_streams is not None:
             stream = self.tool_streams[index]
             stream.feed(text)
             stream.finish()
-            reason, fields = stream.finish_reason(reason), stream.message_fields()
-        body = self.format.final_choice(index, text, reason, logprobs, fields)
+            reason = stream.finish_reason(reason)
+            fields = {**fields, **stream.message_fields()}
+        if self.chat_echo:
+            fields["content"] = self.chat_echo + (fields.get("content", text) or "")
+        body = self.format.final_choice(index, text, reason, logprobs, fields or None)
         if choice.prompt_logprobs is not None:
             body["prompt_logprobs"] = choice.prompt_logprobs
         return body

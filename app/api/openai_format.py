@@ -89,6 +89,7 @@ class CompletionFormat:
         finish_reason: str | None,
         logprobs: dict | None,
         tool_calls: list[dict[str, Any]] | None = None,
+        reasoning: str = "",
     ) -> dict[str, Any]:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
@@ -197,11 +198,15 @@ class ChatFormat:
         finish_reason: str | None,
         logprobs: dict | None,
         tool_calls: list[dict[str, Any]] | None = None,
+        reasoning: str = "",
     ) -> dict[str, Any]:
         """`tool_calls` are OpenAI's delta entries: the first of a call carries its index, id,
-        type and name; later ones only more `function.arguments` text for that index."""
+        type and name; later ones only more `function.arguments` text for that index.
+        `reasoning` is thinking text (--reasoning-parser), sent as `reasoning_content`."""
         delta: dict[str, Any] = {}
-        if text or (finish_reason is None and not tool_calls):
+        if reasoning:
+            delta["reasoning_content"] = reasoning
+        if text or (finish_reason is None and not tool_calls and not reasoning):
             delta["content"] = text
         if tool_calls:
             delta["tool_calls"] = tool_calls

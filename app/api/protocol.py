@@ -23,6 +23,7 @@ from baton.app.api.body_fields import Int64, Name, StrictModel
 from baton.app.api.guided import (
     MAX_CHOICES,
     ResponseFormat,
+    StructuredOutputs,
     ToolMode,
     structured_output,
 )
@@ -77,7 +78,6 @@ class SLOTargets(StrictModel):
 ASK_NOTHING: dict[str, tuple[tuple[Any, ...], str]] = {
     "suffix": ((None, ""), "is not supported: Baton does not insert text; leave it out"),
     "modalities": ((None, ["text"]), "other than ['text'] are not supported; Baton serves text"),
-    "store": ((None, False), "true is not supported: Baton keeps no completions"),
     "service_tier": ((None, "auto", "default"), "must be 'auto' or 'default': Baton has one tier"),
 }
 
@@ -129,6 +129,17 @@ class GenerationRequest(StrictModel):
         default=None, min_length=1, max_length=MAX_CHOICES
     )
     guided_grammar: StrictStr | None = Field(default=None, min_length=1)
+    structured_outputs: StructuredOutputs | None = None
+    # vLLM's text options (baton.core.sampling_params). skip_special_tokens unset is true,
+    # except with tool_choice auto, whose parser reads the call markers.
+    skip_special_tokens: StrictBool | None = None
+    spaces_between_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
+    # vLLM's: keep only the prompt's last N tokens (-1: as many as fit beside max_tokens).
+    truncate_prompt_tokens: Int64 | None = None
+    # Completions: the prompt, before the completion; chat: the last message, when it is the
+    # assistant's, before the answer (vLLM's meaning).
+    echo: StrictBool = False
 
     @field_validator(*ASK_NOTHING, check_fields=False)
     @classmethod
@@ -137,6 +148,17 @@ class GenerationRequest(StrictModel):
         if value not in accepted:
             raise PydanticCustomError("baton_unsupported", message)
         return value
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _kept_tokens(cls, count: int | None) -> int | None:
+        if count is not None and count != -1 and count < 1:
+            raise PydanticCustomError(
+                "baton_truncate",
+                f"must be a number of tokens to keep (at least 1), or -1 for as many as fit; "
+                f"got {count}",
+            )
+        return count
 
     @field_validator("n")
     @classmethod
@@ -182,6 +204,23 @@ class GenerationRequest(StrictModel):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def kept_prompt_tokens(self, max_model_len: int, max_tokens: int | None) -> int | None:
+        """How many of the prompt's last tokens to keep (`truncate_prompt_tokens`); None: all.
+        -1 keeps as many as leave room for `max_tokens` (for one token when it is unset)."""
+        count = self.truncate_prompt_tokens
+        if count is None:
+            return None
+        if count == -1:
+            return max(1, max_model_len - (max_tokens or 1))
+        if count > max_model_len:
+            raise APIError(
+                400,
+                f"truncate_prompt_tokens ({count}) is more than the context length of "
+                f"{max_model_len} tokens; send at most {max_model_len}, or -1 for as many as fit",
+                param="truncate_prompt_tokens",
+            )
+        return count
 
     def requested_logprobs(self) -> int | None:
         return None
@@ -232,9 +271,13 @@ class GenerationRequest(StrictModel):
             if self.logit_bias
             else None,
             "structured_output": self.structured_output(),
+            "skip_special_tokens": self.skip_special_tokens,
+            "spaces_between_special_tokens": self.spaces_between_special_tokens,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
         }
         if self.tool_mode() is ToolMode.AUTO:
-            # Tool-call markers such as Mistral's [TOOL_CALLS] are special tokens.
+            # Tool-call markers such as Mistral's [TOOL_CALLS] are special tokens; the parser
+            # takes them out of the text, so the client never sees them either way.
             settings["skip_special_tokens"] = False
         explicit = {k: v for k, v in settings.items() if v is not None or k == "max_tokens"}
         try:
@@ -255,6 +298,7 @@ class GenerationRequest(StrictModel):
             "guided_regex": self.guided_regex,
             "guided_choice": self.guided_choice,
             "guided_grammar": self.guided_grammar,
+            "structured_outputs": self.structured_outputs,
         }
 
     def tool_mode(self) -> ToolMode:

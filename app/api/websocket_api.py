@@ -275,6 +275,6 @@ def _one_choice(request: GenerationRequest) -> GenerationRequest:
             f"a generate frame streams one choice; send {param} 1 or one frame per choice",
             param=param,
         )
-    if request.scores_prompt:
-        raise APIError(400, "echo is for /v1/completions; leave it out of frames", param="echo")
+    if request.echo:
+        raise APIError(400, "echo is for the HTTP API; leave it out of frames", param="echo")
     return request

@@ -34,6 +34,9 @@ class AdmittedRequest:
 
     requests: list[EngineRequest]
     num_candidates: int = 1
+    # With --reasoning-parser, whether a chat's output starts inside the model's thinking;
+    # None where nothing is split (no parser, or a completion).
+    thinks_first: bool | None = None
 
     @property
     def prompts(self) -> list[list[int]]:
@@ -101,7 +104,17 @@ async def admit(
     defaults = state.sampling_defaults
     params = request.sampling_params(defaults)
     validator = state.engine.validator
-    prompts = await _tokenize(state.tokenizer, request, validator.limits.max_model_len)
+    max_model_len = validator.limits.max_model_len
+    keep = request.kept_prompt_tokens(max_model_len, params.max_tokens)
+    prompts = await _tokenize(state.tokenizer, request, max_model_len, keep)
+    thinks_first = _thinks_first(state, request, prompts[0])
+    if thinks_first and params.structured_output is not None:
+        # The grammar governs the answer: it starts past the end of the thinking.
+        assert state.reasoning_parser is not None
+        constraint = dataclasses.replace(
+            params.structured_output, after_token_id=state.reasoning_parser.end_token_id
+        )
+        params = dataclasses.replace(params, structured_output=constraint)
     if params.structured_output is not None:
         # Compiling a new schema takes milliseconds to seconds: on a worker, never on the loop
         # or the step thread; a schema seen before comes from the compiler's cache.
@@ -128,9 +141,21 @@ async def admit(
             )
             for i in range(1, request.num_candidates)
         )
-    admitted = AdmittedRequest(requests, request.num_candidates)
+    admitted = AdmittedRequest(requests, request.num_candidates, thinks_first)
     check_slo(state, admitted)
     return admitted
+
+
+def _thinks_first(
+    state: ServerState, request: GenerationRequest, prompt_token_ids: list[int]
+) -> bool | None:
+    parser = state.reasoning_parser
+    if parser is None or not isinstance(request, ChatCompletionRequest):
+        return None
+    continued = request.messages[-1].content if request.continue_final_message else None
+    return parser.thinks_first(
+        state.tokenizer, prompt_token_ids, request.template_variables(), continued
+    )
 
 
 def start_trace(
@@ -179,11 +204,13 @@ def max_prompt_chars(tokenizer: Tokenizer, max_model_len: int) -> int:
 
 
 async def _tokenize(
-    tokenizer: Tokenizer, request: GenerationRequest, max_model_len: int
+    tokenizer: Tokenizer, request: GenerationRequest, max_model_len: int, keep: int | None
 ) -> list[list[int]]:
+    """The prompts' token ids, each cut to its last `keep` (None: whole)."""
     encode, num_chars = _encoder(tokenizer, request)
     limit = max_prompt_chars(tokenizer, max_model_len)
-    if num_chars > limit:
+    # A prompt to be truncated may be longer than the context; the body limit bounds it.
+    if keep is None and num_chars > limit:
         raise APIError(
             400,
             f"the prompt has {num_chars} characters, more than the {limit} that could fit the "
@@ -193,10 +220,12 @@ async def _tokenize(
         )
     try:
         if num_chars > MAX_INLINE_TOKENIZE_CHARS:
-            return await asyncio.to_thread(encode)
-        return encode()
+            prompts = await asyncio.to_thread(encode)
+        else:
+            prompts = encode()
     except ChatTemplateError as error:
         raise APIError(400, str(error), param="messages") from None
+    return prompts if keep is None else [prompt[-keep:] for prompt in prompts]
 
 
 def _encoder(
@@ -205,12 +234,11 @@ def _encoder(
     """The tokenizing work for `request` as a callable, and how many characters it reads."""
     if isinstance(request, ChatCompletionRequest):
         messages = request.message_dicts()
-        tools = request.tool_dicts()
+        variables = request.template_variables()
         num_chars = sum(len(str(value)) for m in messages for value in m.values())
-        num_chars += len(str(tools)) if tools else 0
-        if tools is None:
-            return (lambda: [tokenizer.encode_chat(messages)]), num_chars
-        return (lambda: [tokenizer.encode_chat(messages, tools=tools)]), num_chars
+        num_chars += len(str(variables)) if variables else 0
+        opens, continues = request.add_generation_prompt, request.continue_final_message
+        return (lambda: [tokenizer.encode_chat(messages, opens, continues, **variables)]), num_chars
     assert isinstance(request, CompletionRequest)
     prompts = request.prompts
     num_chars = sum(len(p) for p in prompts if isinstance(p, str))

@@ -35,9 +35,13 @@ class IncrementalDetokenizer:
         tokenizer: Tokenizer,
         prompt_token_ids: Sequence[int] = (),
         skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
     ) -> None:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
+        # vLLM's meaning for fast tokenizers: only shown special tokens can be adjacent.
+        self._join_added_tokens = not (skip_special_tokens or spaces_between_special_tokens)
+        self._last_was_added = False
         self._ids = _prompt_context(tokenizer, prompt_token_ids, skip_special_tokens)
         text = self._decode()
         # Characters of the window's decode that are out: handed out, or prompt context.
@@ -58,6 +62,11 @@ class IncrementalDetokenizer:
         if self._skip_special_tokens and token_id in self._tokenizer.all_special_ids:
             # Decode would drop it anyway; kept out of the window, it cannot crowd out context.
             return ""
+        if self._join_added_tokens:
+            added = self._tokenizer.added_tokens.get(token_id)
+            follows_added, self._last_was_added = self._last_was_added, added is not None
+            if added is not None and follows_added:
+                return self._restart_at(token_id, added)
         self._ids.append(token_id)
         text = self._decode()
         end = _num_final_chars(text)
@@ -80,6 +89,15 @@ class IncrementalDetokenizer:
         if delta:
             self._pieces.append(delta)
         return delta
+
+    def _restart_at(self, token_id: int, text: str) -> str:
+        """Hand out `text` for `token_id` as written, and restart the window at it. Safe: the
+        added token before it ended on a whole character, so nothing was held back."""
+        self._ids = [token_id]
+        self._num_settled = len(self._decode())
+        self._boundary = 1
+        self._pieces.append(text)
+        return text
 
     def _at_boundary(self) -> None:
         """Everything decoded so far is out: cut the window back once it has grown."""

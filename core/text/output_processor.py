@@ -32,10 +32,12 @@ class OutputProcessor:
     def add(self, request: Request) -> None:
         detokenizer = None
         if self.tokenizer is not None:
+            params = request.sampling_params
             detokenizer = IncrementalDetokenizer(
                 self.tokenizer,
                 request.prompt_token_ids,
-                request.sampling_params.skip_special_tokens,
+                params.skip_special_tokens,
+                params.spaces_between_special_tokens,
             )
         stops = request.sampling_params.stop
         self._streams[request.request_id] = _Stream(detokenizer, max(map(len, stops), default=0))
@@ -53,9 +55,12 @@ class OutputProcessor:
         stream = self._streams[request.request_id]
         num_output = request.num_output_tokens
         may_stop = num_output >= params.min_tokens
-        if may_stop and not params.ignore_eos and token_id in self.eos_token_ids:
-            return self._release(stream, None), FinishReason.STOP
-        if may_stop and token_id in params.stop_token_ids:
+        stop_token = (may_stop and not params.ignore_eos and token_id in self.eos_token_ids) or (
+            may_stop and token_id in params.stop_token_ids
+        )
+        if stop_token:
+            if params.include_stop_str_in_output and stream.detokenizer is not None:
+                stream.text += stream.detokenizer.add(token_id)
             return self._release(stream, None), FinishReason.STOP
         at_limit = (params.max_tokens is not None and num_output >= params.max_tokens) or (
             request.num_tokens >= self.max_model_len
@@ -65,12 +70,14 @@ class OutputProcessor:
             return "", FinishReason.LENGTH if at_limit else None
         stream.text += stream.detokenizer.add(token_id)
         if params.stop and may_stop:
-            cut = _find_stop(stream, params.stop)
+            cut = _find_stop(stream, params.stop, params.include_stop_str_in_output)
             if cut is not None:
                 return self._release(stream, cut), FinishReason.STOP
         if at_limit:
             return self._release(stream, None), FinishReason.LENGTH
-        holdback = max(stream.max_stop_len - 1, 0)
+        # A stop string that is kept need not be held back: text after it only ever arrives
+        # with the token that completes it, and is cut there.
+        holdback = 0 if params.include_stop_str_in_output else max(stream.max_stop_len - 1, 0)
         end = max(stream.num_emitted_chars, len(stream.text) - holdback)
         delta = stream.text[stream.num_emitted_chars : end]
         stream.num_emitted_chars = end
@@ -87,8 +94,12 @@ class OutputProcessor:
         return delta
 
 
-def _find_stop(stream: _Stream, stops: list[str]) -> int | None:
-    """Where the earliest stop string starts, looking only where a new match can be."""
+def _find_stop(stream: _Stream, stops: list[str], keep: bool) -> int | None:
+    """Where the output ends for the earliest stop string: where it starts, or with `keep`
+    where it ends. Looks only where a new match can be."""
     start = max(0, stream.num_emitted_chars - stream.max_stop_len)
-    found = [i for i in (stream.text.find(s, start) for s in stops) if i >= 0]
-    return min(found) if found else None
+    found = [(i, len(s)) for s in stops if (i := stream.text.find(s, start)) >= 0]
+    if not found:
+        return None
+    index, length = min(found)
+    return index + length if keep else index

@@ -54,6 +54,8 @@ class Tokenizer:
         self.all_special_ids: frozenset[int] = frozenset(
             token_id for token_id, token in added.items() if token.special
         )
+        # Every added token's text, special or not (`<think>` usually is not).
+        self.added_tokens: dict[int, str] = {i: token.content for i, token in added.items()}
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> Tokenizer:
@@ -125,6 +127,7 @@ class Tokenizer:
         self,
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         **extra: Any,
     ) -> str:
         """Render `messages` with the checkpoint's chat template, as transformers'
@@ -134,15 +137,22 @@ class Tokenizer:
         override the special-token variables (`bos_token`, ...). The rendered text already holds
         the template's special tokens, so encode it with `add_special_tokens=False` (as
         `encode_chat` does); encoding it with the default would add a second BOS.
+        `continue_final_message` ends the text where the last message's content ends, so the
+        model carries on writing that message (a prefilled answer) instead of closing it.
         Raises `NoChatTemplateError` or `ChatTemplateError` (both `ValueError`s).
         """
+        if continue_final_message and add_generation_prompt:
+            raise ChatTemplateError(
+                "continue_final_message continues the last message, and add_generation_prompt "
+                "opens a new one; send add_generation_prompt: false with it"
+            )
         template = self._compiled_template(extra.get("tools") is not None)
         # OpenAI clients send `"content": null` and `"tool_calls": null`; templates test for a
         # missing key, not for None, so transformers drops such keys and so do we.
         messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
         variables = {"tools": None, "documents": None, **self.special_tokens, **extra}
         try:
-            return template.render(
+            text = template.render(
                 messages=messages, add_generation_prompt=add_generation_prompt, **variables
             )
         # The template is foreign code: whatever it raises means these messages do not fit it.
@@ -151,10 +161,21 @@ class Tokenizer:
                 f"the chat template of {self.name} rejected these messages ({exc}); check the "
                 "roles and their order the model expects, or send a raw prompt to /v1/completions"
             ) from exc
+        if continue_final_message:
+            return _cut_after_final_message(text, messages[-1].get("content"))
+        return text
 
-    def encode_chat(self, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **extra: Any,
+    ) -> list[int]:
         """Prompt ids for a chat: the rendered template encoded without adding special tokens."""
-        text = self.apply_chat_template(messages, add_generation_prompt=True, **extra)
+        text = self.apply_chat_template(
+            messages, add_generation_prompt, continue_final_message, **extra
+        )
         return self.encode(text, add_special_tokens=False)
 
     def _compiled_template(self, with_tools: bool) -> jinja2.Template:
@@ -178,6 +199,27 @@ class Tokenizer:
                 "fix it in the checkpoint's tokenizer_config.json or chat_template.jinja",
             )
         return self._compiled[name]
+
+
+def _cut_after_final_message(text: str, content: object) -> str:
+    """`text` up to the end of the final message's content, where the template wrote it last.
+    Templates often strip a message; then the cut falls where its stripped text ends."""
+    if not isinstance(content, str) or not content.strip():
+        raise ChatTemplateError(
+            "continue_final_message needs a final message with text content to continue"
+        )
+    stripped = content.strip()
+    start = text.rfind(stripped)
+    if start < 0:
+        raise ChatTemplateError(
+            "continue_final_message: the chat template does not write the final message's "
+            "content as sent, so there is no place to continue it from; leave it out"
+        )
+    # Trailing spaces the template kept are part of what the model continues after.
+    kept = content.lstrip()
+    if text.startswith(kept, start):
+        return text[: start + len(kept)]
+    return text[: start + len(stripped)]
 
 
 def compile_chat_template(template: str, origin: str, fix: str) -> jinja2.Template:
