@@ -15,6 +15,7 @@ from pathlib import Path
 
 from baton.app.commands.bench import add_bench_parser
 from baton.app.commands.generate import GenerateSettings, generate
+from baton.app.commands.kernels import add_kernels_parser
 from baton.app.commands.simulate import add_simulate_parser
 from baton.app.flags import FlagGroup
 from baton.app.model_source import ModelSource, resolve_model
@@ -177,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.set_defaults(handler=serve)
     add_simulate_parser(commands)
     add_bench_parser(commands)
+    add_kernels_parser(commands)
     return parser
 
 

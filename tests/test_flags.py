@@ -46,9 +46,17 @@ HOMONYMS = {
 }
 
 
-def subcommands() -> dict[str, argparse.ArgumentParser]:
-    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    return dict(commands.choices)
+def subcommands(
+    parser: argparse.ArgumentParser | None = None, prefix: str = ""
+) -> dict[str, argparse.ArgumentParser]:
+    """Every command by its words (`kernels build`), the ones nested under another included."""
+    found = {}
+    for action in (parser or build_parser())._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, command in action.choices.items():
+                nested = subcommands(command, f"{prefix}{name} ")
+                found |= nested or {f"{prefix}{name}": command}
+    return found
 
 
 def flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -61,7 +69,14 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_every_subcommand_is_walked() -> None:
-    assert set(subcommands()) == {"generate", "serve", "simulate", "bench"}
+    assert set(subcommands()) == {
+        "generate",
+        "serve",
+        "simulate",
+        "bench",
+        "kernels build",
+        "kernels status",
+    }
     # One flag from each of serve's groups: the walk reaches every group a command adds.
     serve_flags = {
         option for action in flags(subcommands()["serve"]) for option in action.option_strings

@@ -232,22 +232,6 @@ def test_kernel_refuses_a_length_past_its_block_table_with_a_clear_error() -> No
             )
 
 
-def test_a_build_lock_left_by_a_dead_build_is_cleared_and_a_live_one_kept(tmp_path, monkeypatch):
-    from baton.kernels.cpu_extension import STALE_LOCK_S, build_directory, clear_stale_build_lock
-
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    directory = build_directory("/unused")
-    assert directory.parent.parent == tmp_path
-    lock = directory / "lock"
-    lock.touch()
-    made = lock.stat().st_mtime
-    assert not clear_stale_build_lock(directory, now=made + STALE_LOCK_S / 2)
-    assert lock.exists()
-    assert clear_stale_build_lock(directory, now=made + STALE_LOCK_S + 1)
-    assert not lock.exists()
-    assert not clear_stale_build_lock(directory)
-
-
 def dense_attention(q, kv_cache, block_tables, query_start_loc, seq_lens, scale, window, softcap):
     """The definition, one query at a time over each sequence's keys laid out contiguously:
     key j is seen from position p when j <= p and (no window or j > p - window)."""
