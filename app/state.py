@@ -3,8 +3,8 @@ accessors for it and for the metrics."""
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import orjson
@@ -34,10 +34,11 @@ class ServerState:
     sampling_defaults: SamplingDefaults = NO_DEFAULTS
     # Set when spans are exported (--otlp-traces-endpoint, --trace-console or a test's exporter).
     tracing: Tracing | None = None
-    _ids: itertools.count = field(default_factory=itertools.count)
 
     def next_request_id(self, prefix: str) -> str:
-        return f"{prefix}-{next(self._ids)}"
+        """`prefix-` and 32 random hex digits, as vLLM's ids: unique across restarts and
+        replicas, and no count of the requests served shows through."""
+        return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def server_state(connection: HTTPConnection) -> ServerState:
