@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from baton.app.commands.bench import add_bench_parser
 from baton.app.commands.generate import GenerateSettings, generate
@@ -162,8 +163,17 @@ def take_positional_model(parser: argparse.ArgumentParser, args: argparse.Namesp
     args.model = given
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad flag or value reported in one line: argparse's own error comes
+    after the whole usage, dozens of lines for `baton serve` that bury the one that matters.
+    Subcommands' parsers are of this class too (add_subparsers makes its parent's kind)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="baton", description="Baton LLM inference server")
+    parser = Parser(prog="baton", description="Baton LLM inference server")
     parser.add_argument("--version", action=VersionAction, help="show the version and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="generate offline from a checkpoint, no server")

@@ -24,6 +24,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # What `/metrics` names its series after (baton.app.observability.prometheus).
 METRICS_STYLES = ("baton", "vllm", "both")
 EVENT_LOOPS = ("asyncio", "uvloop")
+MAX_PORT = 65535
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +63,26 @@ class ModelSettings:
     )
 
 
+def port_number(text: str) -> int:
+    """--port's value, refused by the parser when it is no TCP port: the socket would raise
+    OverflowError only once the server binds."""
+    try:
+        port: int | None = int(text)
+    except ValueError:
+        port = None
+    if port is None or not 0 <= port <= MAX_PORT:
+        raise ValueError(
+            f"must be a port number from 0 to {MAX_PORT} (0: any free port), got {text!r}"
+        )
+    return port
+
+
 @dataclass(slots=True)
 class ServerSettings:
     """What `baton serve` listens on, whom it answers, its limits, SLO defaults and telemetry."""
 
     host: str = setting("127.0.0.1", help="the address to listen on")
-    port: int = setting(8000, help="the port to listen on (0: any free port)")
+    port: int = setting(8000, parse=port_number, help="the port to listen on (0: any free port)")
     served_model_name: str | None = setting(
         None,
         help="the model's name in the API (/v1/models, the model field)",

@@ -3,7 +3,7 @@ accessors for it and for the metrics."""
 
 from __future__ import annotations
 
-import itertools
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -35,7 +35,6 @@ class ServerState:
     sampling_defaults: SamplingDefaults = NO_DEFAULTS
     # Set when spans are exported (--otlp-traces-endpoint, --trace-console or a test's exporter).
     tracing: Tracing | None = None
-    _ids: itertools.count = field(default_factory=itertools.count)
     # --reasoning-parser, checked against the tokenizer when the server starts.
     reasoning_parser: ReasoningParser | None = field(init=False)
 
@@ -43,7 +42,9 @@ class ServerState:
         self.reasoning_parser = reasoning_parser(self.settings.reasoning_parser, self.tokenizer)
 
     def next_request_id(self, prefix: str) -> str:
-        return f"{prefix}-{next(self._ids)}"
+        """`prefix-` and 32 random hex digits, as vLLM's ids: unique across restarts and
+        replicas, and no count of the requests served shows through."""
+        return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def server_state(connection: HTTPConnection) -> ServerState:

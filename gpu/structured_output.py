@@ -30,6 +30,11 @@ logger = logging.getLogger(__name__)
 # Distinct constraints kept compiled; a schema sent again skips compilation.
 GRAMMAR_CACHE_SIZE = 256
 
+# Compact JSON, as `json.dumps(..., separators=(",", ":"))` writes it: free whitespace would let
+# a model pad forever between tokens, and xgrammar's default separators put a space after each
+# comma and colon.
+COMPACT_JSON = {"any_whitespace": False, "separators": (",", ":")}
+
 
 class XGrammarCompiler:
     """Compiles constraints against one tokenizer's vocabulary, padded to the model's logits."""
@@ -79,12 +84,9 @@ class XGrammarCompiler:
         try:
             if kind is GuideKind.JSON_SCHEMA:
                 schema = json.dumps(bounded_strings_as_patterns(json.loads(spec)))
-                # Compact JSON: free whitespace would let a model pad forever between tokens.
-                return self._compiler.compile_json_schema(schema, any_whitespace=False)
+                return self._compiler.compile_json_schema(schema, **COMPACT_JSON)
             if kind is GuideKind.JSON_OBJECT:
-                return self._compiler.compile_json_schema(
-                    '{"type": "object"}', any_whitespace=False
-                )
+                return self._compiler.compile_json_schema('{"type": "object"}', **COMPACT_JSON)
             if kind is GuideKind.REGEX:
                 return self._compiler.compile_regex(spec)
             if kind is GuideKind.CHOICE:

@@ -38,6 +38,8 @@ def test_simulate_shows_progress_on_a_terminal_and_none_with_json(monkeypatch, c
     monkeypatch.setattr("sys.stderr", terminal)
     assert main(SIMULATE_QUICK) == 0
     assert "simulating" in terminal.getvalue() and "sjf" in terminal.getvalue()
+    # The bar names each run in words, not as the tuple the run is kept in.
+    assert "(" not in terminal.getvalue() and "None" not in terminal.getvalue()
     capsys.readouterr()
     quiet = Terminal()
     monkeypatch.setattr("sys.stderr", quiet)

@@ -178,7 +178,7 @@ def test_simulate_prints_the_length_spread_and_refuses_a_bad_max_tokens(capsys):
     args = ["simulate", "--policy", "fcfs", "--workload", "fixed", "--rate", "4"]
     assert main([*args, "--num-requests", "20", "--max-tokens", "exact"]) == 0
     out = capsys.readouterr().out
-    assert "output length mean 128 (CV 0.00), max_tokens exact" in out
+    assert "output 128 (CV 0.00), max_tokens exact" in out
     assert main([*args, "--num-requests", "5", "--max-tokens", "-3"]) == 2
     assert "--max-tokens" in capsys.readouterr().err
 

@@ -15,6 +15,7 @@ import openai
 import orjson
 import pytest
 import torch
+import xgrammar
 from websockets.asyncio.client import connect
 
 from baton.app.llm import LLM
@@ -271,6 +272,29 @@ def test_a_constraint_that_cannot_be_served_is_a_400_naming_its_field(server, fi
     error = response.json()["error"]
     assert error["param"].split(".")[0] == param
     assert words in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec"),
+    [
+        (GuideKind.JSON_OBJECT, ""),
+        (GuideKind.JSON_SCHEMA, json.dumps(SCHEMAS["arrays_and_enums"])),
+    ],
+)
+def test_json_is_compact_with_no_whitespace_between_its_tokens(llama_checkpoint, kind, spec):
+    """As the README promises: the grammar takes `json.dumps(..., separators=(",", ":"))`'s
+    text and refuses a space after a comma or colon, or anywhere else outside a string."""
+    compiled = XGrammarCompiler(llama_checkpoint, 512, [1]).compile(StructuredOutput(kind, spec))
+    value = {"colors": ["red", "blue"], "size": "M", "ok": True}
+
+    def accepts(text: str) -> bool:
+        matcher = xgrammar.GrammarMatcher(compiled.grammar)
+        return matcher.accept_string(text) and matcher.is_completed()
+
+    assert accepts(json.dumps(value, separators=(",", ":")))
+    assert not accepts(json.dumps(value))  # ", " and ": "
+    assert not accepts(json.dumps(value, indent=1))
+    assert not accepts(" " + json.dumps(value, separators=(",", ":")))
 
 
 def test_compile_cache_is_bounded_and_reused(llama_checkpoint):

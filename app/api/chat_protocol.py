@@ -152,7 +152,7 @@ class ChatCompletionRequest(GenerationRequest):
         return [tool.model_dump(exclude_none=True) for tool in self.tools]
 
     def message_dicts(self) -> list[dict[str, Any]]:
-        return [_template_message(message.model_dump()) for message in self.messages]
+        return [template_message(message.model_dump()) for message in self.messages]
 
     def template_variables(self) -> dict[str, Any]:
         """The chat template's variables besides the messages: the tools, `reasoning_effort`
@@ -175,7 +175,7 @@ class ChatCompletionRequest(GenerationRequest):
         return last.content
 
 
-def _template_message(message: dict[str, Any]) -> dict[str, Any]:
+def template_message(message: dict[str, Any]) -> dict[str, Any]:
     """An assistant turn's tool calls with their arguments as objects: OpenAI sends them as
     JSON text, and chat templates (Qwen's, Llama's) write them out with `tojson`."""
     calls = message.get("tool_calls")

@@ -5,10 +5,11 @@ app/api/completion_protocol.py and app/api/chat_protocol.py."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 import orjson
 from pydantic import (
+    BaseModel,
     Field,
     StrictBool,
     StrictFloat,
@@ -32,6 +33,9 @@ from baton.core.checkpoint.generation_config import NO_DEFAULTS, SamplingDefault
 from baton.core.request import MAX_SLO_MS, SLO
 from baton.core.sampling_params import InvalidRequestError, SamplingParams
 from baton.core.structured_output import StructuredOutput
+
+# Any request body model: generation requests, and /tokenize's and /detokenize's.
+Body = TypeVar("Body", bound=BaseModel)
 
 # What a JSON value is called in error messages, by its Python type after parsing.
 JSON_TYPE_NAMES = {
@@ -325,7 +329,7 @@ def _given(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def validate_request(model: type[GenerationRequest], body: dict[str, Any]) -> GenerationRequest:
+def validate_request(model: type[Body], body: dict[str, Any]) -> Body:
     """`model.model_validate(body)`, with the first problem as a 400 naming its field."""
     try:
         return model.model_validate(body)

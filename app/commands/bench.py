@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     requests = make_requests(bench)
     runs = []
     for rate, offsets in schedules(bench, requests):
-        with progress_bar(len(requests), f"rate {rate:g}/s", "req", quiet=bench.load.json) as bar:
+        label = "all at once" if rate == math.inf else f"rate {rate:g}/s"
+        with progress_bar(len(requests), label, "req", quiet=bench.load.json) as bar:
             # On uvloop: the client shares the machine with the server it measures, and uvloop
             # spends less CPU per streamed token than asyncio's loop. (The server is on asyncio's
             # by default, where a socket write lets its step thread run; the client has none.)
@@ -121,9 +122,15 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
     targets = {}
     for item in items:
         metric, _, value = item.partition(":")
-        if metric not in ("ttft", "tpot", "e2el") or not value:
-            raise ValueError(f"--goodput takes ttft:MS, tpot:MS or e2el:MS, got {item!r}")
-        targets[metric] = float(value)
+        try:
+            target_ms = float(value)
+        except ValueError:
+            target_ms = math.nan
+        if metric not in ("ttft", "tpot", "e2el") or not target_ms > 0:
+            raise ValueError(
+                f"--goodput takes ttft:MS, tpot:MS or e2el:MS with MS a number > 0, got {item!r}"
+            )
+        targets[metric] = target_ms
     return targets
 
 

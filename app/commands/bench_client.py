@@ -59,7 +59,7 @@ async def benchmark(
     async with httpx.AsyncClient(
         base_url=bench.base_url, headers=headers, limits=limits, timeout=timeout
     ) as client:
-        model = bench.model or await first_model(client)
+        model = await served_model(client, bench)
         limit = asyncio.Semaphore(bench.max_concurrency or len(requests))
         started = time.perf_counter()
 
@@ -76,10 +76,37 @@ async def benchmark(
         return list(results), time.perf_counter() - started
 
 
-async def first_model(client) -> str:
-    response = await client.get("/v1/models")
-    response.raise_for_status()
-    return response.json()["data"][0]["id"]
+class BaseURLError(ValueError):
+    """--base-url leads to no server to benchmark: nothing listens there, the address or scheme
+    is wrong, or it names no model."""
+
+
+async def served_model(client, bench: BenchSettings) -> str:
+    """--model, else the first model the server lists. The server is asked either way, before
+    the run: a wrong --base-url is then one line at once, not every request's failure."""
+    import httpx
+
+    try:
+        response = await client.get("/v1/models")
+    except (httpx.HTTPError, httpx.InvalidURL) as error:
+        raise BaseURLError(
+            f"cannot reach a server at --base-url {bench.base_url} "
+            f"({type(error).__name__}: {error}); start one there or point --base-url at it "
+            "(http://HOST:PORT)"
+        ) from None
+    if bench.model:
+        return bench.model
+    if response.status_code != 200:
+        raise BaseURLError(
+            f"{bench.base_url}/v1/models answered HTTP {response.status_code}, so the model to "
+            "ask for is unknown; name it with --model (or send --api-key if the server needs one)"
+        )
+    try:
+        return response.json()["data"][0]["id"]
+    except (ValueError, LookupError, TypeError):
+        raise BaseURLError(
+            f"{bench.base_url}/v1/models lists no model; name it with --model"
+        ) from None
 
 
 async def send(client, bench: BenchSettings, model: str, request: BenchRequest) -> RequestResult:

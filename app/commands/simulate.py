@@ -147,20 +147,24 @@ def run(args: argparse.Namespace) -> int:
         workload = sample_requests(
             load.workload, num_requests, rate, load.seed, load.burstiness, load.length_scale
         )
-    runs = [(policy, None) for policy in policies]
+    # Each run by the name its report and progress bar show.
+    runs: dict[str, tuple[str, str | None]] = {policy: (policy, None) for policy in policies}
     if num_replicas > 1:
-        runs = [(policy, router) for policy in policies for router in routers]
+        runs = {
+            router if len(policies) == 1 else f"{policy}/{router}": (policy, router)
+            for policy in policies
+            for router in routers
+        }
     workload = cap_max_tokens(workload, settings.max_tokens)
     report = {}
-    for policy, router in each(runs, "simulating", "run", quiet=load.json):
+    for name in each(runs, "simulating", "run", quiet=load.json):
+        policy, router = runs[name]
         started = time.perf_counter()
         result: SimulationResult
-        name = policy
         if router is None:
             result = simulate(policy, workload, config)
         else:
             result = simulate_replicas(router, policy, workload, config, num_replicas)
-            name = router if len(policies) == 1 else f"{policy}/{router}"
         summary = summarize(result.records)
         classes = sorted({r.class_name for r in result.records})
         trend = queue_trend(result.records)

@@ -21,7 +21,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from baton.app.errors import APIError
 from baton.app.settings import ServerSettings
 
-API_ROOTS = frozenset({"v1", "metrics"})
+# Paths whose first segment is one of these are the API: keys and the cross-site check apply
+# to every method; vLLM serves (de)tokenizing outside /v1, so Baton does too.
+API_ROOTS = frozenset({"v1", "metrics", "tokenize", "detokenize"})
 OPEN_PATH = "/health"
 WS_PROTOCOL = "baton"
 WS_KEY_PROTOCOL_PREFIX = "baton.bearer."

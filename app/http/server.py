@@ -25,10 +25,13 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.routing import Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
 
+from baton.app.api.body_fields import MAX_NAME_CHARS
 from baton.app.api.openai_api import chat_completions, completions
+from baton.app.api.tokenize import detokenize, tokenize
 from baton.app.api.websocket_api import websocket_endpoint
 from baton.app.engine.async_engine import AsyncEngine
 from baton.app.engine.client import EngineClient
@@ -66,16 +69,33 @@ async def health(request: Request) -> Response:
     return APIError(503, state.engine.failure).response()
 
 
-async def models(request: Request) -> Response:
-    state = server_state(request)
-    card = {
+def model_card(state: ServerState) -> dict[str, object]:
+    return {
         "id": state.model_name,
         "object": "model",
         "created": state.created,
         "owned_by": "baton",
         "max_model_len": state.engine.validator.limits.max_model_len,
     }
-    return json_response({"object": "list", "data": [card]})
+
+
+async def models(request: Request) -> Response:
+    return json_response({"object": "list", "data": [model_card(server_state(request))]})
+
+
+async def model(request: Request) -> Response:
+    """`GET /v1/models/{id}`: the served model's card; a hub id's slash is part of the path."""
+    state = server_state(request)
+    model_id = request.path_params["model_id"]
+    if model_id != state.model_name:
+        raise APIError(
+            404,
+            f"the model {model_id[:MAX_NAME_CHARS]!r} does not exist; this server serves "
+            f"{state.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+    return json_response(model_card(state))
 
 
 async def api_error_handler(request: Request, error: Exception) -> Response:
@@ -87,13 +107,33 @@ async def api_error_handler(request: Request, error: Exception) -> Response:
 
 async def http_error_handler(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
-    message = error.detail if error.status_code != 404 else f"no route {request.url.path}"
-    return APIError(error.status_code, str(message)).response()
+    message = str(error.detail)
+    path = request.url.path[:MAX_NAME_CHARS]
+    if error.status_code == 404:
+        message = f"no endpoint {request.method} {path} on this server; check the URL"
+    elif error.status_code == 405 and error.headers:
+        # The Allow header goes along too: it names the methods the path takes.
+        allowed = error.headers.get("Allow", "")
+        message = f"{path} does not take {request.method}; send {allowed}"
+    return APIError(error.status_code, message, headers=error.headers).response()
 
 
 async def server_error_handler(request: Request, error: Exception) -> Response:
     logger.exception("unhandled error on %s", request.url.path)
     return APIError(500, "internal server error; the request was not completed").response()
+
+
+class ChatUIFiles(StaticFiles):
+    """The chat UI's files. A path that is none of them is 404 for every method: StaticFiles
+    alone answers 405 to any POST, so a client posting to an endpoint Baton lacks would read
+    "Method Not Allowed" rather than that there is no such endpoint."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        if scope["method"] not in ("GET", "HEAD"):
+            # Looked up as a GET first: a missing file raises the 404 here; an existing one
+            # goes on to StaticFiles' 405.
+            await super().get_response(path, {**scope, "method": "GET"})
+        return await super().get_response(path, scope)
 
 
 def create_app(state: ServerState, span_exporter: SpanExporter | None = None) -> Starlette:
@@ -124,13 +164,14 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
         Route("/health", health),
         Route("/metrics", metrics_endpoint),
         Route("/v1/models", models),
+        Route("/v1/models/{model_id:path}", model),
         Route("/v1/stats", stats_endpoint),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
         WebSocketRoute("/v1/ws", websocket_endpoint),
     ]
-    if (STATIC_DIR / "index.html").is_file():
-        routes.append(Mount("/", StaticFiles(directory=STATIC_DIR, html=True)))
     app = Starlette(
         routes=routes,
         middleware=security_middleware(state.settings),
@@ -141,6 +182,12 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
         },
         lifespan=lifespan,
     )
+    # The chat UI answers what no route matches, after the routes' own 405s for a known path
+    # with another method: mounted at "/" it would match every path first and hide those.
+    # No trailing-slash redirects: a path that is not an endpoint is a 404.
+    app.router.redirect_slashes = False
+    if (STATIC_DIR / "index.html").is_file():
+        app.router.default = ChatUIFiles(directory=STATIC_DIR, html=True)
     app.state.baton = state
     app.state.metrics = ServerMetrics(
         state.engine,

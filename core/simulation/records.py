@@ -153,11 +153,15 @@ class QueueTrend:
     def warning(self) -> str | None:
         if not self.growing:
             return None
+        pace = (
+            "none started while more arrived"
+            if math.isinf(self.arrival_over_service_rate)
+            else f"requests arrived {self.arrival_over_service_rate:.2f}x as fast as they started"
+        )
         return (
             "the waiting queue was still growing when the arrivals ended "
             f"({self.waiting_at_midpoint} waiting at the midpoint, "
-            f"{self.waiting_at_last_arrival} at the last arrival; "
-            f"requests arrived {self.arrival_over_service_rate:.2f}x as fast as they started): "
+            f"{self.waiting_at_last_arrival} at the last arrival; {pace}): "
             "the load is past what this machine serves, and a longer run would show worse figures"
         )
 
