@@ -21,8 +21,13 @@ from core.model_config import ModelConfig
 from gpu.input_batch import AttentionMetadata
 from gpu.moe import SparseMoE
 from kernels import ops
-from kernels.cpu_extension import cpu_kernels_available
-from kernels.f32_linear import f32_gated_linear, f32_linear, pack_gated_weight, pack_weight
+from kernels.f32_linear import (
+    f32_gated_linear,
+    f32_kernel_available,
+    f32_linear,
+    pack_gated_weight,
+    pack_weight,
+)
 from kernels.linear import (
     cpu_has_native_bf16,
     onednn_linear,
@@ -38,8 +43,8 @@ LayerKVCache = torch.Tensor
 
 def uses_f32_kernel(weight: torch.Tensor) -> bool:
     """Whether a packed CPU weight runs in Baton's float32 kernel (kernels.f32_linear) rather
-    than oneDNN: float32, where the C++ kernels built."""
-    return weight.dtype == torch.float32 and cpu_kernels_available()
+    than oneDNN: float32, where the C++ kernels built with the kernel's vector code."""
+    return weight.dtype == torch.float32 and f32_kernel_available()
 
 
 def pack_cpu_weight(weight: torch.Tensor, rows_hint: int) -> torch.Tensor:
