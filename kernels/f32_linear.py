@@ -8,15 +8,46 @@ prefill too: a switch to oneDNN by row count would give a row different bits alo
 A gated MLP's gate and up projections pack together (`pack_gated_weight`): each panel holds 8
 gate channels beside the same 8 up channels, and `f32_gated_linear` returns act(gate) * up with
 the gate applied in the kernel, so the [gate | up] outputs are never written out and read back.
+
+The float linears take the kernel only where it was built with vector code (`f32_kernel_available`).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from functools import cache
+
 import torch
+
+from baton.kernels.cpu_extension import MARCH_ENV, cpu_kernels_available
+
+logger = logging.getLogger(__name__)
 
 # The kernel's layout: panels of PACK_CHANNELS output channels, each storing its channels'
 # weights k by k (kernels/csrc/f32_linear_cpu.cpp says why).
 PACK_CHANNELS = 16
+
+
+@cache
+def f32_kernel_available() -> bool:
+    """Whether the CPU's float32 linears run in this kernel: the C++ kernels built, with AVX2 and
+    FMA or AVX-512. A build without them (for a CPU or a `BATON_CPU_MARCH` below x86-64-v3) has
+    only the portable tiles, whose fused multiply-adds are then a library call a lane, so the
+    float linears run in oneDNN (baton.kernels.linear), which picks its own vector code at run time;
+    said once."""
+    if not cpu_kernels_available():
+        return False
+    if torch.ops.baton_cpu.f32_linear_isa() != "portable":
+        return True
+    logger.info(
+        "Baton's C++ CPU kernels were built for -march=%s, without AVX2 and FMA, so float32 "
+        "linear layers run in oneDNN (on a CPU with AVX2, set %s=x86-64-v3 or leave it unset "
+        "for Baton's own float32 kernel)",
+        os.environ.get(MARCH_ENV) or "native",
+        MARCH_ENV,
+    )
+    return False
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:

@@ -21,8 +21,13 @@ from baton.core.checkpoint.model_config import ModelConfig
 from baton.gpu.model_inputs import AttentionMetadata
 from baton.gpu.models.moe import SparseMoE
 from baton.kernels import ops
-from baton.kernels.cpu_extension import cpu_kernels_available
-from baton.kernels.f32_linear import f32_gated_linear, f32_linear, pack_gated_weight, pack_weight
+from baton.kernels.f32_linear import (
+    f32_gated_linear,
+    f32_kernel_available,
+    f32_linear,
+    pack_gated_weight,
+    pack_weight,
+)
 from baton.kernels.linear import (
     cpu_has_native_bf16,
     onednn_linear,
@@ -38,8 +43,8 @@ LayerKVCache = torch.Tensor
 
 def uses_f32_kernel(weight: torch.Tensor) -> bool:
     """Whether a packed CPU weight runs in Baton's float32 kernel (baton.kernels.f32_linear) rather
-    than oneDNN: float32, where the C++ kernels built."""
-    return weight.dtype == torch.float32 and cpu_kernels_available()
+    than oneDNN: float32, where the C++ kernels built with the kernel's vector code."""
+    return weight.dtype == torch.float32 and f32_kernel_available()
 
 
 def pack_cpu_weight(weight: torch.Tensor, rows_hint: int) -> torch.Tensor:

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <type_traits>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -84,6 +85,7 @@ struct Carry {
 #if defined(__AVX2__) && defined(__FMA__)
 struct Avx2 {
   using Vec = __m256;
+  static constexpr const char* kName = "avx2";
   static constexpr int kLanes = 8;
   // 6 rows x 2 vectors = 12 accumulators, which with 2 weight vectors and a broadcast
   // activation fill AVX2's 16 registers.
@@ -107,6 +109,7 @@ struct Avx2 {
 #if defined(__AVX512F__)
 struct Avx512 {
   using Vec = __m512;
+  static constexpr const char* kName = "avx512";
   // A panel's line is one vector.
   static constexpr int kLanes = 16;
   // 12 accumulators and the weight vector leave most of the 32 registers free; each weight
@@ -126,6 +129,7 @@ struct Avx512 {
 // Without AVX2 the same arithmetic on 8-lane arrays, for the compiler to vectorize as it can;
 // the order per output is still fixed by the code, not by the batch.
 struct Portable {
+  static constexpr const char* kName = "portable";
   static constexpr int kLanes = 8;
   static constexpr int kMaxRows = 6;
   struct Vec {
@@ -435,11 +439,17 @@ at::Tensor f32_gated_linear(const at::Tensor& x, const at::Tensor& weight,
              gelu ? baton::Gate::kGeluTanh : baton::Gate::kSilu);
 }
 
+// The vector code this build's tiles of several rows run on: "avx512", "avx2" or "portable".
+// kernels/f32_linear.py reads it to leave the float linears to oneDNN where it is "portable".
+std::string f32_linear_isa() { return Wide::kName; }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(baton_cpu, m) {
   m.def("f32_linear(Tensor x, Tensor weight, Tensor? bias, int out_features) -> Tensor");
   m.def("f32_gated_linear(Tensor x, Tensor weight, int intermediate_size, bool gelu) -> Tensor");
+  // No tensor to dispatch on: one kernel for every backend.
+  m.def("f32_linear_isa() -> str", &f32_linear_isa);
 }
 
 TORCH_LIBRARY_IMPL(baton_cpu, CPU, m) {
