@@ -254,6 +254,35 @@ def test_fields_baton_cannot_honour_are_400s_naming_them(scripted, body, param):
     assert reply.json()["error"]["param"] == param
 
 
+def test_thinking_is_a_reasoning_item_before_the_message(think_checkpoint):
+    tokenizer = Tokenizer.from_pretrained(think_checkpoint)
+    thought, answer = "Let me look outside.", "It is not raining."
+    text = f"<think>{thought}</think>{answer}"
+    executor = ScriptedExecutor(tokenizer.vocab_size, tokenizer.eos_token_id)
+    executor.answer = tokenizer.encode(text, add_special_tokens=False)
+    engine = simulated_engine(think_checkpoint, executor)
+    with running_server(engine, model_name="tiny", reasoning_parser="qwen3") as state:
+        api = client(state)
+        response = api.responses.create(model="tiny", input="Is it raining?")
+        events = list(api.responses.create(model="tiny", input="Is it raining?", stream=True))
+    reasoning, message = response.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == thought
+    assert message.type == "message" and response.output_text == answer
+    types = collapsed([event.type for event in events])
+    assert types[2:8] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
+    assert types[8:] == [*TEXT_EVENTS[2:], "response.completed"]
+    final = events[-1].response
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert final.output_text == answer
+
+
 # --- a random-weight model under a grammar -----------------------------------------------
 
 
