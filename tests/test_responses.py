@@ -234,6 +234,7 @@ def test_previous_response_id_is_refused_because_nothing_is_stored(scripted):
         ({"input": "Hi", "text": {"verbosity": "high"}}, "text.verbosity"),
         ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0]"),
         ({"input": []}, "input"),
+        ({"input": 5}, "input"),
         ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "Hi", "tool_choice": "required"}, "tool_choice"),
         (
