@@ -44,7 +44,7 @@ def assert_error(response: httpx.Response, status: int, kind: str, param: str | 
 
 @pytest.mark.parametrize("method", ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"])
 @pytest.mark.parametrize(
-    "path", ["/v1/embeddings", "/v1/responses", "/tokenizer", "/v1/chat/completions/x", "/a/b"]
+    "path", ["/v1/embeddings", "/v1/audio/speech", "/tokenizer", "/v1/chat/completions/x", "/a/b"]
 )
 def test_an_unknown_path_is_a_404_in_openai_shape_for_every_method(server, method, path):
     response = httpx.request(method, server + path, json={} if method != "HEAD" else None)

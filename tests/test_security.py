@@ -108,6 +108,7 @@ def test_api_and_metrics_refuse_requests_without_a_key(guarded):
         ("GET", "/metrics"),
         ("POST", "/v1/completions"),
         ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/responses"),
     ]
     for method, path in routes:
         response = httpx.request(method, f"{url}{path}", json={"prompt": "hi"})

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -86,7 +86,7 @@ async def _serve(
     generation.open()
     if parsed.stream:
         return EventStreamResponse(generation.events(), generation.close)
-    return await _respond_unless_disconnected(request, generation)
+    return await respond_unless_disconnected(request, generation)
 
 
 def engine_request_ids(response_id: str, num_requests: int) -> list[str]:
@@ -116,7 +116,15 @@ class EventStreamResponse(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
-async def _respond_unless_disconnected(request: Request, generation: Generation) -> Response:
+class WholeResponse(Protocol):
+    """A generation answered as one JSON object (chat, completions, responses)."""
+
+    async def collect(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+async def respond_unless_disconnected(request: Request, generation: WholeResponse) -> Response:
     work = asyncio.ensure_future(generation.collect())
     hangup = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
