@@ -53,7 +53,7 @@ def test_required_calls_stream_their_arguments_as_they_come(piece_size):
 
 def test_a_call_is_announced_as_soon_as_its_name_is_whole():
     reader = ForcedCalls(None)
-    assert reader.feed('[{"name":"get_') == []
+    assert reader.feed(' [{"name":"get_') == []  # a leading space a first token may carry
     (opening,) = reader.feed('time","parameters":')
     assert opening["function"] == {"name": "get_time", "arguments": ""}
     assert reader.feed('{"zo') == [{"index": 0, "function": {"arguments": '{"zo'}}]

@@ -102,7 +102,9 @@ class ForcedCalls:
     def _read_between_calls(self) -> bool:
         """Reads the array's punctuation or a call's opening; False when more text is needed."""
         char = self._text[self._pos]
-        if char in "[,}":  # the array opens, a call follows, or a call object closes
+        # The array opens, a call follows or a call object closes; the grammar writes no
+        # whitespace, but a decoded first token may carry a leading space.
+        if char in "[,} \n":
             self._pos += 1
             return True
         if char == "]":
