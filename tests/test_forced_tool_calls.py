@@ -80,7 +80,7 @@ def test_a_cut_forced_output_keeps_its_reason_and_gives_no_content():
     assert REQUIRED_OUTPUT[:60].endswith(call["function"]["arguments"])
     unnamed = ToolCallStream(ToolMode.REQUIRED, None, None)
     fed_in_pieces(unnamed, '[{"na', 2)
-    assert unnamed.message_fields() == {"content": ""}
+    assert unnamed.message_fields() == {"content": None}
 
 
 @pytest.fixture(scope="module")

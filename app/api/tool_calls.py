@@ -23,7 +23,6 @@ class ToolCallStream:
     def __init__(
         self, mode: ToolMode, parser: ToolCallParser | None, function_name: str | None
     ) -> None:
-        self.mode = mode
         self.parser = parser
         self.text = ""
         self.num_emitted = 0  # characters of `text` already sent as content
@@ -67,7 +66,8 @@ class ToolCallStream:
     def message_fields(self) -> dict[str, Any]:
         """`content` and `tool_calls` of the final message (after `finish`)."""
         if not self.calls:
-            return {"content": self.content}
+            # A forced output is never content, even cut before its first call had a name.
+            return {"content": self.content if self.forced is None else None}
         return {"content": self.content or None, "tool_calls": [c.to_dict() for c in self.calls]}
 
     def _content_up_to(self, end: int) -> str:
