@@ -1,6 +1,6 @@
-"""Tool calling: each format's parser on fixed model outputs, streamed deltas that reassemble
-into the whole answer's calls, forced calls whose arguments validate against the function's
-schema, and the official openai client reading tool_calls whole and streamed."""
+"""Tool calling with `auto`: each format's parser on fixed model outputs, streamed deltas that
+reassemble into the whole answer's calls, and the official openai client reading tool_calls
+whole and streamed (forced calls: tests/test_forced_tool_calls.py)."""
 
 from __future__ import annotations
 
@@ -140,18 +140,6 @@ def test_streamed_deltas_reassemble_into_the_whole_answer(parser, text, piece_si
     ]
 
 
-def test_a_named_call_streams_its_arguments_as_they_come():
-    stream = ToolCallStream(ToolMode.NAMED, None, "get_time")
-    deltas = [stream.feed(piece) for piece in ['{"zo', 'ne": ', '"UTC"}']]
-    deltas.append(stream.finish())
-    entries = [entry for _, entries in deltas for entry in entries]
-    assert entries[0]["function"]["name"] == "get_time" and "id" in entries[0]
-    assert all("id" not in entry for entry in entries[1:])
-    ((_, name, arguments),) = reassemble(entries)
-    assert (name, json.loads(arguments)) == ("get_time", {"zone": "UTC"})
-    assert stream.finish_reason("stop") == "stop"  # OpenAI's for a forced named call
-
-
 def regex_literal(text: str) -> str:
     escapes = {"\n": "\\n"}
     return "".join(c if c.isalnum() or c == " " else escapes.get(c, "\\" + c) for c in text)
@@ -203,71 +191,6 @@ def server(llama_checkpoint):
 
 def client(state) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{base_url(state)}/v1", api_key="x", max_retries=0)
-
-
-def test_a_forced_call_validates_whole_and_streamed_through_the_openai_client(server):
-    choice = {"type": "function", "function": {"name": "get_weather"}}
-
-    async def ask() -> tuple[list, list]:
-        api = client(server)
-        wholes = await asyncio.gather(
-            *[
-                api.chat.completions.create(
-                    model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=choice, **SAMPLED
-                )
-                for _ in range(4)
-            ]
-        )
-        streamed = []
-        for _ in range(2):
-            entries = []
-            async for chunk in await api.chat.completions.create(
-                model="tiny",
-                messages=MESSAGES,
-                tools=TOOLS,
-                tool_choice=choice,
-                stream=True,
-                **SAMPLED,
-            ):
-                for call in chunk.choices[0].delta.tool_calls or []:
-                    entries.append(call.model_dump(exclude_none=True))
-            streamed.append(reassemble(entries))
-        return wholes, streamed
-
-    wholes, streamed = asyncio.run(ask())
-    for response in wholes:
-        (call,) = response.choices[0].message.tool_calls
-        assert call.function.name == "get_weather" and call.id.startswith("call_")
-        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["get_weather"])
-    for calls in streamed:
-        ((_, name, arguments),) = calls
-        assert name == "get_weather"
-        jsonschema.validate(json.loads(arguments), SCHEMAS["get_weather"])
-
-
-def test_required_calls_name_a_tool_and_validate(server):
-    # One call each: with parallel calls a random model may keep adding calls to the array.
-    async def ask():
-        return await asyncio.gather(
-            *[
-                client(server).chat.completions.create(
-                    model="tiny",
-                    messages=MESSAGES,
-                    tools=TOOLS,
-                    tool_choice="required",
-                    parallel_tool_calls=False,
-                    **SAMPLED,
-                )
-                for _ in range(4)
-            ]
-        )
-
-    for response in asyncio.run(ask()):
-        choice = response.choices[0]
-        assert choice.finish_reason == "tool_calls"
-        assert choice.message.tool_calls
-        for call in choice.message.tool_calls:
-            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
 def test_auto_parses_the_models_calls_whole_and_streamed(server):

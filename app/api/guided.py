@@ -17,6 +17,9 @@ from baton.core.structured_output import GuideKind, StructuredOutput
 
 MAX_CHOICES = 1024
 MAX_TOOLS = 128
+# The most calls one forced turn may make: the bound closes the array, so a model that keeps
+# repeating a call still ends its turn with calls instead of running into max_tokens.
+MAX_PARALLEL_CALLS = 16
 
 
 class JSONSchemaFormat(StrictModel):
@@ -142,7 +145,8 @@ def function_parameters(tool: Tool) -> dict[str, Any]:
 
 
 def required_calls_schema(tools: list[Tool], parallel: bool) -> dict[str, Any]:
-    """A JSON array of one or more `{"name", "parameters"}` calls, each valid for its function."""
+    """A JSON array of `{"name", "parameters"}` calls, each valid for its function: one, or one
+    to MAX_PARALLEL_CALLS with parallel calls."""
     calls = [
         {
             "type": "object",
@@ -154,10 +158,8 @@ def required_calls_schema(tools: list[Tool], parallel: bool) -> dict[str, Any]:
         }
         for t in tools
     ]
-    schema: dict[str, Any] = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
-    if not parallel:
-        schema["maxItems"] = 1
-    return schema
+    most = MAX_PARALLEL_CALLS if parallel else 1
+    return {"type": "array", "items": {"anyOf": calls}, "minItems": 1, "maxItems": most}
 
 
 def structured_output(
