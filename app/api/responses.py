@@ -12,11 +12,11 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from baton.app.api.openai_api import EventStreamResponse, respond_unless_disconnected
 from baton.app.api.protocol import parse_json_object, validate_request
 from baton.app.api.reasoning import ReasoningStream
 from baton.app.api.responses_format import ResponseBuilder, sse_typed_event, usage
 from baton.app.api.responses_protocol import ResponsesRequest
+from baton.app.api.streaming import EventStreamResponse, respond_unless_disconnected
 from baton.app.api.tool_calls import ToolCallStream, tool_call_streams
 from baton.app.engine.admission import AdmittedRequest, admit, check_capacity, start_trace, submit
 from baton.app.engine.client import EngineDeadError, EngineStream

@@ -1,0 +1,109 @@
+"""How a route sends what the engine streams: an SSE response that closes its engine streams
+however it ends, a whole answer abandoned when its client hangs up, and several engine streams
+merged into one as their outputs arrive."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from baton.core.outputs import RequestOutput
+
+
+class EventStreamResponse(StreamingResponse):
+    """An SSE response that closes its engine streams however the response ends (finished, or
+    the client hung up before or during the stream), so nothing is left running for nobody."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes], close: Callable[[], None]) -> None:
+        # no-cache and X-Accel-Buffering keep proxies from holding tokens back.
+        super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._close = close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._close()
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+class WholeResponse(Protocol):
+    """A generation answered as one JSON object (chat, completions, responses)."""
+
+    async def collect(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+async def respond_unless_disconnected(request: Request, generation: WholeResponse) -> Response:
+    work = asyncio.ensure_future(generation.collect())
+    hangup = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work, hangup}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        generation.close()
+        hangup.cancel()
+        # Cancelling the collection closes the engine streams, which aborts their requests.
+        work.cancel()
+        await asyncio.gather(work, hangup, return_exceptions=True)
+    if work.cancelled():
+        return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
+    return Response(orjson.dumps(work.result()), media_type="application/json")
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    # The body has been read, so the next message is the hang-up (or the response's end).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def merge_streams(
+    streams: list[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several engine streams as their outputs arrive, tagged with their index.
+    Closing the merged stream closes (and so aborts) every stream still running."""
+    if len(streams) == 1:
+        # The common case, without a task per stream.
+        async with contextlib.aclosing(streams[0]) as stream:
+            async for output in stream:
+                yield 0, output
+        return
+    arrivals: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+    pumps = [asyncio.ensure_future(_pump(i, s, arrivals)) for i, s in enumerate(streams)]
+    try:
+        running = len(pumps)
+        while running:
+            index, item = await arrivals.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for pump in pumps:
+            pump.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+
+
+async def _pump(
+    index: int,
+    stream: AsyncIterator[RequestOutput],
+    arrivals: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]],
+) -> None:
+    try:
+        async with contextlib.aclosing(stream):
+            async for output in stream:
+                arrivals.put_nowait((index, output))
+    except Exception as error:
+        arrivals.put_nowait((index, error))
+    arrivals.put_nowait((index, None))
