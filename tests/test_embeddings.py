@@ -92,6 +92,26 @@ def test_pooled_embeddings_survive_small_chunks_and_a_warm_prefix_cache(
     assert (hits == 0) if pooling is Pooling.MEAN else (hits > 0)
 
 
+def test_a_mean_preempted_mid_prompt_starts_its_sum_again(llama_checkpoint, reference_model):
+    # A pool of 6 blocks of 16 tokens cannot hold the embedded prompt beside a long-running
+    # generation, so the embedding is preempted between chunks and computed again.
+    engine = model_engine(llama_checkpoint, num_kv_blocks=6, max_num_batched_tokens=24)
+    other = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    engine.add_request(engine.validator.validate(EngineRequest("other", list(range(3, 40)), other)))
+    engine.step()
+    prompt = prompts((64,), seed=4)[0]
+    params = SamplingParams(max_tokens=0, pooling=Pooling.MEAN)
+    engine.add_request(engine.validator.validate(EngineRequest("mean", prompt, params)))
+    final = None
+    while engine.has_unfinished_requests:
+        for output in engine.step():
+            if output.request_id == "mean" and output.finished:
+                final = output
+    assert final is not None and final.timing is not None
+    assert final.timing.preemptions > 0
+    assert_equal_reference(reference_model, [prompt], [final.embedding], Pooling.MEAN)
+
+
 def test_generic_path_pools_the_same_hidden_states(llama_checkpoint, reference_model):
     batch = prompts((30, 12), seed=3)
     engine = model_engine(
