@@ -9,7 +9,9 @@ import asyncio
 import base64
 import random
 import struct
+import time
 
+import httpx
 import openai
 import pytest
 import torch
@@ -213,3 +215,16 @@ def test_refusals_come_in_the_openai_error_shape(server):
 async def _create_for_model(state, model: str):
     async with client(state) as api:
         return await api.embeddings.create(model=model, input="x")
+
+
+def test_hanging_up_aborts_every_input(server):
+    # Hundreds of inputs in 32-token steps take seconds here; idle soon after hanging up means
+    # the inputs still queued or running were aborted.
+    body = {"model": "tiny", "input": prompts((200,) * 200, seed=5), "encoding_format": "float"}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{base_url(server)}/v1/embeddings", json=body, timeout=0.3)
+    core = server.engine.engine
+    deadline = time.monotonic() + 1.0
+    while server.engine.num_in_flight or core.num_running or core.num_waiting:
+        assert time.monotonic() < deadline, "inputs still in flight after the client hung up"
+        time.sleep(0.01)

@@ -84,7 +84,9 @@ async def embeddings(request: Request) -> Response:
         except InvalidRequestError as error:
             param = "input" if len(prompts) == 1 else f"input[{index}]"
             raise APIError(400, str(error), param=param, code=error.code) from None
-    outputs = await _run(state, requests)
+    outputs = await _run_unless_disconnected(request, state, requests)
+    if outputs is None:
+        return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
     vectors = [output.embedding for output in outputs]
     size = len(vectors[0] or [])
     if parsed.dimensions is not None and parsed.dimensions != size:
@@ -131,6 +133,28 @@ async def _tokenize(state: ServerState, inputs: list[Prompt]) -> list[list[int]]
     if num_chars > MAX_INLINE_TOKENIZE_CHARS:
         return await asyncio.to_thread(encode)
     return encode()
+
+
+async def _run_unless_disconnected(
+    connection: Request, state: ServerState, requests: list[EngineRequest]
+) -> list[RequestOutput] | None:
+    """`_run`'s outputs, or None when the client hangs up first: a large batch of inputs is
+    then aborted rather than computed for nobody."""
+    work = asyncio.ensure_future(_run(state, requests))
+    hangup = asyncio.ensure_future(_wait_for_disconnect(connection))
+    try:
+        await asyncio.wait({work, hangup}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hangup.cancel()
+        work.cancel()  # a no-op once it is done; otherwise closing its streams aborts them
+        await asyncio.gather(work, hangup, return_exceptions=True)
+    return None if work.cancelled() else work.result()
+
+
+async def _wait_for_disconnect(connection: Request) -> None:
+    # The body has been read, so the next message is the hang-up (or the response's end).
+    while (await connection.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _run(state: ServerState, requests: list[EngineRequest]) -> list[RequestOutput]:
