@@ -177,6 +177,13 @@ class SamplingParams:
                     f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}", name
                 )
         self._validate_logit_bias()
+        if self.pooling is not None and not isinstance(self.pooling, Pooling):
+            if self.pooling not in {p.value for p in Pooling}:
+                names = ", ".join(p.value for p in Pooling)
+                raise InvalidRequestError(
+                    f"pooling must be one of {names}, got {self.pooling!r}", "pooling"
+                )
+            self.pooling = Pooling(self.pooling)
         if self.pooling is not None and self.max_tokens != 0:
             # An embedding is read off the prompt alone; a sampled token would have no use.
             raise InvalidRequestError(

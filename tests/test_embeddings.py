@@ -126,6 +126,9 @@ def test_generic_path_pools_the_same_hidden_states(llama_checkpoint, reference_m
 def test_a_pooling_request_must_not_generate():
     with pytest.raises(InvalidRequestError, match="max_tokens must be 0"):
         SamplingParams(max_tokens=4, pooling=Pooling.LAST)
+    with pytest.raises(InvalidRequestError, match="pooling must be one of last, mean"):
+        SamplingParams(max_tokens=0, pooling="cls")
+    assert SamplingParams(max_tokens=0, pooling="mean").pooling is Pooling.MEAN
 
 
 @pytest.fixture(scope="module")
