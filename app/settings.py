@@ -10,6 +10,7 @@ from pathlib import Path
 from baton.app.api.reasoning import REASONING_PARSERS
 from baton.app.api.tool_parsers import PARSERS
 from baton.core.config import LOAD_FORMATS
+from baton.core.pooling import Pooling
 from baton.core.request import SLO
 from baton.core.sampling_params import InvalidRequestError
 from baton.core.setting import comma_list, setting
@@ -177,6 +178,13 @@ class ServerSettings:
         choices=METRICS_STYLES,
         help="names on /metrics: baton: (Baton's), vllm: (vLLM's names and labels, so vLLM's "
         "Grafana dashboards work unchanged; series vLLM lacks keep baton:), or both",
+    )
+    # How /v1/embeddings pools an input's final hidden states (baton.core.pooling).
+    pooling: str = setting(
+        "last",
+        choices=tuple(p.value for p in Pooling),
+        help="how /v1/embeddings pools the final hidden states: last (the prompt's last token, "
+        "as causal embedding models are trained) or mean (every token; skips the prefix cache)",
     )
     # The event loop uvicorn runs on. asyncio's own lets the step thread run while a socket
     # write is in the kernel: uvloop holds the GIL through each write, and the step thread

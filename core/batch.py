@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from baton.core.pooling import Pooling
 from baton.core.sampling_params import SamplingParams
 
 
@@ -36,6 +37,15 @@ class ScheduledSequence:
         return self.start_position + len(self.token_ids)
 
     @property
+    def pools(self) -> bool:
+        """Whether this chunk's final hidden states feed the request's embedding: every chunk
+        under mean pooling, only the one ending the prompt under last-token pooling."""
+        pooling = self.sampling_params.pooling
+        if pooling is None:
+            return False
+        return pooling is Pooling.MEAN or self.seq_len == self.num_prompt_tokens
+
+    @property
     def num_output_tokens(self) -> int:
         """Output tokens generated before this step (the one sampled now is not counted)."""
         return len(self.all_token_ids) - self.num_prompt_tokens
@@ -60,7 +70,9 @@ class Batch:
     """Everything one step computes: decodes first, then prefill chunks.
 
     `num_prompt_logprobs` counts the sequences' `prompt_logprob_positions`, so a step without any
-    costs one test. `finished_request_ids` are requests that ended since the previous batch, so an
+    costs one test; `num_pooled` counts the sequences whose final hidden states are pooled this
+    step (an embedding's every chunk under mean pooling, its last under last-token pooling).
+    `finished_request_ids` are requests that ended since the previous batch, so an
     executor that keeps state per request (grammar matchers) can drop theirs. `padding` is a cost
     only (static batching, core/scheduling/static_batch.py): an executor packs the sequences and
     never computes it, so it cannot change a token; a simulated one charges it.
@@ -70,6 +82,7 @@ class Batch:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     num_prompt_logprobs: int = 0
+    num_pooled: int = 0
     finished_request_ids: list[str] = field(default_factory=list)
     padding: Padding = NO_PADDING
 
@@ -96,9 +109,11 @@ class ExecutorOutput:
 
     `logprobs` is aligned with `sampled_token_ids`; an entry is None where the request did not
     ask for log-probabilities. `prompt_logprobs` maps a request id to one entry per position of
-    its `prompt_logprob_positions`, in order.
+    its `prompt_logprob_positions`, in order. `pooled` maps a pooling request's id to what this
+    step's chunk adds to its embedding, in float32 (core/pooling.py `PooledState.add`).
     """
 
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    pooled: dict[str, list[float]] = field(default_factory=dict)

@@ -227,6 +227,8 @@ class Engine:
             request.first_token_time = now
         if token_id is None:
             output = RequestOutput(request.request_id, [], "", request.num_prompt_tokens, 0)
+            if request.pooled is not None:
+                output.embedding = request.pooled.embedding()
             finish_reason: FinishReason | None = FinishReason.LENGTH
         else:
             request.token_times.append(now)
@@ -257,7 +259,11 @@ class Engine:
         merged = ExecutorOutput([], [])
         failed = []
         for seq in batch.sequences:
-            alone = Batch([seq], num_prompt_logprobs=len(seq.prompt_logprob_positions))
+            alone = Batch(
+                [seq],
+                num_prompt_logprobs=len(seq.prompt_logprob_positions),
+                num_pooled=int(seq.pools),
+            )
             try:
                 result = self.executor.execute(alone)
             except Exception as seq_error:
@@ -265,9 +271,11 @@ class Engine:
                 continue
             kept.sequences.append(seq)
             kept.num_prompt_logprobs += len(seq.prompt_logprob_positions)
+            kept.num_pooled += seq.pools
             merged.sampled_token_ids.extend(result.sampled_token_ids)
             merged.logprobs.extend(result.logprobs or [None] * len(result.sampled_token_ids))
             merged.prompt_logprobs.update(result.prompt_logprobs)
+            merged.pooled.update(result.pooled)
         return kept, merged, failed
 
     def _fail(self, request: Request, error: Exception) -> RequestOutput:

@@ -52,6 +52,8 @@ class RequestOutput:
     # token, None for the first.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     timing: RequestTiming | None = None
+    # On an embedding request's final output: its pooled, L2-normalised final hidden state.
+    embedding: list[float] | None = None
     # What the client is told when the request failed; `error_detail` is the operator's side
     # (the exception, for logs and traces), never sent to the client.
     error: str | None = None

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from baton.core.batch import TokenLogprobs
+from baton.core.pooling import PooledState
 from baton.core.sampling_params import InvalidRequestError, SamplingParams
 
 
@@ -96,6 +97,7 @@ class Request:
         "num_computed_tokens",
         "num_preemptions",
         "num_prompt_tokens",
+        "pooled",
         "preempted_times",
         "prefill_chunks",
         "priority",
@@ -148,6 +150,10 @@ class Request:
         # context, so None), filled chunk by chunk as the prompt is computed.
         self.prompt_logprobs: list[TokenLogprobs | None] | None = (
             None if sampling_params.prompt_logprobs is None else [None]
+        )
+        # An embedding request's pool, filled as its prompt is computed.
+        self.pooled: PooledState | None = (
+            None if sampling_params.pooling is None else PooledState(sampling_params.pooling)
         )
         # Opaque to core: what the app's tracing needs to build this request's spans, if any.
         self.trace_context: object | None = None

@@ -7,6 +7,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
+from baton.core.pooling import Pooling
 from baton.core.setting import setting
 from baton.core.structured_output import StructuredOutput
 
@@ -51,6 +52,8 @@ class SamplingParams:
     `prompt_logprobs=N` the same for every prompt token after the first (what scoring harnesses
     read). `logit_bias` adds a bias in [-100, 100] to the logits of the token ids it names.
     `structured_output` constrains the output to a grammar (compiled before the request runs).
+    `pooling` makes the request an embedding: it generates nothing (`max_tokens` 0) and finishes
+    with its prompt's final hidden states pooled (core/pooling.py).
     The text options are vLLM's: `include_stop_str_in_output` keeps the stop string (or the
     stop token's text) that ended the output; `skip_special_tokens` leaves special tokens out of
     the text; `spaces_between_special_tokens` false writes an added token that follows another
@@ -94,6 +97,7 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_output: StructuredOutput | None = None
+    pooling: Pooling | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -173,6 +177,20 @@ class SamplingParams:
                     f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}", name
                 )
         self._validate_logit_bias()
+        if self.pooling is not None and not isinstance(self.pooling, Pooling):
+            if self.pooling not in {p.value for p in Pooling}:
+                names = ", ".join(p.value for p in Pooling)
+                raise InvalidRequestError(
+                    f"pooling must be one of {names}, got {self.pooling!r}", "pooling"
+                )
+            self.pooling = Pooling(self.pooling)
+        if self.pooling is not None and self.max_tokens != 0:
+            # An embedding is read off the prompt alone; a sampled token would have no use.
+            raise InvalidRequestError(
+                "a pooling request generates nothing: max_tokens must be 0, "
+                f"got {self.max_tokens!r}",
+                "max_tokens",
+            )
         if self.structured_output is not None and (self.ignore_eos or self.min_tokens):
             # The grammar ends on the stop token; forbidding or ignoring it has no output.
             raise InvalidRequestError(

@@ -30,6 +30,7 @@ from baton.gpu.models.cpu_layers import CpuLayers, streamed_weights
 from baton.gpu.models.model import uses_f32_kernel
 from baton.gpu.models.quantization import check_quantization, quantize_as_loaded, quantize_lm_head
 from baton.gpu.models.transformers_model import load_transformers_model
+from baton.gpu.pooling import pooled_parts
 from baton.gpu.prompt_logprobs import prompt_logprobs
 from baton.gpu.sampler import Sampler
 from baton.kernels.cpu_extension import cpu_kernels_available
@@ -262,6 +263,8 @@ class TorchExecutor:
                 self.model.compute_logits,
                 self.model_config.vocab_size,
             )
+        if batch.num_pooled:
+            output.pooled = pooled_parts(batch, hidden, inputs.attn_metadata.query_start_loc)
         self.num_steps += 1
         self.step_time_s += time.perf_counter() - start
         return output

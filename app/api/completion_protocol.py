@@ -28,7 +28,7 @@ class CompletionRequest(GenerationRequest):
     @field_validator("prompt")
     @classmethod
     def _known_prompt_shape(cls, prompt: Any) -> list[Prompt]:
-        return _prompt_list(prompt)
+        return prompt_list(prompt)
 
     # vLLM's extension: the prompt tokens' log-probabilities with their top-N, echo or not.
     prompt_logprobs: Int64 | None = None
@@ -95,7 +95,7 @@ class CompletionRequest(GenerationRequest):
         return max(asked) if asked else None
 
 
-def _prompt_list(prompt: Any) -> list[Prompt]:
+def prompt_list(prompt: Any) -> list[Prompt]:
     """A string, strings, token ids, or lists of token ids → one engine prompt per entry."""
     if isinstance(prompt, str):
         prompts: list[Any] = [prompt]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from starlette.requests import Request
@@ -15,6 +15,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from baton.core.outputs import RequestOutput
+
+T = TypeVar("T")
 
 
 class EventStreamResponse(StreamingResponse):
@@ -45,19 +47,27 @@ class WholeResponse(Protocol):
 
 
 async def respond_unless_disconnected(request: Request, generation: WholeResponse) -> Response:
-    work = asyncio.ensure_future(generation.collect())
-    hangup = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
-        await asyncio.wait({work, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        body = await unless_disconnected(request, generation.collect())
     finally:
         generation.close()
-        hangup.cancel()
-        # Cancelling the collection closes the engine streams, which aborts their requests.
-        work.cancel()
-        await asyncio.gather(work, hangup, return_exceptions=True)
-    if work.cancelled():
+    if body is None:
         return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
-    return Response(orjson.dumps(work.result()), media_type="application/json")
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None when the client hangs up first: `work` is then cancelled, which
+    closes its engine streams and so aborts their requests, rather than computing for nobody."""
+    task = asyncio.ensure_future(work)
+    hangup = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, hangup}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hangup.cancel()
+        task.cancel()  # a no-op once it is done
+        await asyncio.gather(task, hangup, return_exceptions=True)
+    return None if task.cancelled() else task.result()
 
 
 async def _wait_for_disconnect(request: Request) -> None:

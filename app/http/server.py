@@ -30,6 +30,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from baton.app.api.body_fields import MAX_NAME_CHARS
+from baton.app.api.embeddings import embeddings
 from baton.app.api.openai_api import chat_completions, completions
 from baton.app.api.responses import responses
 from baton.app.api.tokenize import detokenize, tokenize
@@ -170,6 +171,7 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         WebSocketRoute("/v1/ws", websocket_endpoint),

@@ -16,6 +16,7 @@ import math
 
 from baton.core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
 from baton.core.kv_cache.kv_cache_manager import KVCacheManager
+from baton.core.pooling import Pooling
 from baton.core.request import FinishReason, Request, RequestStatus
 from baton.core.scheduling import feasibility
 from baton.core.scheduling.policy import UNLIMITED, SchedulerView, SchedulingPolicy, StepPlan
@@ -263,6 +264,10 @@ class Scheduler:
             if seq.prompt_logprob_positions:
                 assert request.prompt_logprobs is not None
                 request.prompt_logprobs.extend(output.prompt_logprobs[seq.request_id])
+            part = output.pooled.get(seq.request_id) if request.pooled is not None else None
+            if part is not None:
+                assert request.pooled is not None
+                request.pooled.add(part)
             if seq.sample:
                 token_id = output.sampled_token_ids[index]
                 logprobs = output.logprobs[index] if output.logprobs else None
@@ -291,11 +296,16 @@ class Scheduler:
             # A hit skips computing its positions, and so their logits: a request still owed
             # prompt log-probabilities reads only the blocks before the first one it needs.
             prefix = prefix[: scored_from // self.kv_cache.block_size]
+        if request.sampling_params.pooling is Pooling.MEAN:
+            # A mean reads every position's hidden state, and a hit computes none of its own.
+            prefix = []
         # Requests sharing a prompt (the choices of `n`) arrive together: the first computes
         # it and the others wait a step to read it from the cache rather than compute it too.
         first_new = (
             request.block_hashes[len(prefix)]
-            if len(request.block_hashes) > len(prefix) and scored_from is None
+            if len(request.block_hashes) > len(prefix)
+            and scored_from is None
+            and request.sampling_params.pooling is not Pooling.MEAN
             else None
         )
         if may_wait and first_new is not None and first_new in self._blocks_in_flight:
@@ -350,6 +360,8 @@ class Scheduler:
         self.kv_cache.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        if request.pooled is not None:
+            request.pooled.reset()
         request.num_preemptions += 1
         self.num_preemptions += 1
         self._enqueue(request)
@@ -368,19 +380,19 @@ class Scheduler:
             if scored_from is not None:
                 scored = range(max(start, scored_from), min(end, request.num_prompt_tokens - 1))
                 batch.num_prompt_logprobs += len(scored)
-        batch.sequences.append(
-            ScheduledSequence(
-                request.request_id,
-                token_ids[start:end],
-                start,
-                self.kv_cache.block_table(request.request_id),
-                end == len(token_ids) and request.sampling_params.max_tokens != 0,
-                request.sampling_params,
-                token_ids,
-                request.num_prompt_tokens,
-                scored,
-            )
+        seq = ScheduledSequence(
+            request.request_id,
+            token_ids[start:end],
+            start,
+            self.kv_cache.block_table(request.request_id),
+            end == len(token_ids) and request.sampling_params.max_tokens != 0,
+            request.sampling_params,
+            token_ids,
+            request.num_prompt_tokens,
+            scored,
         )
+        batch.sequences.append(seq)
+        batch.num_pooled += seq.pools
         self._scheduled.add(request.request_id)
         if num_new == 1 and start >= request.num_prompt_tokens:
             batch.num_decode_tokens += 1
