@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from baton.app.api.reasoning import REASONING_PARSERS
-from baton.app.api.tool_parsers import PARSERS
+from baton.app.api.tools.tool_parsers import PARSERS
 from baton.core.config import LOAD_FORMATS
 from baton.core.pooling import Pooling
 from baton.core.request import SLO
@@ -154,8 +154,8 @@ class ServerSettings:
     # Off only to measure what metrics cost (benchmarks/server_throughput.py): the engine's
     # step and finish listeners are then not attached and the aggregates stay at zero.
     record_metrics: bool = True
-    # The format `tool_choice: auto` parses calls in (baton.app.api.tool_parsers); None: read it off
-    # the chat template.
+    # The format `tool_choice: auto` parses calls in (baton.app.api.tools.tool_parsers); None: read
+    # it off the chat template.
     tool_call_parser: str | None = setting(
         None,
         choices=tuple(sorted(PARSERS)),

@@ -11,9 +11,9 @@ import httpx
 import jsonschema
 import pytest
 
-from baton.app.api.forced_calls import ForcedCalls
 from baton.app.api.guided import MAX_PARALLEL_CALLS, ToolMode
-from baton.app.api.tool_calls import ToolCallStream
+from baton.app.api.tools.forced_calls import ForcedCalls
+from baton.app.api.tools.tool_calls import ToolCallStream
 from tests.server_harness import base_url, model_engine, running_server
 from tests.test_tool_calls import MESSAGES, SCHEMAS, TOOLS, client, reassemble
 

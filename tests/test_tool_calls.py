@@ -16,8 +16,13 @@ from websockets.asyncio.client import connect
 from baton.app.api.chat_protocol import ChatCompletionRequest
 from baton.app.api.guided import ToolMode
 from baton.app.api.protocol import validate_request
-from baton.app.api.tool_calls import ToolCallStream
-from baton.app.api.tool_parsers import HermesParser, Llama3JSONParser, MistralParser, parser_for
+from baton.app.api.tools.tool_calls import ToolCallStream
+from baton.app.api.tools.tool_parsers import (
+    HermesParser,
+    Llama3JSONParser,
+    MistralParser,
+    parser_for,
+)
 from tests.server_harness import base_url, model_engine, running_server
 
 WEATHER = {

@@ -32,7 +32,7 @@ from baton.app.api.openai_format import (
 from baton.app.api.protocol import GenerationRequest, parse_json_object, validate_request
 from baton.app.api.reasoning import ReasoningStream
 from baton.app.api.streaming import EventStreamResponse, merge_streams, respond_unless_disconnected
-from baton.app.api.tool_calls import ToolCallStream, tool_call_streams
+from baton.app.api.tools.tool_calls import ToolCallStream, tool_call_streams
 from baton.app.engine.admission import (
     AdmittedRequest,
     admit,

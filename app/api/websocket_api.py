@@ -19,7 +19,7 @@ from baton.app.api.chat_protocol import ChatCompletionRequest
 from baton.app.api.completion_protocol import CompletionRequest
 from baton.app.api.openai_format import timing, usage
 from baton.app.api.protocol import GenerationRequest, json_type, parse_json_object, validate_request
-from baton.app.api.tool_calls import ToolCallStream, tool_call_streams
+from baton.app.api.tools.tool_calls import ToolCallStream, tool_call_streams
 from baton.app.engine.admission import (
     AdmittedRequest,
     admit,

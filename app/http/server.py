@@ -32,7 +32,7 @@ from starlette.types import Scope
 from baton.app.api.body_fields import MAX_NAME_CHARS
 from baton.app.api.embeddings import embeddings
 from baton.app.api.openai_api import chat_completions, completions
-from baton.app.api.responses import responses
+from baton.app.api.responses_api.responses import responses
 from baton.app.api.tokenize import detokenize, tokenize
 from baton.app.api.websocket_api import websocket_endpoint
 from baton.app.engine.async_engine import AsyncEngine

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from baton.app.api.tool_parsers import ToolCall
+from baton.app.api.tools.tool_parsers import ToolCall
 
 # The opening of one call in the required array, up to where its arguments start.
 _CALL_HEAD = re.compile(r'\{"name":"([^"\\]*)","parameters":')

@@ -1,6 +1,6 @@
 """One chat choice's output text turned into content and tool calls, as stream deltas and as
 the final message, for each `tool_choice`: a named function or required calls (the text is
-calls only, read as it comes by baton.app.api.forced_calls) or `auto` (calls parsed from the
+calls only, read as it comes by baton.app.api.tools.forced_calls) or `auto` (calls parsed from the
 model's own format, the text before them streamed as content)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from baton.app.api.chat_protocol import ChatCompletionRequest
-from baton.app.api.forced_calls import ForcedCalls
 from baton.app.api.guided import ToolMode
 from baton.app.api.protocol import GenerationRequest
-from baton.app.api.tool_parsers import PARSERS, ToolCall, ToolCallParser, parser_for
+from baton.app.api.tools.forced_calls import ForcedCalls
+from baton.app.api.tools.tool_parsers import PARSERS, ToolCall, ToolCallParser, parser_for
 from baton.app.errors import APIError
 from baton.core.text.tokenizer import Tokenizer
 

@@ -14,10 +14,10 @@ from starlette.responses import Response
 
 from baton.app.api.protocol import parse_json_object, validate_request
 from baton.app.api.reasoning import ReasoningStream
-from baton.app.api.responses_format import ResponseBuilder, sse_typed_event, usage
-from baton.app.api.responses_protocol import ResponsesRequest
+from baton.app.api.responses_api.responses_format import ResponseBuilder, sse_typed_event, usage
+from baton.app.api.responses_api.responses_protocol import ResponsesRequest
 from baton.app.api.streaming import EventStreamResponse, respond_unless_disconnected
-from baton.app.api.tool_calls import ToolCallStream, tool_call_streams
+from baton.app.api.tools.tool_calls import ToolCallStream, tool_call_streams
 from baton.app.engine.admission import AdmittedRequest, admit, check_capacity, start_trace, submit
 from baton.app.engine.client import EngineDeadError, EngineStream
 from baton.app.errors import APIError, output_error
