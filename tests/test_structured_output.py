@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from typing import Literal
 
 import httpx
 import jsonschema
 import openai
 import orjson
+import pydantic
 import pytest
 import torch
 import xgrammar
@@ -359,3 +361,30 @@ def test_a_model_vocabulary_padded_past_the_tokenizer_never_yields_padding(make_
     for result in llm.generate([f"padded {i}" for i in range(8)], params):
         assert max(result.token_ids) < 512
         jsonschema.validate(json.loads(result.text), SCHEMAS["arrays_and_enums"])
+
+
+class Forecast(pydantic.BaseModel):
+    # Closed choices, so a random model's answer is short whatever it picks.
+    city: Literal["Oslo", "Lima"]
+    sky: Literal["clear", "rain"]
+    windy: bool
+
+
+def test_the_sdks_parse_returns_the_model_it_asked_for(llama_checkpoint):
+    # `client.chat.completions.parse` sends a strict json_schema made from a pydantic model and
+    # validates the answer back into it: the random model is held to the schema by the grammar.
+    engine = model_engine(llama_checkpoint, num_kv_blocks=256, max_num_seqs=4)
+    with running_server(engine, model_name="tiny") as state:
+        api = openai.OpenAI(base_url=f"{base_url(state)}/v1", api_key="x", max_retries=0)
+        completion = api.chat.completions.parse(
+            model="tiny",
+            messages=[{"role": "user", "content": "The weather?"}],
+            response_format=Forecast,
+            max_tokens=200,
+            temperature=0,
+        )
+
+    message = completion.choices[0].message
+    assert completion.choices[0].finish_reason == "stop"
+    assert isinstance(message.parsed, Forecast)
+    assert Forecast.model_validate_json(message.content) == message.parsed
