@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -24,12 +25,15 @@ from websockets.sync.client import connect
 
 import tests.server_harness
 from baton.app.engine.async_engine import AsyncEngine
-from baton.app.http.server import ServerState, create_app
+from baton.app.http.server import ServerState, create_app, drain_s
 from baton.app.settings import ServerSettings
 from tests.server_harness import base_url, free_port, running_server, simulated_engine
 
 REPO = Path(__file__).resolve().parent.parent
 SHUTDOWN_TIMEOUT_S = 2.0
+# The short stream is sized to take this share of the drain at the step pace measured just
+# before it starts: a busy CPU's steps wander, and an idle one must not finish it before SIGTERM.
+SHORT_STREAM_SHARE_OF_DRAIN = 1 / 16
 
 
 class StepThreadKilled(BaseException):
@@ -107,8 +111,11 @@ def baton_serve(checkpoint: Path, port: int, log: Path) -> Iterator[subprocess.P
     command = [sys.executable, "-m", "baton.app.cli", "serve", "--model", str(checkpoint)]
     command += ["--device", "cpu", "--port", str(port)]
     command += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
+    # One intra-op thread: on a busy CPU two wait for each other at every parallel region,
+    # which slows a step far more than the CPU share it loses.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
         while not _healthy(port):
@@ -130,7 +137,8 @@ def _healthy(port: int) -> bool:
 
 
 class Stream:
-    """A streaming completion read on its own thread; `started` once its first token arrives."""
+    """A streaming completion read on its own thread; `started` once its first token arrives,
+    `token_times` when each token chunk did."""
 
     def __init__(self, port: int, max_tokens: int) -> None:
         self.body = {
@@ -141,6 +149,7 @@ class Stream:
         }
         self.url = f"http://127.0.0.1:{port}/v1/completions"
         self.lines: list[str] = []
+        self.token_times: list[float] = []
         self.started = threading.Event()
         self.ended_at = 0.0
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -153,8 +162,21 @@ class Stream:
                     continue
                 self.lines.append(line)
                 if line.startswith("data: {"):
+                    self.token_times.append(time.monotonic())
                     self.started.set()
         self.ended_at = time.monotonic()
+
+    def step_s(self, min_steps: int = 5, min_s: float = 0.5) -> float:
+        """Seconds per engine step, timed over the next `min_steps` token chunks and `min_s` at
+        least: a decoding stream gets one chunk a step."""
+        first = len(self.token_times)
+        assert first, "the stream has not started"
+        until = time.monotonic() + min_s
+        while len(self.token_times) < first + min_steps or time.monotonic() < until:
+            assert self.thread.is_alive(), "the stream ended while its pace was measured"
+            time.sleep(0.01)
+        times = self.token_times[first - 1 :]
+        return (times[-1] - times[0]) / (len(times) - 1)
 
     def finish_reason(self) -> str | None:
         chunks = [p for p in sse_payloads(self.lines) if isinstance(p, dict) and p["choices"]]
@@ -174,6 +196,7 @@ class WebSocketStream:
             "ignore_eos": True,
         }
         self.frames: list[dict] = []
+        self.frame_times: list[float] = []
         self.started = threading.Event()
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -184,6 +207,7 @@ class WebSocketStream:
             while True:
                 frame = json.loads(socket.recv(timeout=30))
                 self.frames.append(frame)
+                self.frame_times.append(time.monotonic())
                 self.started.set()
                 if frame["type"] != "token":
                     return
@@ -196,11 +220,17 @@ def test_sigterm_finishes_short_streams_cancels_long_ones_and_exits_0(
     port = free_port()
     with baton_serve(long_context_checkpoint, port, tmp_path / "serve.log") as process:
         long = Stream(port, max_tokens=8000)
-        short = Stream(port, max_tokens=64)
         socket_stream = WebSocketStream(port, max_tokens=8000)
-        assert long.started.wait(30) and short.started.wait(30) and socket_stream.started.wait(30)
+        assert long.started.wait(30) and socket_stream.started.wait(30)
+        # A step takes what this machine gives it, many times longer when it is busy: the short
+        # stream's length in steps is set from the pace measured now.
+        short_s = drain_s(SHUTDOWN_TIMEOUT_S) * SHORT_STREAM_SHARE_OF_DRAIN
+        short = Stream(port, max_tokens=max(2, round(short_s / long.step_s())))
+        assert short.started.wait(30)
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
+        # Finishing it is then the drain's doing, not a race won before the signal.
+        assert short.thread.is_alive(), "the short stream ended before SIGTERM"
 
         refused_at = None
         while refused_at is None and time.monotonic() - signalled < 2:
@@ -226,10 +256,10 @@ def test_sigterm_finishes_short_streams_cancels_long_ones_and_exits_0(
     # WebSocket streams get the same grace period and end with a done frame, not a cut socket.
     assert socket_stream.frames[-1]["type"] == "done"
     assert socket_stream.frames[-1]["finish_reason"] == "cancelled"
-    assert len(socket_stream.frames) > SHUTDOWN_TIMEOUT_S
-    # Refused while the long stream was still being served; cut near the end of the timeout.
+    # Refused while the long stream was still being served; both cut near the end of the timeout.
     assert refused_at < long.ended_at
     assert SHUTDOWN_TIMEOUT_S / 2 < long.ended_at - signalled < SHUTDOWN_TIMEOUT_S
+    assert SHUTDOWN_TIMEOUT_S / 2 < socket_stream.frame_times[-1] - signalled < SHUTDOWN_TIMEOUT_S
     # The timeout bounds the whole drain; what is left is the process exiting.
     assert exited - signalled < SHUTDOWN_TIMEOUT_S + 1
     assert "Traceback" not in log

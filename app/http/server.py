@@ -209,6 +209,18 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
     return app
 
 
+def close_grace_s(shutdown_timeout_s: float) -> float:
+    """The end of the shutdown timeout kept for uvicorn's own shutdown."""
+    return min(CLOSE_GRACE_S, shutdown_timeout_s / 4)
+
+
+def drain_s(shutdown_timeout_s: float) -> float:
+    """How long in-flight requests may run on after shutdown begins before they are aborted:
+    the timeout less its ends for the aborted requests' final frames and uvicorn's shutdown."""
+    final_frames_s = min(FINAL_FRAMES_GRACE_S, shutdown_timeout_s / 10)
+    return shutdown_timeout_s - close_grace_s(shutdown_timeout_s) - final_frames_s
+
+
 class BatonServer(uvicorn.Server):
     """uvicorn, plus Baton's graceful shutdown: on SIGTERM/SIGINT new connections are refused
     at once, running streams get most of `shutdown_timeout_s` to finish, then the engine aborts
@@ -238,12 +250,11 @@ class BatonServer(uvicorn.Server):
         engine.drain()
         loop = asyncio.get_running_loop()
         timeout_s = self.state.settings.shutdown_timeout_s
-        deadline = loop.time() + timeout_s
-        close_s = min(CLOSE_GRACE_S, timeout_s / 4)
-        abort_at = deadline - close_s - min(FINAL_FRAMES_GRACE_S, timeout_s / 10)
-        logger.info(
-            "shutting down: in-flight requests have %.1f s to finish", abort_at - loop.time()
-        )
+        began = loop.time()
+        deadline = began + timeout_s
+        close_s = close_grace_s(timeout_s)
+        abort_at = began + drain_s(timeout_s)
+        logger.info("shutting down: in-flight requests have %.1f s to finish", abort_at - began)
         await self._wait_idle(abort_at)
         if engine.num_in_flight:
             # Aborted requests still end with a final chunk or done frame with a reason.
