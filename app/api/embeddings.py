@@ -13,22 +13,22 @@ import struct
 from typing import Any, Literal
 
 from pydantic import field_validator
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
 from baton.app.api.body_fields import Int64, Name, StrictModel
 from baton.app.api.completion_protocol import Prompt, prompt_list
-from baton.app.api.protocol import parse_json_object, validate_request
 from baton.app.api.streaming import unless_disconnected
 from baton.app.engine.admission import (
     MAX_INLINE_TOKENIZE_CHARS,
     check_capacity,
     check_model,
     max_prompt_chars,
+    receive,
     submit,
 )
 from baton.app.errors import APIError, output_error
-from baton.app.state import ServerState, json_response, server_state
+from baton.app.state import ServerState, json_response
 from baton.core.outputs import RequestOutput
 from baton.core.pooling import Pooling
 from baton.core.request import EngineRequest
@@ -63,14 +63,10 @@ class EmbeddingRequest(StrictModel):
 
 async def embeddings(request: Request) -> Response:
     """`{object: list, data: [{object: embedding, index, embedding}], model, usage}`."""
-    state = server_state(request)
-    arrival_time = state.engine.clock()
-    check_capacity(state)
-    try:
-        body = await request.body()
-    except ClientDisconnect:
-        return Response(status_code=499)
-    parsed = validate_request(EmbeddingRequest, parse_json_object(body))
+    received = await receive(request, EmbeddingRequest)
+    if received is None:
+        return Response(status_code=499)  # gone before its body arrived: nobody to answer
+    state, arrival_time, parsed = received.state, received.arrival_time, received.body
     check_model(state, parsed.model)
     check_capacity(state, len(parsed.inputs))
     prompts = await _tokenize(state, parsed.inputs)

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
 from baton.app.api.chat_protocol import ChatCompletionRequest
@@ -29,7 +29,7 @@ from baton.app.api.openai_format import (
     timing,
     usage,
 )
-from baton.app.api.protocol import GenerationRequest, parse_json_object, validate_request
+from baton.app.api.protocol import GenerationRequest
 from baton.app.api.reasoning import ReasoningStream
 from baton.app.api.streaming import EventStreamResponse, merge_streams, respond_unless_disconnected
 from baton.app.api.tools.tool_calls import ToolCallStream, tool_call_streams
@@ -37,12 +37,13 @@ from baton.app.engine.admission import (
     AdmittedRequest,
     admit,
     check_capacity,
+    receive,
     start_trace,
     submit,
 )
 from baton.app.engine.client import EngineDeadError, EngineStream
 from baton.app.errors import APIError, output_error
-from baton.app.state import ServerState, server_state
+from baton.app.state import ServerState
 from baton.core.batch import TokenLogprobs
 from baton.core.outputs import RequestOutput
 
@@ -58,15 +59,10 @@ async def chat_completions(request: Request) -> Response:
 async def _serve(
     request: Request, model: type[GenerationRequest], format_class: type[ResponseFormat]
 ) -> Response:
-    state = server_state(request)
-    # On the engine's clock, so queue time and TTFT count parsing and tokenizing too.
-    arrival_time = state.engine.clock()
-    check_capacity(state)
-    try:
-        body = await request.body()
-    except ClientDisconnect:
+    received = await receive(request, model)
+    if received is None:
         return Response(status_code=499)  # gone before its body arrived: nobody to answer
-    parsed = validate_request(model, parse_json_object(body))
+    state, arrival_time, parsed = received.state, received.arrival_time, received.body
     prompts = len(parsed.prompts) if isinstance(parsed, CompletionRequest) else 1
     # Each candidate of each prompt is an engine request: refuse what cannot fit before
     # tokenizing any.

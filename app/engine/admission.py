@@ -11,16 +11,22 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from pydantic import BaseModel
+from starlette.requests import ClientDisconnect, Request
 
 from baton.app.api.chat_protocol import ChatCompletionRequest
 from baton.app.api.completion_protocol import CompletionRequest
-from baton.app.api.protocol import GenerationRequest
+from baton.app.api.protocol import GenerationRequest, parse_json_object, validate_request
 from baton.app.engine.client import EngineDeadError, EngineStream, QueueFullError
 from baton.app.errors import APIError
-from baton.app.state import ServerState
+from baton.app.state import ServerState, server_state
 from baton.core.request import SLO, EngineRequest
 from baton.core.sampling_params import CONTEXT_LENGTH_EXCEEDED, InvalidRequestError
 from baton.core.text.tokenizer import ChatTemplateError, Tokenizer
+
+Body = TypeVar("Body", bound=BaseModel)
 
 # Tokenizing more characters than this would hold the event loop for a millisecond or more,
 # delaying every other stream's tokens, so it moves to a worker thread.
@@ -50,6 +56,29 @@ class AdmittedRequest:
     @property
     def slo(self) -> SLO:
         return self.requests[0].slo
+
+
+@dataclass(frozen=True, slots=True)
+class Received(Generic[Body]):
+    """A request body as a route receives it: parsed, on the engine's clock."""
+
+    state: ServerState
+    # On the engine's clock, so queue time and TTFT count parsing and tokenizing too.
+    arrival_time: float
+    body: Body
+
+
+async def receive(request: Request, model: type[Body]) -> Received[Body] | None:
+    """The body of `request` validated as `model`, after the cheap capacity check; None when
+    the client left before its body arrived (nobody to answer)."""
+    state = server_state(request)
+    arrival_time = state.engine.clock()
+    check_capacity(state)
+    try:
+        raw = await request.body()
+    except ClientDisconnect:
+        return None
+    return Received(state, arrival_time, validate_request(model, parse_json_object(raw)))
 
 
 def check_capacity(state: ServerState, num_requests: int = 1) -> None:

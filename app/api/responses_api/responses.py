@@ -9,33 +9,33 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
-from baton.app.api.protocol import parse_json_object, validate_request
 from baton.app.api.reasoning import ReasoningStream
 from baton.app.api.responses_api.responses_format import ResponseBuilder, sse_typed_event, usage
 from baton.app.api.responses_api.responses_protocol import ResponsesRequest
 from baton.app.api.streaming import EventStreamResponse, respond_unless_disconnected
 from baton.app.api.tools.tool_calls import ToolCallStream, tool_call_streams
-from baton.app.engine.admission import AdmittedRequest, admit, check_capacity, start_trace, submit
+from baton.app.engine.admission import (
+    AdmittedRequest,
+    admit,
+    receive,
+    start_trace,
+    submit,
+)
 from baton.app.engine.client import EngineDeadError, EngineStream
 from baton.app.errors import APIError, output_error
-from baton.app.state import ServerState, server_state
+from baton.app.state import ServerState
 from baton.core.outputs import RequestOutput
 from baton.core.request import FinishReason
 
 
 async def responses(request: Request) -> Response:
-    state = server_state(request)
-    # On the engine's clock, so queue time and TTFT count parsing and tokenizing too.
-    arrival_time = state.engine.clock()
-    check_capacity(state)
-    try:
-        body = await request.body()
-    except ClientDisconnect:
+    received = await receive(request, ResponsesRequest)
+    if received is None:
         return Response(status_code=499)  # gone before its body arrived: nobody to answer
-    parsed = validate_request(ResponsesRequest, parse_json_object(body))
+    state, arrival_time, parsed = received.state, received.arrival_time, received.body
     chat = parsed.chat_request()
     tool_streams = tool_call_streams(chat, state.tokenizer, state.settings.tool_call_parser, 1)
     # OpenAI's response ids are `resp_` and hex; the lone engine request shares it.
