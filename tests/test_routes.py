@@ -113,6 +113,24 @@ def test_tokenize_a_prompt_in_vllms_shape(server, tokenizer):
     assert bare["token_strs"] == tokenizer.convert_ids_to_tokens(bare["tokens"])
 
 
+def test_tokenize_takes_the_chat_templates_fields_as_chat_completions_does(server):
+    # A continued final message and template variables: /tokenize counts what the chat
+    # endpoint would run, so a client can trim to fit with either.
+    messages = [*MESSAGES, {"role": "assistant", "content": "It is"}]
+    extra = {
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    counted = httpx.post(server + "/tokenize", json={"messages": messages, **extra}).json()
+    client = openai.OpenAI(base_url=server + "/v1", api_key="none")
+    chat = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, extra_body=extra
+    )
+
+    assert counted["count"] == chat.usage.prompt_tokens
+
+
 def test_tokenize_messages_counts_the_prompt_tokens_chat_completions_runs(server, tokenizer):
     counted = httpx.post(server + "/tokenize", json={"messages": MESSAGES}).json()
     client = openai.OpenAI(base_url=server + "/v1", api_key="none")
@@ -153,7 +171,7 @@ def test_detokenize_gives_back_the_text_tokenize_was_given(server, tokenizer):
             {"messages": MESSAGES, "continue_final_message": True},
             400,
             "continue_final_message",
-            "leave it out",
+            "add_generation_prompt: false",
         ),
         ("/detokenize", {}, 400, "tokens", "required"),
         ("/detokenize", {"tokens": [1, "a"]}, 400, "tokens[1]", "integer"),

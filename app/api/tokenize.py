@@ -15,7 +15,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from baton.app.api.body_fields import Int64, Name, StrictModel
-from baton.app.api.chat_protocol import ChatMessage, template_message
+from baton.app.api.chat_protocol import ChatCompletionRequest, ChatMessage, ReasoningEffort
 from baton.app.api.guided import MAX_TOOLS, Tool
 from baton.app.api.protocol import parse_json_object, validate_request
 from baton.app.engine.admission import MAX_INLINE_TOKENIZE_CHARS, check_model
@@ -43,9 +43,9 @@ class TokenizeChatRequest(StrictModel):
     model: Name | None = None
     messages: list[ChatMessage]
     add_generation_prompt: StrictBool = True
-    # vLLM's field; Baton's chat endpoint does not continue a final message, so neither does
-    # this one: only the value that asks for nothing is accepted.
     continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     add_special_tokens: StrictBool = False
     return_token_strs: StrictBool = False
     tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
@@ -57,23 +57,30 @@ class TokenizeChatRequest(StrictModel):
             raise PydanticCustomError("baton_empty", "must not be empty; send at least one message")
         return messages
 
-    @field_validator("continue_final_message")
-    @classmethod
-    def _not_continued(cls, value: bool) -> bool:
-        if value:
-            raise PydanticCustomError(
-                "baton_unsupported",
-                "true is not supported: Baton's chat template always closes the final message; "
-                "leave it out",
-            )
-        return value
-
     def rendered(self, tokenizer: Tokenizer) -> str:
-        messages = [template_message(message.model_dump()) for message in self.messages]
-        tools = [tool.model_dump(exclude_none=True) for tool in self.tools or []] or None
-        return tokenizer.apply_chat_template(
-            messages, add_generation_prompt=self.add_generation_prompt, tools=tools
+        """The prompt text `/v1/chat/completions` would render for these fields: the chat
+        request's own checks and template variables, so the two never disagree."""
+        chat = validate_request(
+            ChatCompletionRequest,
+            self.model_dump(include=CHAT_TEMPLATE_FIELDS, exclude_none=True),
         )
+        return tokenizer.apply_chat_template(
+            chat.message_dicts(),
+            chat.add_generation_prompt,
+            chat.continue_final_message,
+            **chat.template_variables(),
+        )
+
+
+# What of a tokenize body the chat template reads, as /v1/chat/completions takes it.
+CHAT_TEMPLATE_FIELDS = {
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
+    "reasoning_effort",
+}
 
 
 class DetokenizeRequest(StrictModel):
