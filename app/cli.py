@@ -19,10 +19,11 @@ from baton.app.commands.generate import GenerateSettings, generate
 from baton.app.commands.kernels import add_kernels_parser
 from baton.app.commands.simulate import add_simulate_parser
 from baton.app.flags import FlagGroup
+from baton.app.model_settings import ModelSettings
 from baton.app.model_source import ModelSource, resolve_model
 from baton.app.replicas.replica_settings import ReplicaModel, ReplicaSettings
 from baton.app.request_defaults import read_request_defaults
-from baton.app.settings import ModelSettings, ServerSettings
+from baton.app.settings import ServerSettings
 from baton.core.config import EngineConfig
 from baton.core.sampling_params import InvalidRequestError, SamplingParams
 

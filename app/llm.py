@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from baton.app.model_settings import ModelSettings
 from baton.app.model_source import resolve_model
 from baton.app.request_defaults import read_request_defaults
-from baton.app.settings import ModelSettings
 from baton.core.batch import TokenLogprobs
 from baton.core.checkpoint.model_impl import resolve_model_config
 from baton.core.config import EngineConfig

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from baton.app.settings import DEMO_MODEL, DEMO_MODEL_NAME, ModelSettings
+from baton.app.model_settings import DEMO_MODEL, DEMO_MODEL_NAME, ModelSettings
 from baton.core.checkpoint.checkpoint_check import HUB_ID, gguf_file
 
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from baton.app.http.server import log_startup
-from baton.app.settings import DEMO_MODEL
+from baton.app.model_settings import DEMO_MODEL
 from tests.server_harness import free_port, simulated_engine
 
 REPO = Path(__file__).resolve().parent.parent

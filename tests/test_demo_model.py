@@ -8,8 +8,8 @@ from functools import cache
 import pytest
 
 from baton.app.cli import build_parser
+from baton.app.model_settings import DEMO_MODEL, DEMO_MODEL_NAME, ModelSettings
 from baton.app.model_source import resolve_model
-from baton.app.settings import DEMO_MODEL, DEMO_MODEL_NAME, ModelSettings
 from baton.core.checkpoint.model_config import ModelConfig
 from baton.core.request import FinishReason
 from baton.core.sampling_params import SamplingParams

@@ -23,8 +23,9 @@ from baton.app.cli import (
 )
 from baton.app.commands import simulate
 from baton.app.flags import FlagGroup
+from baton.app.model_settings import ModelSettings
 from baton.app.replicas.replica_settings import ReplicaSettings
-from baton.app.settings import ModelSettings, ServerSettings
+from baton.app.settings import ServerSettings
 from baton.core.config import POLICIES, EngineConfig
 from baton.core.sampling_params import SamplingParams
 from baton.core.scheduling.policy_registry import POLICY_CLASSES

@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load_file
 
 from baton.app.llm import LLM
+from baton.app.model_settings import ModelSettings
 from baton.app.model_source import ModelSource, resolve_model
-from baton.app.settings import ModelSettings
 from baton.core.checkpoint.checkpoint_check import CheckpointFormatError
 from baton.core.sampling_params import SamplingParams
 from baton.core.text.tokenizer import Tokenizer

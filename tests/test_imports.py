@@ -232,7 +232,7 @@ LAZY = ("xgrammar", "transformers", "opentelemetry", "triton", "sympy", "setupto
 SERVE_THEN_CONSTRAIN = """
 import json, sys
 from baton.app.engine.async_engine import AsyncEngine
-from baton.app.settings import DEMO_MODEL
+from baton.app.model_settings import DEMO_MODEL
 from baton.app.llm import LLM
 from baton.app.http.server import create_app
 from baton.app.settings import ServerSettings
@@ -307,3 +307,15 @@ def test_the_import_package_lists_every_folder_with_modules() -> None:
 
     assert folders - listed == set()
     assert listed - folders == {"baton.static"}
+
+
+def test_the_offline_api_loads_only_what_a_gpu_host_has() -> None:
+    # A GPU host runs the offline benchmarks with torch, triton, transformers, tokenizers and
+    # safetensors alone (DESIGN.md): `baton.app.llm` must not pull in the server's packages.
+    loaded = loaded_after_importing("baton.app.llm")
+
+    assert "baton.app.llm" in loaded
+    roots = {name.partition(".")[0] for name in loaded}
+    assert roots.isdisjoint(
+        {*WEB_STACK, "orjson", "pydantic", "huggingface_hub", "gguf", "xgrammar", "uvloop"}
+    )

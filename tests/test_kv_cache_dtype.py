@@ -13,7 +13,7 @@ import torch
 import baton.kernels.cpu_extension as cpu_extension
 from baton.app.cli import build_parser, engine_config_from
 from baton.app.llm import LLM
-from baton.app.settings import DEMO_MODEL
+from baton.app.model_settings import DEMO_MODEL
 from baton.core.checkpoint.model_config import ModelConfig
 from baton.core.config import EngineConfig
 from baton.core.sampling_params import SamplingParams

@@ -19,8 +19,8 @@ import pytest
 from huggingface_hub import constants
 
 from baton.app.cli import main, parse_args
+from baton.app.model_settings import DEMO_MODEL, ModelSettings
 from baton.app.model_source import resolve_model
-from baton.app.settings import DEMO_MODEL, ModelSettings
 from baton.core.checkpoint.checkpoint_check import check_checkpoint
 from tests.hub_stand_in import HubRepo, folder_files, running_hub, write_hub_cache
 from tests.server_harness import base_url, free_port, model_engine, running_server
@@ -321,7 +321,7 @@ def test_a_folder_start_never_imports_huggingface_hub():
     code = (
         "import sys\n"
         "from baton.app.model_source import resolve_model\n"
-        "from baton.app.settings import ModelSettings\n"
+        "from baton.app.model_settings import ModelSettings\n"
         "import baton.app.cli\n"
         "resolve_model(ModelSettings())\n"
         "print('huggingface_hub' in sys.modules)\n"

@@ -11,7 +11,7 @@ import torch
 
 from baton.app.cli import build_parser, engine_config_from
 from baton.app.llm import LLM
-from baton.app.settings import DEMO_MODEL
+from baton.app.model_settings import DEMO_MODEL
 from baton.core.checkpoint.model_config import ModelConfig
 from baton.core.checkpoint.model_impl import resolve_model_config
 from baton.core.config import EngineConfig

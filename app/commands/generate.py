@@ -7,8 +7,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from baton.app.model_settings import ModelSettings
 from baton.app.model_source import resolve_model
-from baton.app.settings import ModelSettings
 from baton.core.config import EngineConfig
 from baton.core.sampling_params import SamplingParams
 from baton.core.setting import setting

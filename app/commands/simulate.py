@@ -26,8 +26,8 @@ from baton.app.commands.simulate_settings import (
     SimulateSettings,
 )
 from baton.app.flags import FlagGroup
+from baton.app.model_settings import ModelSettings
 from baton.app.replicas.replica_settings import ReplicaSettings
-from baton.app.settings import ModelSettings
 from baton.core.config import POLICIES, EngineConfig
 from baton.core.metrics.latency import percentile
 from baton.core.replicas.router import ROUTERS
