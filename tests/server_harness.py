@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import httpx
 import uvloop
 
 from baton.app.engine.async_engine import AsyncEngine
@@ -158,3 +160,20 @@ def running_front_end(
 
 def base_url(state: ServerState) -> str:
     return f"http://127.0.0.1:{state.settings.port}"
+
+
+def wait_until_healthy(
+    process: subprocess.Popen, port: int, log: Path, timeout_s: float = 300.0
+) -> None:
+    """Until a `baton serve` child answers /health with 200; its log if it exits first. The
+    default is generous: the first run on a machine builds the C++ CPU kernels."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "baton serve did not come up"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -16,7 +15,7 @@ import pytest
 
 from baton.app.http.server import log_startup
 from baton.app.model_settings import DEMO_MODEL
-from tests.server_harness import free_port, simulated_engine
+from tests.server_harness import free_port, simulated_engine, wait_until_healthy
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -161,16 +160,7 @@ def test_serve_logs_what_it_loaded_and_exits_cleanly_on_sigint(llama_checkpoint,
             stderr=subprocess.STDOUT,
         )
     try:
-        # Generous: the first run on a machine builds the C++ CPU kernels.
-        deadline = time.monotonic() + 300
-        while True:
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "baton serve did not come up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+        wait_until_healthy(process, port, log)
         body = {"prompt": "hi", "max_tokens": 3}
         assert httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body).status_code == 200
         process.send_signal(signal.SIGINT)

@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -29,7 +28,7 @@ from baton.core.sampling_params import SamplingParams
 from baton.core.text.tokenizer import Tokenizer
 from baton.gpu.models.quantization import Int8Linear
 from baton.kernels.cpu_extension import cpu_kernels_available
-from tests.server_harness import free_port
+from tests.server_harness import free_port, wait_until_healthy
 from tests.test_greedy_vs_transformers import (
     NUM_NEW_TOKENS,
     assert_same_or_near_tie,
@@ -319,15 +318,7 @@ def test_baton_serve_names_a_gguf_model_and_logs_where_it_came_from(tmp_path):
             env={**os.environ, "BATON_CACHE": str(tmp_path / "cache")},
         )
     try:
-        deadline = time.monotonic() + 300  # the first run on a machine builds the C++ kernels
-        while True:
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "baton serve did not come up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+        wait_until_healthy(process, port, log)
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
         assert [m["id"] for m in models["data"]] == ["tiny-q8_0"]
         messages = [{"role": "user", "content": "hi"}]

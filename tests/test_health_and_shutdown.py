@@ -27,7 +27,13 @@ import tests.server_harness
 from baton.app.engine.async_engine import AsyncEngine
 from baton.app.http.server import ServerState, create_app, drain_s
 from baton.app.settings import ServerSettings
-from tests.server_harness import base_url, free_port, running_server, simulated_engine
+from tests.server_harness import (
+    base_url,
+    free_port,
+    running_server,
+    simulated_engine,
+    wait_until_healthy,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SHUTDOWN_TIMEOUT_S = 2.0
@@ -119,23 +125,12 @@ def baton_serve(checkpoint: Path, port: int, log: Path) -> Iterator[subprocess.P
     with log.open("w") as out:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while not _healthy(port):
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "baton serve did not come up"
-            time.sleep(0.1)
+        wait_until_healthy(process, port, log, timeout_s=60)
         yield process
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-
-
-def _healthy(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 class Stream:

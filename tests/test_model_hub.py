@@ -11,7 +11,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -23,7 +22,13 @@ from baton.app.model_settings import DEMO_MODEL, ModelSettings
 from baton.app.model_source import resolve_model
 from baton.core.checkpoint.checkpoint_check import check_checkpoint
 from tests.hub_stand_in import HubRepo, folder_files, running_hub, write_hub_cache
-from tests.server_harness import base_url, free_port, model_engine, running_server
+from tests.server_harness import (
+    base_url,
+    free_port,
+    model_engine,
+    running_server,
+    wait_until_healthy,
+)
 
 REPO_ID = "acme/tiny-llama"
 MAIN = "1" * 40
@@ -361,16 +366,7 @@ def test_serve_org_name_from_the_cache_serves_exactly_what_the_folder_does(
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        # Generous: the first run on a machine builds the C++ CPU kernels.
-        deadline = time.monotonic() + 300
-        while True:
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "baton serve did not come up"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+        wait_until_healthy(process, port, log)
         models = httpx.get(f"{url}/v1/models").json()["data"]
         served = completion(url, REPO_ID)
     finally:

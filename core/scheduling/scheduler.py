@@ -264,10 +264,8 @@ class Scheduler:
             if seq.prompt_logprob_positions:
                 assert request.prompt_logprobs is not None
                 request.prompt_logprobs.extend(output.prompt_logprobs[seq.request_id])
-            part = output.pooled.get(seq.request_id) if request.pooled is not None else None
-            if part is not None:
-                assert request.pooled is not None
-                request.pooled.add(part)
+            if request.pooled is not None and seq.request_id in output.pooled:
+                request.pooled.add(output.pooled[seq.request_id])
             if seq.sample:
                 token_id = output.sampled_token_ids[index]
                 logprobs = output.logprobs[index] if output.logprobs else None
