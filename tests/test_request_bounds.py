@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
@@ -18,6 +19,7 @@ from baton.core.request_bounds import RequestBounds
 from baton.core.sampling_params import InvalidRequestError
 from baton.core.simulation.simulated_executor import SimulatedExecutor
 from baton.core.structured_output import GuideKind, StructuredOutput
+from baton.core.text.tokenizer import Tokenizer
 from baton.gpu.structured_output import XGrammarCompiler
 from tests.server_harness import base_url, running_server, simulated_engine
 
@@ -240,11 +242,21 @@ def test_a_compile_past_its_timeout_is_a_400_saying_to_simplify(slow_compile_ser
     assert "took longer than" in error["message"] and "simplify it" in error["message"]
 
 
-def test_grammars_of_a_client_that_left_never_compile(slow_compile_server):
-    """Six requests whose grammars each take a while to compile, dropped by their clients:
-    the one compiling then finishes, the rest never start, so the server spends at most about
-    one compile of CPU after they left (CPU time, not wall time: it holds on a busy machine)."""
+def test_grammars_of_a_client_that_left_never_compile(slow_compile_server, monkeypatch):
+    """Six requests whose grammars each take a while to compile, dropped by their clients once
+    all six are admitted up to the compile: the one compiling then finishes, the rest never
+    start, so the server spends at most about one compile of CPU after they left (CPU time,
+    not wall time: it holds on a busy machine)."""
     state, one_compile_s = slow_compile_server
+    # Admission tokenizes a short prompt on the event loop, then queues the compile at once.
+    tokenized = threading.Semaphore(0)
+    encode = Tokenizer.encode
+
+    def counted(self, *args, **kwargs):
+        tokenized.release()
+        return encode(self, *args, **kwargs)
+
+    monkeypatch.setattr(Tokenizer, "encode", counted)
 
     async def leave_early() -> None:
         async with httpx.AsyncClient(base_url=base_url(state), timeout=60) as client:
@@ -252,7 +264,8 @@ def test_grammars_of_a_client_that_left_never_compile(slow_compile_server):
                 asyncio.ensure_future(client.post(COMPLETIONS, json=slow_request(i)))
                 for i in range(1, 7)
             ]
-            await asyncio.sleep(min(0.2, one_compile_s / 4))
+            for _ in requests:
+                await asyncio.to_thread(tokenized.acquire, timeout=60)
             for request in requests:
                 request.cancel()
             await asyncio.gather(*requests, return_exceptions=True)
@@ -261,7 +274,7 @@ def test_grammars_of_a_client_that_left_never_compile(slow_compile_server):
     left = time.process_time()
     idle_since = time.monotonic()
     last = left
-    # Until the process has been idle for a second (or 6 compiles' worth of time has passed).
+    # Until the process has been idle for a second (or a minute has passed).
     deadline = time.monotonic() + 60
     while time.monotonic() - idle_since < 1.0 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -270,3 +283,37 @@ def test_grammars_of_a_client_that_left_never_compile(slow_compile_server):
             idle_since = time.monotonic()
         last = now
     assert time.process_time() - left < 2.5 * one_compile_s
+
+
+def test_prompts_of_a_client_that_left_are_not_tokenized(server, monkeypatch):
+    """A completion of many prompts, dropped by its client while they tokenize on a worker:
+    the prompts not yet started are skipped. (The tokenizer is slowed down, as a long prompt
+    of a large vocabulary would be.)"""
+    started = threading.Semaphore(0)
+    calls: list[float] = []
+    encode = Tokenizer.encode
+
+    def slow(self, *args, **kwargs):
+        calls.append(time.monotonic())
+        started.release()
+        time.sleep(0.05)
+        return encode(self, *args, **kwargs)
+
+    monkeypatch.setattr(Tokenizer, "encode", slow)
+    # Long enough together to be tokenized off the event loop.
+    prompts = [f"{i} " + "the quick brown fox " * 10 for i in range(200)]
+
+    async def leave_early() -> float:
+        async with httpx.AsyncClient(base_url=base_url(server), timeout=60) as client:
+            body = {"model": "tiny", "prompt": prompts, "max_tokens": 1}
+            request = asyncio.ensure_future(client.post(COMPLETIONS, json=body))
+            for _ in range(3):
+                assert await asyncio.to_thread(started.acquire, timeout=60)
+            request.cancel()
+            await asyncio.gather(request, return_exceptions=True)
+            return time.monotonic()
+
+    left = asyncio.run(leave_early())
+    time.sleep(2.0)  # 40 more prompts' time, had they gone on
+    # Those started before the server saw the hang-up finish (a few, on a busy machine).
+    assert len([t for t in calls if t > left]) <= 10
