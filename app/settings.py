@@ -176,6 +176,7 @@ class ServerSettings(RequestBounds):
         return bool(self.otlp_traces_endpoint) or self.trace_console
 
     def __post_init__(self) -> None:
+        RequestBounds.__post_init__(self)
         try:
             SLO(self.ttft_slo_ms, self.tpot_slo_ms)  # the server's defaults obey a request's bounds
         except InvalidRequestError as error:

@@ -149,6 +149,8 @@ class EngineConfig:
             )
         if not self.max_wait_ms > 0:
             raise ValueError(f"--max-wait-ms must be > 0, got {self.max_wait_ms}")
+        if self.grammar_cache_bytes < 0:
+            raise ValueError(f"--grammar-cache-memory must be >= 0, got {self.grammar_cache_bytes}")
         if self.max_preemptions < 0:
             raise ValueError(f"--max-preemptions must be >= 0, got {self.max_preemptions}")
         if self.model_impl not in MODEL_IMPLS:

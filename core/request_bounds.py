@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from baton.core.sampling_params import InvalidRequestError, SamplingParams
-from baton.core.setting import setting
+from baton.core.setting import flag_of, setting
 from baton.core.structured_output import GuideKind, StructuredOutput
 
 # A regex's counted repetition: `{n}`, `{n,}` or `{m,n}`; its largest number is what it costs.
@@ -70,6 +70,13 @@ class RequestBounds:
         help="the most log-probabilities one response may carry: for each prompt and choice, "
         "its scored prompt tokens and max_tokens, each times 1 + its top logprobs",
     )
+
+    def __post_init__(self) -> None:
+        for name in _FLAG_NAMES:
+            value = getattr(self, name)
+            if not value > 0:
+                flag = _FLAG_NAMES[name]
+                raise ValueError(f"{flag} must be a positive number, got {value}")
 
     def check_constraint(self, constraint: StructuredOutput) -> None:
         """InvalidRequestError naming the constraint's field when it is larger than the
@@ -150,7 +157,7 @@ class RequestBounds:
         counted (`{}` for the count), and the message names the bound's flag."""
         limit = getattr(self, name)
         if value > limit:
-            flag = "--" + name.replace("_", "-")
+            flag = _FLAG_NAMES[name]
             raise InvalidRequestError(
                 f"{what.format(value)}, more than this server's limit of {limit} ({flag}); "
                 f"{change}",
@@ -208,3 +215,11 @@ def _repetitions(pattern: str) -> Iterator[int]:
     for match in _REPETITION.finditer(pattern):
         low, high = match.group(1), match.group(2)
         yield max(int(low), int(high) if high else 0)
+
+
+# Each bound's flag, for messages: its field's name spelt as a flag (baton.app.flags).
+_FLAG_NAMES = {
+    field.name: flag.name or "--" + field.name.replace("_", "-")
+    for field in fields(RequestBounds)
+    if (flag := flag_of(field)) is not None
+}

@@ -95,7 +95,8 @@ def server(llama_checkpoint, scored_positions):
         4096, 16, 512, on_batch=lambda batch: scored_positions.append(batch.num_prompt_logprobs)
     )
     engine = simulated_engine(llama_checkpoint, executor, max_num_seqs=32)
-    executor.grammar_compiler = XGrammarCompiler(llama_checkpoint, 512, [1])
+    compiler = XGrammarCompiler(llama_checkpoint, 512, [1])
+    executor.grammar_compiler = executor.built_grammar_compiler = compiler
     with running_server(engine, model_name="tiny") as state:
         yield state
 
@@ -151,6 +152,19 @@ def test_requests_within_the_bounds_are_served(server):
         {"prompt": [[5] * 100] * 4, "echo": True, "logprobs": 5, "n": 4},
     ]:
         assert post(server, fields).status_code == 200, fields
+
+
+def test_metrics_show_the_grammar_cache_in_bytes_and_entries(server):
+    assert post(server, {"guided_json": {"enum": [f"w{i}" for i in range(500)]}}).status_code == 200
+    assert post(server, {"guided_regex": "[0-9]{2,5}"}).status_code == 200
+    exposition = httpx.get(f"{base_url(server)}/metrics", timeout=10).text
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in exposition.splitlines()
+        if line.startswith("baton:grammar_cache")
+    }
+    assert values["baton:grammar_cache_entries"] >= 2
+    assert values["baton:grammar_cache_bytes"] > 1000
 
 
 def test_each_prompt_is_scored_once_for_all_its_choices(server, scored_positions):
