@@ -44,7 +44,9 @@ class RequestBounds:
         64, help="the deepest a JSON schema's text may nest (its JSON objects and arrays)"
     )
     max_schema_properties: int = setting(
-        1024, help="the most properties a JSON schema may declare, all its objects together"
+        256,
+        help="the most properties a JSON schema may declare, all its objects together: optional "
+        "ones compile in time growing faster than their square",
     )
     max_grammar_choices: int = setting(
         1024, help="the most values a JSON schema's enums or a guided_choice may list, together"

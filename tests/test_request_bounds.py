@@ -47,7 +47,7 @@ SCORING = {"echo": True, "logprobs": 5, "n": 16, "max_tokens": 1}
 TOO_COSTLY = [
     ({"guided_json": nested(70)}, "guided_json", "--max-schema-depth"),
     (
-        {"guided_json": properties({f"p{i}": {} for i in range(1025)})},
+        {"guided_json": properties({f"p{i}": {} for i in range(257)})},
         "guided_json",
         "--max-schema-properties",
     ),
