@@ -122,16 +122,22 @@ class RequestBounds:
         )
 
     def check_logprobs(
-        self, params: SamplingParams, prompt_lengths: Sequence[int], num_choices: int
+        self,
+        params: SamplingParams,
+        prompt_lengths: Sequence[int],
+        num_choices: int,
+        max_output_tokens: int,
     ) -> None:
         """InvalidRequestError when the response would carry more log-probabilities than the
         bound: each of `num_choices` choices of each prompt lists its prompt's (when asked) and
-        its output tokens', each with its top alternatives."""
+        its output tokens', each with its top alternatives. An unset `max_tokens` counts as
+        `max_output_tokens`, the most the request could generate."""
         entries = 0
         if params.prompt_logprobs is not None:
             entries += sum(prompt_lengths) * (1 + params.prompt_logprobs)
         if params.logprobs is not None:
-            entries += len(prompt_lengths) * (params.max_tokens or 0) * (1 + params.logprobs)
+            max_tokens = params.max_tokens if params.max_tokens is not None else max_output_tokens
+            entries += len(prompt_lengths) * max_tokens * (1 + params.logprobs)
         param = "logprobs" if params.logprobs is not None else "prompt_logprobs"
         self._bound(
             "max_logprobs_entries",

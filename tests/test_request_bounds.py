@@ -75,6 +75,16 @@ TOO_COSTLY = [
     ({"guided_choice": ["w" * 257]}, "guided_choice", "--max-grammar-literal-chars"),
     ({"stop_token_ids": list(range(257))}, "stop_token_ids", "--max-stop-token-ids"),
     ({"prompt": [[5] * 2000] * 8, **SCORING}, "logprobs", "--max-logprobs-entries"),
+    (  # no max_tokens: every choice may run to the end of the context
+        {
+            "messages": [{"role": "user", "content": "Hi"}],
+            "logprobs": True,
+            "top_logprobs": 20,
+            "n": 4,
+        },
+        "top_logprobs",
+        "--max-logprobs-entries",
+    ),
     (
         {"prompt": [5] * 1000, "prompt_logprobs": 20, "n": 16},
         "prompt_logprobs",
@@ -101,8 +111,13 @@ def server(llama_checkpoint, scored_positions):
         yield state
 
 
-def post(state, body: dict, path: str = COMPLETIONS) -> httpx.Response:
-    content = orjson.dumps({"model": "tiny", "prompt": "Hello", "max_tokens": 2, **body})
+def post(state, body: dict) -> httpx.Response:
+    """A completion of "Hello" (or a chat, where `body` has messages) with `body`'s fields."""
+    if "messages" in body:
+        path, content = "/v1/chat/completions", orjson.dumps({"model": "tiny", **body})
+    else:
+        fields = {"model": "tiny", "prompt": "Hello", "max_tokens": 2, **body}
+        path, content = COMPLETIONS, orjson.dumps(fields)
     headers = {"content-type": "application/json"}
     return httpx.post(f"{base_url(state)}{path}", content=content, headers=headers, timeout=60)
 

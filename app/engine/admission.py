@@ -148,7 +148,11 @@ async def admit(
     prompts = await _tokenize(state.tokenizer, request, max_model_len, keep)
     try:
         lengths = [len(prompt) for prompt in prompts]
-        bounds.check_logprobs(params, lengths, request.num_candidates)
+        # Unset max_tokens runs to the context's end, unless the checkpoint's default cuts it.
+        most = max_model_len - min(lengths)
+        if defaults.max_tokens is not None:
+            most = min(most, max(defaults.max_tokens, params.min_tokens))
+        bounds.check_logprobs(params, lengths, request.num_candidates, most)
     except InvalidRequestError as error:
         raise request.invalid(error) from None
     thinks_first = _thinks_first(state, request, prompts[0])
