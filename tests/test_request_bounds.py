@@ -15,6 +15,8 @@ import httpx
 import orjson
 import pytest
 
+from baton.app.settings import ServerSettings
+from baton.core.config import EngineConfig
 from baton.core.request_bounds import RequestBounds
 from baton.core.sampling_params import InvalidRequestError
 from baton.core.simulation.simulated_executor import SimulatedExecutor
@@ -346,3 +348,12 @@ def test_prompts_of_a_client_that_left_are_not_tokenized(server, monkeypatch):
     time.sleep(2.0)  # 40 more prompts' time, had they gone on
     # Those started before the server saw the hang-up finish (a few, on a busy machine).
     assert len([t for t in calls if t > left]) <= 10
+
+
+def test_a_bound_that_is_not_positive_stops_the_start_up_naming_its_flag():
+    with pytest.raises(ValueError, match="--max-schema-depth must be a positive number"):
+        ServerSettings(max_schema_depth=0)
+    with pytest.raises(ValueError, match="--grammar-compile-timeout must be a positive number"):
+        ServerSettings(grammar_compile_timeout_s=-1.0)
+    with pytest.raises(ValueError, match="--grammar-cache-memory must be >= 0"):
+        EngineConfig(grammar_cache_bytes=-1)
