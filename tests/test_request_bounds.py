@@ -1,8 +1,9 @@
 """Per-request cost bounds (issue 44): output constraints too large to compile cheaply, too many
 stop_token_ids, and scoring that would make a response of millions of log-probabilities are
 refused with a 400 naming the field and the flag, before any work; a prompt's scores are
-computed once for all its choices; a compile past its timeout is a 400, and a client that leaves
-while its grammars wait to compile costs the server nothing more."""
+computed once for all its choices; a compile past its timeout is a 400; and a client that leaves
+while its grammars wait to compile or its prompts tokenize costs the server no more than the
+piece of work already running."""
 
 from __future__ import annotations
 
