@@ -10,6 +10,7 @@ from baton.app.api.reasoning import REASONING_PARSERS
 from baton.app.api.tools.tool_parsers import PARSERS
 from baton.core.pooling import Pooling
 from baton.core.request import SLO
+from baton.core.request_bounds import RequestBounds
 from baton.core.sampling_params import InvalidRequestError
 from baton.core.setting import comma_list, setting
 
@@ -34,8 +35,9 @@ def port_number(text: str) -> int:
 
 
 @dataclass(slots=True)
-class ServerSettings:
-    """What `baton serve` listens on, whom it answers, its limits, SLO defaults and telemetry."""
+class ServerSettings(RequestBounds):
+    """What `baton serve` listens on, whom it answers, its limits (a request's own cost bounds
+    among them), SLO defaults and telemetry."""
 
     host: str = setting("127.0.0.1", help="the address to listen on")
     port: int = setting(8000, parse=port_number, help="the port to listen on (0: any free port)")
@@ -174,6 +176,7 @@ class ServerSettings:
         return bool(self.otlp_traces_endpoint) or self.trace_console
 
     def __post_init__(self) -> None:
+        RequestBounds.__post_init__(self)
         try:
             SLO(self.ttft_slo_ms, self.tpot_slo_ms)  # the server's defaults obey a request's bounds
         except InvalidRequestError as error:

@@ -115,6 +115,17 @@ class EngineConfig:
         "float16, half the memory and half the bytes each decode step reads (CPU only; outputs "
         "may differ slightly from float32's)",
     )
+    # Compiled output constraints kept for reuse, bounded by what xgrammar says they hold: a
+    # large enum's grammar holds tens of megabytes (gpu/structured_output.py).
+    grammar_cache_bytes: int = setting(
+        256 * 1024**2,
+        name="--grammar-cache-memory",
+        metavar="SIZE",
+        parse=partial(parse_memory_size, flag="--grammar-cache-memory"),
+        help="memory the compiled output constraints kept for reuse may hold: bytes, or with a "
+        "unit (64MiB)",
+        default_text="256MiB",
+    )
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -138,6 +149,8 @@ class EngineConfig:
             )
         if not self.max_wait_ms > 0:
             raise ValueError(f"--max-wait-ms must be > 0, got {self.max_wait_ms}")
+        if self.grammar_cache_bytes < 0:
+            raise ValueError(f"--grammar-cache-memory must be >= 0, got {self.grammar_cache_bytes}")
         if self.max_preemptions < 0:
             raise ValueError(f"--max-preemptions must be >= 0, got {self.max_preemptions}")
         if self.model_impl not in MODEL_IMPLS:

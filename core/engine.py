@@ -120,6 +120,8 @@ class Engine:
         scheduler = self.scheduler
         by_priority = Counter(request.priority for request in scheduler.waiting)
         cost = self.step_cost_model
+        # Read only once built: building it reads the vocabulary.
+        grammars: GrammarCompiler | None = getattr(self.executor, "built_grammar_compiler", None)
         return EngineStats(
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting),
@@ -134,6 +136,8 @@ class Engine:
             step_cost_error=cost.mean_abs_error_ratio,
             step_cost_observations=cost.num_observations,
             mean_lifetime_s=self.lifetime.mean_s,
+            grammar_cache_entries=grammars.num_cached if grammars is not None else 0,
+            grammar_cache_bytes=grammars.cached_bytes if grammars is not None else 0,
         )
 
     def compile_structured_output(self, params: SamplingParams) -> SamplingParams:

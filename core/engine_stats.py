@@ -28,6 +28,9 @@ class EngineStats:
     step_cost_observations: int = 0
     # Mean seconds from a request's first token to its finish (core/scheduling/lifetime.py).
     mean_lifetime_s: float = 0.0
+    # Compiled output constraints kept for reuse, and the memory they hold.
+    grammar_cache_entries: int = 0
+    grammar_cache_bytes: int = 0
 
 
 @dataclass(slots=True, frozen=True)

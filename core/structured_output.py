@@ -66,3 +66,13 @@ class GrammarCompiler(Protocol):
         """`constraint` with its compiled grammar; InvalidRequestError naming `param` if the
         constraint cannot compile."""
         ...
+
+    @property
+    def num_cached(self) -> int:
+        """Compiled constraints kept for reuse."""
+        ...
+
+    @property
+    def cached_bytes(self) -> int:
+        """The memory they hold, in bytes."""
+        ...

@@ -281,8 +281,14 @@ class TorchExecutor:
                     self.model_config.path,
                     self.model_config.vocab_size,
                     self.model_config.eos_token_ids,
+                    self.engine_config.grammar_cache_bytes,
                 )
             return self._grammar_compiler
+
+    @property
+    def built_grammar_compiler(self) -> XGrammarCompiler | None:
+        """The compiler if a request has needed it yet, else None (without building it)."""
+        return self._grammar_compiler
 
     def _start_grammar_mask(
         self, to_sample: list[ScheduledSequence]

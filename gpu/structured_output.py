@@ -1,5 +1,5 @@
-"""Structured output with xgrammar: grammars compiled once per constraint (a bounded LRU,
-off the step thread), one matcher per constrained request, and the step's token bitmask.
+"""Structured output with xgrammar: grammars compiled once per constraint (an LRU bounded in
+bytes, off the step thread), one matcher per constrained request, and the step's token bitmask.
 
 The matchers live here, keyed by request id, because they are mutable per-request state of
 the sampler, like its generators: core hands over the compiled grammar and the tokens so far,
@@ -27,8 +27,8 @@ from baton.core.structured_output import GuideKind, StructuredOutput
 
 logger = logging.getLogger(__name__)
 
-# Distinct constraints kept compiled; a schema sent again skips compilation.
-GRAMMAR_CACHE_SIZE = 256
+# Bytes of compiled grammars kept; a schema sent again skips compilation.
+GRAMMAR_CACHE_BYTES = 256 * 1024 * 1024
 
 # Compact JSON, as `json.dumps(..., separators=(",", ":"))` writes it: free whitespace would let
 # a model pad forever between tokens, and xgrammar's default separators put a space after each
@@ -44,7 +44,7 @@ class XGrammarCompiler:
         tokenizer_dir: Path,
         model_vocab_size: int,
         stop_token_ids: list[int],
-        cache_size: int = GRAMMAR_CACHE_SIZE,
+        cache_bytes: int = GRAMMAR_CACHE_BYTES,
     ) -> None:
         tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_dir / "tokenizer.json"))
         # The bitmask spans the model's logits: ids past the tokenizer's vocabulary (padded
@@ -53,12 +53,13 @@ class XGrammarCompiler:
         self.tokenizer_info = xgrammar.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=model_vocab_size, stop_token_ids=stop_token_ids or None
         )
-        # Baton's LRU is the cache, sized in entries; xgrammar's own would keep a second copy.
+        # Baton's LRU is the cache, sized in bytes; xgrammar's own would keep a second copy.
         self._compiler = xgrammar.GrammarCompiler(
             self.tokenizer_info, max_threads=1, cache_enabled=False
         )
         self._cache: OrderedDict[tuple[str, str], xgrammar.CompiledGrammar] = OrderedDict()
-        self._cache_size = cache_size
+        self.cache_limit_bytes = cache_bytes
+        self._cache_bytes = 0
         self._lock = threading.Lock()
 
     def compile(self, constraint: StructuredOutput) -> StructuredOutput:
@@ -69,15 +70,25 @@ class XGrammarCompiler:
                 self._cache.move_to_end(key)
                 return constraint.compiled(grammar)
         grammar = self._compile(constraint)
+        size = grammar.memory_size_bytes
         with self._lock:
-            self._cache[key] = grammar
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            if key not in self._cache:
+                self._cache[key] = grammar
+                self._cache_bytes += size
+            # Oldest first: a grammar larger than the whole limit serves its request uncached.
+            while self._cache_bytes > self.cache_limit_bytes:
+                _, evicted = self._cache.popitem(last=False)
+                self._cache_bytes -= evicted.memory_size_bytes
         return constraint.compiled(grammar)
 
     @property
     def num_cached(self) -> int:
         return len(self._cache)
+
+    @property
+    def cached_bytes(self) -> int:
+        """What the cached grammars hold, as xgrammar counts their memory."""
+        return self._cache_bytes
 
     def _compile(self, constraint: StructuredOutput) -> xgrammar.CompiledGrammar:
         kind, spec = constraint.kind, constraint.spec

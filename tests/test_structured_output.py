@@ -299,14 +299,37 @@ def test_json_is_compact_with_no_whitespace_between_its_tokens(llama_checkpoint,
     assert not accepts(" " + json.dumps(value, separators=(",", ":")))
 
 
-def test_compile_cache_is_bounded_and_reused(llama_checkpoint):
-    compiler = XGrammarCompiler(llama_checkpoint, 512, [1], cache_size=2)
+def enum_schema(num_values: int, tag: str) -> StructuredOutput:
+    values = [f"{tag}{i:05d}" for i in range(num_values)]
+    return StructuredOutput(GuideKind.JSON_SCHEMA, json.dumps({"enum": values}))
+
+
+def test_compile_cache_is_bounded_in_bytes_and_reused(llama_checkpoint):
+    """The cache holds what xgrammar says compiled grammars take, up to its byte limit: a big
+    enum evicts the oldest entries by their size, not their count."""
+    probe = XGrammarCompiler(llama_checkpoint, 512, [1])
+    regexes = ["a+", "b+", "c+", "d+"]
+    size = {
+        regex: probe.compile(StructuredOutput(GuideKind.REGEX, regex)).grammar.memory_size_bytes
+        for regex in regexes
+    }
+    big = probe.compile(enum_schema(2000, "x")).grammar.memory_size_bytes
+    assert big > 4 * max(size.values())
+    limit = big + size["c+"] + size["d+"]
+    compiler = XGrammarCompiler(llama_checkpoint, 512, [1], cache_bytes=limit)
     first = compiler.compile(StructuredOutput(GuideKind.REGEX, "a+"))
     again = compiler.compile(StructuredOutput(GuideKind.REGEX, "a+"))
     assert again.grammar is first.grammar
-    for regex in ("b+", "c+", "d+"):
+    for regex in regexes[1:]:
         compiler.compile(StructuredOutput(GuideKind.REGEX, regex))
-    assert compiler.num_cached == 2
+    assert compiler.num_cached == 4
+    assert compiler.cached_bytes == sum(size.values())
+    compiler.compile(enum_schema(2000, "x"))  # evicts the two oldest, whatever their count
+    assert compiler.num_cached == 3
+    assert compiler.cached_bytes == limit
+    refused = XGrammarCompiler(llama_checkpoint, 512, [1], cache_bytes=big - 1)
+    refused.compile(enum_schema(2000, "y"))  # larger than the whole cache: served, not kept
+    assert refused.num_cached == 0 and refused.cached_bytes == 0
 
 
 def test_matcher_catches_up_and_rolls_back_to_the_tokens_it_is_given(llama_checkpoint):

@@ -15,8 +15,9 @@ from baton.app.api.body_fields import Name, StrictModel
 from baton.app.errors import APIError
 from baton.core.structured_output import GuideKind, StructuredOutput
 
-MAX_CHOICES = 1024
 MAX_TOOLS = 128
+# orjson writes at most this many nested arrays and objects.
+MAX_JSON_DEPTH = 254
 # The most calls one forced turn may make: the bound closes the array, so a model that keeps
 # repeating a call still ends its turn with calls instead of running into max_tokens.
 MAX_PARALLEL_CALLS = 16
@@ -46,7 +47,7 @@ class StructuredOutputs(StrictModel):
     json_: dict[str, Any] | StrictStr | None = Field(default=None, alias="json")
     regex: StrictStr | None = Field(default=None, min_length=1)
     choice: list[Annotated[StrictStr, Field(min_length=1)]] | None = Field(
-        default=None, min_length=1, max_length=MAX_CHOICES
+        default=None, min_length=1
     )
     grammar: StrictStr | None = Field(default=None, min_length=1)
     json_object: StrictBool | None = None
@@ -217,7 +218,7 @@ def _tool_constraint(
         schema = function_parameters(tool)
     else:
         schema = required_calls_schema(tools, parallel is not False)
-    return StructuredOutput(GuideKind.JSON_SCHEMA, _json_text(schema), "tool_choice")
+    return StructuredOutput(GuideKind.JSON_SCHEMA, _json_text(schema, "tools"), "tool_choice")
 
 
 def _field_constraint(name: str, value: Any) -> StructuredOutput:
@@ -230,18 +231,19 @@ def _field_constraint(name: str, value: Any) -> StructuredOutput:
                 "response_format of type json_schema needs json_schema: {name, schema}",
                 param="response_format.json_schema",
             )
-        return StructuredOutput(GuideKind.JSON_SCHEMA, _json_text(value.json_schema.schema_), name)
+        schema = _json_text(value.json_schema.schema_, f"{name}.json_schema.schema")
+        return StructuredOutput(GuideKind.JSON_SCHEMA, schema, name)
     # guided_json and structured_outputs.json, guided_regex and structured_outputs.regex, ...
     kind = name.removeprefix("structured_outputs.").removeprefix("guided_")
     if kind == "json":
         schema = value if isinstance(value, dict) else _parsed_schema(value, name)
-        return StructuredOutput(GuideKind.JSON_SCHEMA, _json_text(schema), name)
+        return StructuredOutput(GuideKind.JSON_SCHEMA, _json_text(schema, name), name)
     if kind == "json_object":
         return StructuredOutput(GuideKind.JSON_OBJECT, "", name)
     if kind == "regex":
         return StructuredOutput(GuideKind.REGEX, value, name)
     if kind == "choice":
-        return StructuredOutput(GuideKind.CHOICE, _json_text(value), name)
+        return StructuredOutput(GuideKind.CHOICE, _json_text(value, name), name)
     return StructuredOutput(GuideKind.GRAMMAR, value, name)
 
 
@@ -255,6 +257,15 @@ def _parsed_schema(text: str, param: str) -> dict[str, Any]:
     return schema
 
 
-def _json_text(value: Any) -> str:
+def _json_text(value: Any, param: str) -> str:
     # Key order kept: a schema's property order is the order the output writes them in.
-    return orjson.dumps(value).decode()
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        # The only failure for parsed JSON: nesting past orjson's limit (the request bounds
+        # refuse far shallower schemas, but only once this text exists).
+        raise APIError(
+            400,
+            f"{param} nests more than {MAX_JSON_DEPTH} levels deep; flatten it",
+            param=param,
+        ) from None

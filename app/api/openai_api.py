@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from baton.app.api.chat_protocol import ChatCompletionRequest
-from baton.app.api.choices import ChoiceText, Echo, best_choices
+from baton.app.api.choices import ChoiceText, Echo, best_choices, shared_prompt_scores
 from baton.app.api.completion_protocol import CompletionRequest
 from baton.app.api.openai_format import (
     DONE_EVENT,
@@ -31,7 +31,12 @@ from baton.app.api.openai_format import (
 )
 from baton.app.api.protocol import GenerationRequest
 from baton.app.api.reasoning import ReasoningStream
-from baton.app.api.streaming import EventStreamResponse, merge_streams, respond_unless_disconnected
+from baton.app.api.streaming import (
+    EventStreamResponse,
+    merge_streams,
+    respond_unless_disconnected,
+    unless_disconnected,
+)
 from baton.app.api.tools.tool_calls import ToolCallStream, tool_call_streams
 from baton.app.engine.admission import (
     AdmittedRequest,
@@ -74,7 +79,12 @@ async def _serve(
     response_id = state.next_request_id(format_class.id_prefix)
     trace_context = start_trace(state, parsed, request.headers.get("traceparent"))
     request_ids = engine_request_ids(response_id, num_requests)
-    admitted = await admit(state, parsed, request_ids, arrival_time, trace_context)
+    # A client that leaves while its prompt tokenizes or its grammar compiles stops that work.
+    admitted = await unless_disconnected(
+        request, admit(state, parsed, request_ids, arrival_time, trace_context)
+    )
+    if admitted is None:
+        return Response(status_code=499)
     response_format = format_class(state.tokenizer)
     generation = Generation(state, parsed, admitted, response_format, response_id, tool_streams)
     generation.open()
@@ -164,11 +174,20 @@ class Generation:
                 yield sse_event(self._usage_chunk())
         yield DONE_EVENT
 
+    def _outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Every engine request's outputs as they arrive, tagged with its index; where a
+        prompt's candidates share its scores, each gets them with its first output."""
+        outputs = merge_streams(self.streams)
+        num_candidates = self.admitted.num_candidates
+        if num_candidates == 1 or self.request.requested_prompt_logprobs() is None:
+            return outputs
+        return shared_prompt_scores(outputs, num_candidates)
+
     async def _delta_events(self) -> AsyncIterator[bytes]:
         # Where each choice's next text starts: after its echoed prompt, if any.
         num_chars = [0 if echo is None else len(echo.text) for echo in self.echoes]
         started = [False] * len(self.streams)
-        async with contextlib.aclosing(merge_streams(self.streams)) as outputs:
+        async with contextlib.aclosing(self._outputs()) as outputs:
             async for index, output in outputs:
                 if (error := output_error(output)) is not None:
                     raise _StreamFailed(error)
@@ -258,7 +277,7 @@ class Generation:
             if echo is not None:
                 choice.add_text(echo.text)
         try:
-            async with contextlib.aclosing(merge_streams(self.streams)) as outputs:
+            async with contextlib.aclosing(self._outputs()) as outputs:
                 async for index, output in outputs:
                     if (error := output_error(output)) is not None:
                         raise error

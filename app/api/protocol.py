@@ -22,7 +22,6 @@ from pydantic_core import PydanticCustomError
 
 from baton.app.api.body_fields import Int64, Name, StrictModel
 from baton.app.api.guided import (
-    MAX_CHOICES,
     ResponseFormat,
     StructuredOutputs,
     ToolMode,
@@ -129,8 +128,9 @@ class GenerationRequest(StrictModel):
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | StrictStr | None = None
     guided_regex: StrictStr | None = Field(default=None, min_length=1)
+    # How many choices, and how long, is a cost bound (baton.core.request_bounds).
     guided_choice: list[Annotated[StrictStr, Field(min_length=1)]] | None = Field(
-        default=None, min_length=1, max_length=MAX_CHOICES
+        default=None, min_length=1
     )
     guided_grammar: StrictStr | None = Field(default=None, min_length=1)
     structured_outputs: StructuredOutputs | None = None

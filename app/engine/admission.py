@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import math
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -20,6 +21,7 @@ from baton.app.api.chat_protocol import ChatCompletionRequest
 from baton.app.api.completion_protocol import CompletionRequest
 from baton.app.api.protocol import GenerationRequest, parse_json_object, validate_request
 from baton.app.engine.client import EngineDeadError, EngineStream, QueueFullError
+from baton.app.engine.compile_pool import compile_constraint
 from baton.app.errors import APIError
 from baton.app.state import ServerState, server_state
 from baton.core.request import SLO, EngineRequest
@@ -132,10 +134,27 @@ async def admit(
     check_model(state, request.model)
     defaults = state.sampling_defaults
     params = request.sampling_params(defaults)
+    bounds = state.settings
+    try:
+        # Before any work: what a request may cost is checked on what it sent.
+        bounds.check_stop_token_ids(params)
+        if params.structured_output is not None:
+            bounds.check_constraint(params.structured_output)
+    except InvalidRequestError as error:
+        raise request.invalid(error) from None
     validator = state.engine.validator
     max_model_len = validator.limits.max_model_len
     keep = request.kept_prompt_tokens(max_model_len, params.max_tokens)
     prompts = await _tokenize(state.tokenizer, request, max_model_len, keep)
+    try:
+        lengths = [len(prompt) for prompt in prompts]
+        # Unset max_tokens runs to the context's end, unless the checkpoint's default cuts it.
+        most = max_model_len - min(lengths)
+        if defaults.max_tokens is not None:
+            most = min(most, max(defaults.max_tokens, params.min_tokens))
+        bounds.check_logprobs(params, lengths, request.num_candidates, most)
+    except InvalidRequestError as error:
+        raise request.invalid(error) from None
     thinks_first = _thinks_first(state, request, prompts[0])
     if thinks_first and params.structured_output is not None:
         # The grammar governs the answer: it starts past the end of the thinking.
@@ -145,10 +164,12 @@ async def admit(
         )
         params = dataclasses.replace(params, structured_output=constraint)
     if params.structured_output is not None:
-        # Compiling a new schema takes milliseconds to seconds: on a worker, never on the loop
-        # or the step thread; a schema seen before comes from the compiler's cache.
+        # Compiling a new schema takes milliseconds to seconds: on the compile thread, never on
+        # the loop or the step thread; a schema seen before comes from the compiler's cache.
         try:
-            params = await asyncio.to_thread(state.engine.compile_structured_output, params)
+            params = await compile_constraint(
+                state.engine, params, bounds.grammar_compile_timeout_s
+            )
         except InvalidRequestError as error:
             raise request.invalid(error) from None
     slo = request.slo_targets(SLO(state.settings.ttft_slo_ms, state.settings.tpot_slo_ms))
@@ -163,11 +184,11 @@ async def admit(
         except InvalidRequestError as error:
             raise request.invalid(error) from None
         requests.append(first)
-        # The other candidates differ from the first only in their seed, which no check reads.
+        # The other candidates differ from the first only in their seed, which no check reads,
+        # and score no prompt: the first's prompt log-probabilities serve them all.
+        shared = dataclasses.replace(first.sampling_params, prompt_logprobs=None)
         requests.extend(
-            dataclasses.replace(
-                first, request_id=next(ids), sampling_params=first.sampling_params.for_choice(i)
-            )
+            dataclasses.replace(first, request_id=next(ids), sampling_params=shared.for_choice(i))
             for i in range(1, request.num_candidates)
         )
     admitted = AdmittedRequest(requests, request.num_candidates, thinks_first)
@@ -249,27 +270,58 @@ async def _tokenize(
         )
     try:
         if num_chars > MAX_INLINE_TOKENIZE_CHARS:
-            prompts = await asyncio.to_thread(encode)
+            prompts = await _off_the_loop(encode)
         else:
-            prompts = encode()
+            prompts = [one() for one in encode]
     except ChatTemplateError as error:
         raise APIError(400, str(error), param="messages") from None
     return prompts if keep is None else [prompt[-keep:] for prompt in prompts]
 
 
+async def _off_the_loop(encode: list[Callable[[], list[int]]]) -> list[list[int]]:
+    """Each prompt tokenized on a worker thread; once the caller is cancelled (its client left),
+    the prompts not yet started are skipped."""
+    abandoned = threading.Event()
+
+    def run() -> list[list[int]]:
+        prompts = []
+        for one in encode:
+            if abandoned.is_set():
+                break
+            prompts.append(one())
+        return prompts
+
+    try:
+        return await asyncio.to_thread(run)
+    except asyncio.CancelledError:
+        abandoned.set()
+        raise
+
+
 def _encoder(
     tokenizer: Tokenizer, request: GenerationRequest
-) -> tuple[Callable[[], list[list[int]]], int]:
-    """The tokenizing work for `request` as a callable, and how many characters it reads."""
+) -> tuple[list[Callable[[], list[int]]], int]:
+    """The tokenizing work for `request`, one callable per prompt, and how many characters it
+    reads."""
     if isinstance(request, ChatCompletionRequest):
         messages = request.message_dicts()
         variables = request.template_variables()
         num_chars = sum(len(str(value)) for m in messages for value in m.values())
         num_chars += len(str(variables)) if variables else 0
         opens, continues = request.add_generation_prompt, request.continue_final_message
-        return (lambda: [tokenizer.encode_chat(messages, opens, continues, **variables)]), num_chars
+
+        def chat() -> list[int]:
+            return tokenizer.encode_chat(messages, opens, continues, **variables)
+
+        return [chat], num_chars
     assert isinstance(request, CompletionRequest)
     prompts = request.prompts
     num_chars = sum(len(p) for p in prompts if isinstance(p, str))
     # Text gets the tokenizer's special tokens (BOS), as the offline API and OpenAI servers do.
-    return (lambda: [tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]), num_chars
+    return [_prompt_encoder(tokenizer, p) for p in prompts], num_chars
+
+
+def _prompt_encoder(tokenizer: Tokenizer, prompt: str | list[int]) -> Callable[[], list[int]]:
+    if isinstance(prompt, str):
+        return lambda: tokenizer.encode(prompt)
+    return lambda: prompt

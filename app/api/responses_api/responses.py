@@ -15,7 +15,11 @@ from starlette.responses import Response
 from baton.app.api.reasoning import ReasoningStream
 from baton.app.api.responses_api.responses_format import ResponseBuilder, sse_typed_event, usage
 from baton.app.api.responses_api.responses_protocol import ResponsesRequest
-from baton.app.api.streaming import EventStreamResponse, respond_unless_disconnected
+from baton.app.api.streaming import (
+    EventStreamResponse,
+    respond_unless_disconnected,
+    unless_disconnected,
+)
 from baton.app.api.tools.tool_calls import ToolCallStream, tool_call_streams
 from baton.app.engine.admission import (
     AdmittedRequest,
@@ -41,7 +45,12 @@ async def responses(request: Request) -> Response:
     # OpenAI's response ids are `resp_` and hex; the lone engine request shares it.
     response_id = f"resp_{uuid.uuid4().hex}"
     trace_context = start_trace(state, chat, request.headers.get("traceparent"))
-    admitted = await admit(state, chat, [response_id], arrival_time, trace_context)
+    # A client that leaves while its prompt tokenizes or its grammar compiles stops that work.
+    admitted = await unless_disconnected(
+        request, admit(state, chat, [response_id], arrival_time, trace_context)
+    )
+    if admitted is None:
+        return Response(status_code=499)
     tool_stream = tool_streams[0] if tool_streams else None
     generation = ResponseGeneration(state, parsed, admitted, response_id, tool_stream)
     generation.open()
