@@ -40,6 +40,7 @@ from baton.app.engine.client import EngineClient
 from baton.app.errors import APIError
 from baton.app.http.http_limits import http_protocol
 from baton.app.http.security import security_middleware
+from baton.app.http.websocket_protocol import websocket_protocol
 from baton.app.observability.prometheus import ServerMetrics, metrics_endpoint
 from baton.app.observability.stats_endpoint import stats_endpoint
 from baton.app.request_defaults import NO_REQUEST_DEFAULTS, RequestDefaults
@@ -293,7 +294,7 @@ def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
         loop=settings.event_loop,
         # httptools, plus the header size limit and the header and body timeouts.
         http=http_protocol(settings),
-        ws="websockets-sansio",
+        ws=websocket_protocol(settings),
         log_level="warning",
         access_log=False,
         # A WebSocket frame carries a request as a POST body does: the same limit applies.

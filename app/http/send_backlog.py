@@ -1,0 +1,45 @@
+"""A connection's unsent bytes, bounded: past `--send-buffer-bytes` the transport pauses its
+protocol (the stream or socket stops producing, and a WebSocket stops reading frames, pings
+included), and a client that takes nothing for `--send-timeout` seconds is dropped, which ends
+its streams and so aborts their requests."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+logger = logging.getLogger("baton.connections")
+
+
+class SendBacklog:
+    """One connection's send buffer: its limit, and the timer that runs while it is full."""
+
+    def __init__(self, transport: asyncio.Transport, limit_bytes: int, timeout_s: float) -> None:
+        self.transport = transport
+        self.timeout_s = timeout_s
+        # The transport calls pause_writing past `high` and resume_writing below a quarter of it.
+        transport.set_write_buffer_limits(high=limit_bytes)
+        self._timer: asyncio.TimerHandle | None = None
+
+    def paused(self) -> None:
+        if self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self.timeout_s, self._drop)
+
+    def resumed(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _drop(self) -> None:
+        self._timer = None
+        peer = self.transport.get_extra_info("peername")
+        logger.warning(
+            "dropped the connection from %s: it read nothing of %d unsent bytes for %g s "
+            "(--send-timeout)",
+            f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "a client",
+            self.transport.get_write_buffer_size(),
+            self.timeout_s,
+        )
+        # Closing would wait for the client to take what is queued; it never will.
+        self.transport.abort()
