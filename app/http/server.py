@@ -42,7 +42,7 @@ from baton.app.http.http_limits import http_protocol
 from baton.app.http.security import security_middleware
 from baton.app.http.websocket_protocol import websocket_protocol
 from baton.app.observability.prometheus import ServerMetrics, metrics_endpoint
-from baton.app.observability.stats_endpoint import stats_endpoint
+from baton.app.observability.stats_endpoint import WindowSummary, stats_endpoint
 from baton.app.request_defaults import NO_REQUEST_DEFAULTS, RequestDefaults
 from baton.app.settings import ServerSettings
 from baton.app.state import ServerState, json_response, server_metrics, server_state
@@ -201,6 +201,7 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
         model_name=state.model_name,
         style=state.settings.metrics_style,
     )
+    app.state.window_summary = WindowSummary(app.state.metrics)
     if span_exporter is not None or state.settings.exports_spans:
         from baton.app.observability.telemetry import Tracing, exporters_from
 
