@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -227,11 +229,20 @@ class BatonServer(uvicorn.Server):
     """uvicorn, plus Baton's graceful shutdown: on SIGTERM/SIGINT new connections are refused
     at once, running streams get most of `shutdown_timeout_s` to finish, then the engine aborts
     the rest so every stream still ends with a final chunk and a finish reason. Clients that
-    stopped reading are cut off, and the whole shutdown ends within the timeout."""
+    stopped reading are cut off, and the whole shutdown ends within the timeout.
 
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    With `exit_on_time` (`baton serve`, not a server inside a test) the process also ends at the
+    timeout whatever still runs: a thread stuck in a tokenization, a compile or a forward would
+    otherwise hold the exit, which waits for the default thread pool's work to finish."""
+
+    def __init__(
+        self, config: uvicorn.Config, state: ServerState, *, exit_on_time: bool = False
+    ) -> None:
         super().__init__(config)
         self.state = state
+        self._exit_signalled = threading.Event()
+        if exit_on_time:
+            threading.Thread(target=self._exit_on_time, name="baton-exit", daemon=True).start()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # uvicorn would record the signal and raise it again after shutting down, so the
@@ -240,6 +251,23 @@ class BatonServer(uvicorn.Server):
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
         self.should_exit = True
+        self._exit_signalled.set()
+
+    def _exit_on_time(self) -> None:
+        """Runs on its own thread from start: the timeout counts from the signal, and ends the
+        process even when the event loop itself is held."""
+        self._exit_signalled.wait()
+        timeout_s = self.state.settings.shutdown_timeout_s
+        time.sleep(timeout_s)
+        running = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+        logger.warning(
+            "shutdown: --shutdown-timeout (%g s) is up; exiting without waiting for the "
+            "threads still running (%s)",
+            timeout_s,
+            ", ".join(running),
+        )
+        logging.shutdown()
+        os._exit(0)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # uvicorn would close WebSockets at once (1012); streams of both kinds get the grace
@@ -405,4 +433,5 @@ def serve_front_end(
         sampling_defaults=defaults.sampling,
     )
     app = create_app(state)
-    BatonServer(uvicorn_config(app, settings), state).run(sockets=[sock] if sock else None)
+    server = BatonServer(uvicorn_config(app, settings), state, exit_on_time=True)
+    server.run(sockets=[sock] if sock else None)
