@@ -7,7 +7,10 @@ replica killed under load fails only its own requests, cleanly, and comes back. 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +25,13 @@ from baton.app.settings import ServerSettings
 from baton.core.config import EngineConfig
 from baton.core.replicas.router import Router
 from baton.core.text.tokenizer import Tokenizer
-from tests.server_harness import base_url, free_port, model_engine, running_server
+from tests.server_harness import (
+    base_url,
+    free_port,
+    model_engine,
+    running_server,
+    wait_until_healthy,
+)
 
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "num_kv_blocks": 512}
 
@@ -211,3 +220,86 @@ def test_a_killed_replica_fails_only_its_requests_and_rejoins(replicas):
     assert engine.ledgers[1].num_routed >= 1
     assert engine.stats.num_running == 0 and engine.num_in_flight == 0
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def _listening_addresses(pid: int) -> set[str]:
+    """The addresses every process in `pid`'s tree listens on (Ray's are its children)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    addresses = set()
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            for connection in process.net_connections(kind="inet"):
+                if connection.status == psutil.CONN_LISTEN:
+                    addresses.add(connection.laddr.ip)
+    return addresses
+
+
+@pytest.mark.slow
+def test_baton_serve_keeps_ray_on_loopback_and_restarts_a_hung_replica(llama_checkpoint, tmp_path):
+    port = free_port()
+    log = tmp_path / "serve.log"
+    command = [sys.executable, "-m", "baton.app.cli", "serve", "--model", str(llama_checkpoint)]
+    command += ["--device", "cpu", "--port", str(port), "--replicas", "2"]
+    command += ["--router", "round-robin", "--replica-stall-timeout", "3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with log.open("w") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    stopped = None
+    try:
+        wait_until_healthy(process, port, log, timeout_s=240)
+        url = f"http://127.0.0.1:{port}"
+        # Ray's GCS, raylet, workers and agents as well as Baton: nothing beyond loopback.
+        addresses = _listening_addresses(process.pid)
+        assert addresses and addresses <= LOOPBACK, addresses
+
+        async def load_and_stop():
+            seen = asyncio.Event()
+            async with httpx.AsyncClient(timeout=120) as client:
+                tasks = [
+                    asyncio.create_task(_stream(client, url, [5, 6, 7, i], seen)) for i in range(4)
+                ]
+                await asyncio.wait_for(seen.wait(), 60)
+                replicas = (await client.get(f"{url}/v1/stats")).json()["replicas"]
+                victim = max(replicas, key=lambda r: r["requests_in_flight"])
+                os.kill(victim["pid"], signal.SIGSTOP)
+                stopped_at = time.monotonic()
+                # Sent after the stop: if routed to the hung replica it has sent nothing yet,
+                # so it is retried on the other.
+                late = asyncio.create_task(_stream(client, url, [9, 9], asyncio.Event()))
+                results = await asyncio.gather(*tasks, late)
+                return victim, results, time.monotonic() - stopped_at
+
+        victim, results, took_s = asyncio.run(load_and_stop())
+        stopped = victim["pid"]
+        done = [n for kind, n in results if kind == "done"]
+        errors = [message for kind, message in results if kind == "error"]
+        # The healthy replica's streams complete; the hung one's end with a clean error
+        # (or complete, retried, had they sent nothing), not a frozen stream.
+        assert len(done) + len(errors) == 5 and all(n == 300 for n in done)
+        assert 1 <= len(errors) <= victim["requests_in_flight"]
+        assert all("replica serving this request stopped" in message for message in errors)
+        assert took_s < 60
+        # Restarted: healthy again in a new process, and serving.
+        deadline = time.monotonic() + 120
+        while True:
+            replicas = httpx.get(f"{url}/v1/stats").json()["replicas"]
+            back = replicas[victim["id"]]
+            if back["healthy"] and back["pid"] != victim["pid"]:
+                break
+            assert time.monotonic() < deadline, "the hung replica was not restarted"
+            time.sleep(0.5)
+        for prompt in PROMPTS[:2]:
+            assert _complete(url, prompt)["usage"]["completion_tokens"] == 12
+        text = log.read_text()
+        assert f"engine replica {victim['id']} sent no step for" in text
+    finally:
+        if stopped is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+        process.terminate()
+        process.wait(60)
