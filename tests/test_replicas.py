@@ -16,6 +16,7 @@ import sys
 import time
 
 import httpx
+import psutil
 import pytest
 
 # scripts/setup installs the ray extra: without it these tests fail, they are not skipped.
@@ -223,12 +224,11 @@ def test_a_killed_replica_fails_only_its_requests_and_rejoins(replicas):
 
 
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+SHUTDOWN_TIMEOUT_S = 4.0
 
 
 def _listening_addresses(pid: int) -> set[str]:
     """The addresses every process in `pid`'s tree listens on (Ray's are its children)."""
-    import psutil
-
     root = psutil.Process(pid)
     addresses = set()
     for process in [root, *root.children(recursive=True)]:
@@ -246,6 +246,7 @@ def test_baton_serve_keeps_ray_on_loopback_and_restarts_a_hung_replica(llama_che
     command = [sys.executable, "-m", "baton.app.cli", "serve", "--model", str(llama_checkpoint)]
     command += ["--device", "cpu", "--port", str(port), "--replicas", "2"]
     command += ["--router", "round-robin", "--replica-stall-timeout", "3"]
+    command += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with log.open("w") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -258,12 +259,14 @@ def test_baton_serve_keeps_ray_on_loopback_and_restarts_a_hung_replica(llama_che
         assert addresses and addresses <= LOOPBACK, addresses
 
         async def load_and_stop():
-            seen = asyncio.Event()
+            seen = [asyncio.Event() for _ in range(4)]
             async with httpx.AsyncClient(timeout=120) as client:
                 tasks = [
-                    asyncio.create_task(_stream(client, url, [5, 6, 7, i], seen)) for i in range(4)
+                    asyncio.create_task(_stream(client, url, [5, 6, 7, i], seen[i]))
+                    for i in range(4)
                 ]
-                await asyncio.wait_for(seen.wait(), 60)
+                # Every stream has sent a token: the hung replica's cannot be retried.
+                await asyncio.wait_for(asyncio.gather(*(event.wait() for event in seen)), 60)
                 replicas = (await client.get(f"{url}/v1/stats")).json()["replicas"]
                 victim = max(replicas, key=lambda r: r["requests_in_flight"])
                 os.kill(victim["pid"], signal.SIGSTOP)
@@ -295,11 +298,22 @@ def test_baton_serve_keeps_ray_on_loopback_and_restarts_a_hung_replica(llama_che
             time.sleep(0.5)
         for prompt in PROMPTS[:2]:
             assert _complete(url, prompt)["usage"]["completion_tokens"] == 12
-        text = log.read_text()
-        assert f"engine replica {victim['id']} sent no step for" in text
+        assert f"engine replica {victim['id']} sent no step for" in log.read_text()
+        # SIGTERM with a replica hung again: the server still exits on time, and Ray's
+        # processes go with it.
+        ray_processes = psutil.Process(process.pid).children(recursive=True)
+        stopped = replicas[0]["pid"]
+        os.kill(stopped, signal.SIGSTOP)
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert process.wait(SHUTDOWN_TIMEOUT_S + 10) == 0, log.read_text()
+        assert time.monotonic() - signalled < SHUTDOWN_TIMEOUT_S + 1
+        _, alive = psutil.wait_procs(ray_processes, timeout=10)
+        assert alive == []
     finally:
         if stopped is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(stopped, signal.SIGCONT)
-        process.terminate()
-        process.wait(60)
+        if process.poll() is None:
+            process.kill()
+            process.wait(60)

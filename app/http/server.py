@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
-import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -40,6 +38,7 @@ from baton.app.api.websocket_api import websocket_endpoint
 from baton.app.engine.async_engine import AsyncEngine
 from baton.app.engine.client import EngineClient
 from baton.app.errors import APIError
+from baton.app.http.exit_deadline import ExitDeadline
 from baton.app.http.http_limits import http_protocol
 from baton.app.http.security import security_middleware
 from baton.app.http.websocket_protocol import websocket_protocol
@@ -232,17 +231,15 @@ class BatonServer(uvicorn.Server):
     stopped reading are cut off, and the whole shutdown ends within the timeout.
 
     With `exit_on_time` (`baton serve`, not a server inside a test) the process also ends at the
-    timeout whatever still runs: a thread stuck in a tokenization, a compile or a forward would
-    otherwise hold the exit, which waits for the default thread pool's work to finish."""
+    timeout whatever still runs (app/http/exit_deadline.py)."""
 
     def __init__(
         self, config: uvicorn.Config, state: ServerState, *, exit_on_time: bool = False
     ) -> None:
         super().__init__(config)
         self.state = state
-        self._exit_signalled = threading.Event()
-        if exit_on_time:
-            threading.Thread(target=self._exit_on_time, name="baton-exit", daemon=True).start()
+        timeout_s = state.settings.shutdown_timeout_s
+        self._exit_deadline = ExitDeadline(timeout_s) if exit_on_time else None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # uvicorn would record the signal and raise it again after shutting down, so the
@@ -251,23 +248,8 @@ class BatonServer(uvicorn.Server):
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
         self.should_exit = True
-        self._exit_signalled.set()
-
-    def _exit_on_time(self) -> None:
-        """Runs on its own thread from start: the timeout counts from the signal, and ends the
-        process even when the event loop itself is held."""
-        self._exit_signalled.wait()
-        timeout_s = self.state.settings.shutdown_timeout_s
-        time.sleep(timeout_s)
-        running = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
-        logger.warning(
-            "shutdown: --shutdown-timeout (%g s) is up; exiting without waiting for the "
-            "threads still running (%s)",
-            timeout_s,
-            ", ".join(running),
-        )
-        logging.shutdown()
-        os._exit(0)
+        if self._exit_deadline is not None:
+            self._exit_deadline.signalled()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # uvicorn would close WebSockets at once (1012); streams of both kinds get the grace
