@@ -98,8 +98,9 @@ class ServerSettings:
     send_timeout_s: float = setting(
         30.0,
         name="--send-timeout",
-        help="seconds a connection may hold --send-buffer-bytes unsent (a client that stopped "
-        "reading) before it is dropped and its requests aborted",
+        help="seconds a connection past --send-buffer-bytes may go without its client taking "
+        "any of it (a client that stopped reading) before it is dropped and its requests "
+        "aborted",
     )
     ttft_slo_ms: float | None = setting(
         None,

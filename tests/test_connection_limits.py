@@ -221,3 +221,26 @@ def test_an_sse_stream_that_is_never_read_is_dropped_and_its_request_aborted(qui
         assert wait_until(lambda: writing_paused(quiet_server), 10)
         assert wait_until(lambda: engine.num_in_flight == 0, 10 * SEND_TIMEOUT_S)
         assert unsent_bytes(quiet_server) == 0
+
+
+def test_a_slow_reader_of_a_large_answer_is_not_dropped(quiet_server):
+    # About 250 KB of JSON, written whole once the 16 choices end.
+    body = json.dumps({"prompt": "hi", "max_tokens": 3000, "ignore_eos": True, "n": 16})
+    with connect(quiet_server, receive_buffer=4096) as sock:
+        shrink_send_buffer(quiet_server)
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(body), body.encode())
+        )
+        # One write of the whole answer, taken a little at a time for several --send-timeouts:
+        # the buffer stays past the limit throughout, but the client keeps reading.
+        answer = b""
+        started = time.monotonic()
+        while chunk := sock.recv(16 * 1024):
+            answer += chunk
+            time.sleep(0.1)
+    assert time.monotonic() - started > 2 * SEND_TIMEOUT_S
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert orjson.loads(payload)["usage"]["completion_tokens"] == 16 * 3000

@@ -1,7 +1,7 @@
 """A connection's unsent bytes, bounded: past `--send-buffer-bytes` the transport pauses its
 protocol (the stream or socket stops producing, and a WebSocket stops reading frames, pings
-included), and a client that takes nothing for `--send-timeout` seconds is dropped, which ends
-its streams and so aborts their requests."""
+included), and a client that takes none of them for `--send-timeout` seconds is dropped, which
+ends its streams and so aborts their requests. A slow client that keeps reading is not."""
 
 from __future__ import annotations
 
@@ -20,16 +20,27 @@ class SendBacklog:
         # The transport calls pause_writing past `high` and resume_writing below a quarter of it.
         transport.set_write_buffer_limits(high=limit_bytes)
         self._timer: asyncio.TimerHandle | None = None
+        # The unsent bytes when the timer was last armed: fewer later means the client reads.
+        self._unsent = 0
 
     def paused(self) -> None:
         if self._timer is None:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self.timeout_s, self._drop)
+            self._arm()
 
     def resumed(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _arm(self) -> None:
+        self._unsent = self.transport.get_write_buffer_size()
+        self._timer = asyncio.get_running_loop().call_later(self.timeout_s, self._expired)
+
+    def _expired(self) -> None:
+        if self.transport.get_write_buffer_size() < self._unsent:
+            self._arm()
+        else:
+            self._drop()
 
     def _drop(self) -> None:
         self._timer = None
