@@ -2,11 +2,12 @@
 throughput of WebSocket streams over the simulated (zero-cost) executor while one client polls
 each path at `--poll-hz`, runs interleaved with a no-poll baseline.
 
-    python benchmarks/stats_cost.py --streams 64 --seconds 8 --rounds 2 --poll-hz 50
+    python benchmarks/stats_cost.py --streams 32 --seconds 6 --rounds 2 --poll-hz 50
 
-The server is server_throughput.py's child (its own process and event loop); each run first
-fills the stats window with steps, so `/v1/stats` aggregates over a full window as a long-lived
-server's does. Without `--otlp-sink` the child records metrics and exports no traces.
+Then each path is polled back to back with no streams running, and the server's CPU time per
+request is reported: the cost itself, apart from a loaded loop's waits. The server is
+server_throughput.py's child (its own process and event loop); a first run fills the stats
+window with steps, so `/v1/stats` aggregates over a window as a long-lived server's does.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 
 import httpx
-from server_throughput import PROMPT, ws_client
+from server_throughput import PROMPT, cpu_seconds, ws_client
 
 POLLED = ("none", "/metrics", "/v1/stats")
 
@@ -52,6 +53,16 @@ async def run(args: argparse.Namespace, polled: str) -> dict:
         "tokens_per_s": round(tokens / (time.perf_counter() - started)),
         "poll_ms_p50": round(statistics.median(costs) * 1e3, 2) if costs else None,
     }
+
+
+def server_cpu_ms_per_poll(port: int, pid: int, path: str, polls: int) -> float:
+    """The server's CPU time per request of `path`, polled back to back with nothing else
+    running: the cost itself, apart from the waits a loaded loop adds to each reply."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+        before = cpu_seconds(pid)
+        for _ in range(polls):
+            client.get(path).raise_for_status()
+        return (cpu_seconds(pid) - before) / polls * 1e3
 
 
 def main() -> None:
@@ -86,6 +97,11 @@ def main() -> None:
             ]
             for _ in range(args.rounds):
                 results += [asyncio.run(run(args, polled)) for polled in POLLED]
+            # Right after the runs, with their steps still in the window; interleaved.
+            costs: dict[str, list[float]] = {"/metrics": [], "/v1/stats": []}
+            for _ in range(3):
+                for path, samples in costs.items():
+                    samples.append(server_cpu_ms_per_poll(args.port, child.pid, path, 100))
         finally:
             child.terminate()
             child.wait(timeout=60)
@@ -101,6 +117,9 @@ def main() -> None:
                 "stats_over_metrics_throughput": round(
                     by_path["/v1/stats"] / by_path["/metrics"], 3
                 ),
+                "server_cpu_ms_per_poll": {
+                    path: round(statistics.median(samples), 3) for path, samples in costs.items()
+                },
                 "load_average": os.getloadavg(),
             },
             indent=2,
