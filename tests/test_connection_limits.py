@@ -133,7 +133,8 @@ def test_an_upgrade_request_with_a_body_gets_400_and_a_close(server, framing, pa
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 "), head
     error = orjson.loads(body)["error"]
-    assert "carries no body" in error["message"] and "Content-Length" in error["message"]
+    assert error["code"] == "invalid_upgrade"
+    assert "must not carry a body" in error["message"] and "Content-Length" in error["message"]
 
 
 def test_an_upgrade_the_websocket_library_refuses_gets_400(server):
@@ -143,7 +144,9 @@ def test_an_upgrade_the_websocket_library_refuses_gets_400(server):
         answer = read_until_closed(sock)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 "), head
-    assert "WebSocket upgrade request is malformed" in orjson.loads(body)["error"]["message"]
+    error = orjson.loads(body)["error"]
+    assert error["code"] == "invalid_upgrade"
+    assert "WebSocket upgrade request is malformed" in error["message"]
     # A body of length 0 is no body: the upgrade goes through.
     with connect(server) as sock:
         sock.sendall(HANDSHAKE + b"Content-Length: 0\r\n\r\n")

@@ -143,9 +143,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._close(
                 refusal(
                     400,
-                    "a WebSocket upgrade request carries no body; send it without "
+                    "a WebSocket upgrade request must not carry a body; send it without "
                     "Content-Length or Transfer-Encoding",
-                    "invalid_request_error",
+                    "invalid_upgrade",
                 )
             )
             return
@@ -160,7 +160,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                     400,
                     f"the WebSocket upgrade request is malformed ({reason}); send a plain "
                     "RFC 6455 handshake",
-                    "invalid_request_error",
+                    "invalid_upgrade",
                 )
             )
 
