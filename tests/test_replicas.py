@@ -317,3 +317,15 @@ def test_baton_serve_keeps_ray_on_loopback_and_restarts_a_hung_replica(llama_che
         if process.poll() is None:
             process.kill()
             process.wait(60)
+
+
+@pytest.mark.parametrize(
+    ("flags", "confined"),
+    [({}, True), ({"ray_all_interfaces": True}, False), ({"ray_address": "10.0.0.5:6379"}, False)],
+)
+def test_only_a_local_ray_is_kept_on_loopback_unless_asked(monkeypatch, flags, confined):
+    from baton.app.replicas.replica_settings import ReplicaSettings
+
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    ReplicaSettings(num_replicas=2, **flags).confine_ray()
+    assert (os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0") == confined
