@@ -71,6 +71,7 @@ def serve(args: argparse.Namespace) -> int:
         source.folder, settings.generation_config, settings.chat_template
     )
     if replicas.num_replicas > 1:
+        replicas.confine_ray()
         from baton.app.replicas.replica_server import serve_replicas  # Ray loads only with replicas
 
         serve_replicas(spec, name, settings, replicas, sock, defaults)

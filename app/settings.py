@@ -90,6 +90,20 @@ class ServerSettings(RequestBounds):
         help="seconds a request's body may take to arrive once its headers have (408 and close "
         "after); streamed responses are not limited",
     )
+    # Past this a connection's producers wait and its WebSocket frames (pings too) go unread
+    # (baton.app.http.send_backlog).
+    send_buffer_bytes: int = setting(
+        64 * 1024,
+        help="bytes a connection may hold unsent (response chunks, WebSocket frames, pongs) "
+        "before its streams wait and its frames go unread",
+    )
+    send_timeout_s: float = setting(
+        30.0,
+        name="--send-timeout",
+        help="seconds a connection past --send-buffer-bytes may go without its client taking "
+        "any of it (a client that stopped reading) before it is dropped and its requests "
+        "aborted",
+    )
     ttft_slo_ms: float | None = setting(
         None,
         help="the time-to-first-token target in ms of requests that set none",
@@ -197,9 +211,12 @@ class ServerSettings(RequestBounds):
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout_s}")
         if self.max_header_bytes < 1:
             raise ValueError(f"--max-header-bytes must be >= 1, got {self.max_header_bytes}")
+        if self.send_buffer_bytes < 1:
+            raise ValueError(f"--send-buffer-bytes must be >= 1, got {self.send_buffer_bytes}")
         for flag, seconds in [
             ("--header-timeout", self.header_timeout_s),
             ("--body-timeout", self.body_timeout_s),
+            ("--send-timeout", self.send_timeout_s),
         ]:
             if not 0 < seconds < math.inf:
                 raise ValueError(f"{flag} must be a positive number of seconds, got {seconds}")

@@ -141,6 +141,8 @@ def running_front_end(
     )
     app = create_app(state, span_exporter=span_exporter)
     server = BatonServer(uvicorn_config(app, settings), state)
+    # Tests read the server's connections (their unsent bytes) through the state.
+    state.server = server
     run = uvloop.run if settings.event_loop == "uvloop" else asyncio.run
     # On a socket bound as `baton serve` binds it, so connections are the ones it accepts.
     serving = server.serve(sockets=[bind_socket(settings)])

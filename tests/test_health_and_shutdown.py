@@ -115,9 +115,9 @@ def long_context_checkpoint(make_checkpoint) -> Path:
 
 
 @contextlib.contextmanager
-def baton_serve(checkpoint: Path, port: int, log: Path) -> Iterator[subprocess.Popen]:
+def baton_serve(checkpoint: Path, port: int, log: Path, *flags: str) -> Iterator[subprocess.Popen]:
     command = [sys.executable, "-m", "baton.app.cli", "serve", "--model", str(checkpoint)]
-    command += ["--device", "cpu", "--port", str(port)]
+    command += ["--device", "cpu", "--port", str(port), *flags]
     command += ["--shutdown-timeout", str(SERVE_SHUTDOWN_TIMEOUT_S)]
     # One intra-op thread: on a busy CPU two wait for each other at every parallel region,
     # which slows a step far more than the CPU share it loses.
@@ -163,21 +163,26 @@ class Stream:
                     self.started.set()
         self.ended_at = time.monotonic()
 
-    def step_s(self, min_steps: int = 5, min_s: float = 0.5) -> float:
-        """Seconds per engine step, timed over the next `min_steps` token chunks and `min_s` at
-        least: a decoding stream gets one chunk a step."""
-        first = len(self.token_times)
-        assert first, "the stream has not started"
-        until = time.monotonic() + min_s
-        while len(self.token_times) < first + min_steps or time.monotonic() < until:
-            assert self.thread.is_alive(), "the stream ended while its pace was measured"
-            time.sleep(0.01)
-        times = self.token_times[first - 1 :]
-        return (times[-1] - times[0]) / (len(times) - 1)
-
     def finish_reason(self) -> str | None:
         chunks = [p for p in sse_payloads(self.lines) if isinstance(p, dict) and p["choices"]]
         return chunks[-1]["choices"][0]["finish_reason"]
+
+
+def step_s(port: int, min_steps: int = 5, min_s: float = 0.5) -> float:
+    """Seconds per engine step, from the server's own step count over `min_s` and `min_steps`
+    at least. Not from when chunks reach a client: a reader that falls behind on a busy CPU
+    catches up in bursts, which read as steps many times faster than the server's."""
+
+    def steps() -> tuple[float, int]:
+        stats = httpx.get(f"http://127.0.0.1:{port}/v1/stats", timeout=10).json()
+        return time.monotonic(), stats["steps"]["total"]
+
+    began, first = steps()
+    now, count = began, first
+    while count < first + min_steps or now - began < min_s:
+        time.sleep(0.05)
+        now, count = steps()
+    return (now - began) / (count - first)
 
 
 class WebSocketStream:
@@ -222,7 +227,7 @@ def test_sigterm_finishes_short_streams_cancels_long_ones_and_exits_0(
         # A step takes what this machine gives it, many times longer when it is busy: the short
         # stream's length in steps is set from the pace measured now.
         short_s = drain_s(SERVE_SHUTDOWN_TIMEOUT_S) * SHORT_STREAM_SHARE_OF_DRAIN
-        short = Stream(port, max_tokens=max(2, round(short_s / long.step_s())))
+        short = Stream(port, max_tokens=max(2, round(short_s / step_s(port))))
         assert short.started.wait(30)
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
@@ -260,6 +265,43 @@ def test_sigterm_finishes_short_streams_cancels_long_ones_and_exits_0(
     # The timeout bounds the whole drain; what is left is the process exiting.
     assert exited - signalled < SERVE_SHUTDOWN_TIMEOUT_S + 1
     assert "Traceback" not in log
+
+
+# A chat template that renders for hours once a message is long enough to be tokenized on a
+# worker thread (admission's MAX_INLINE_TOKENIZE_CHARS): a worker stuck past any timeout.
+STUCK_TEMPLATE = (
+    "{% for m in messages %}{% if m['content'] | length > 5000 %}"
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    "{% endif %}{{ m['content'] }}{% endfor %}"
+)
+
+
+@pytest.mark.slow
+def test_sigterm_exits_on_time_with_a_worker_thread_stuck(llama_checkpoint, tmp_path):
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with baton_serve(llama_checkpoint, port, log, "--chat-template", STUCK_TEMPLATE) as process:
+        body = {"messages": [{"role": "user", "content": "a" * 6000}], "max_tokens": 2}
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+
+        def ask() -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(url, json=body, timeout=30)
+
+        stuck = threading.Thread(target=ask, daemon=True)
+        stuck.start()
+        time.sleep(1.0)
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        exit_code = process.wait(SERVE_SHUTDOWN_TIMEOUT_S + 10)
+        exited = time.monotonic()
+    text = log.read_text()
+    assert exit_code == 0, text
+    # The timeout from the signal; what is left is the process exiting.
+    assert exited - signalled < SERVE_SHUTDOWN_TIMEOUT_S + 1, text
+    [line] = [line for line in text.splitlines() if "--shutdown-timeout" in line]
+    assert "exiting without waiting for the threads still running" in line
+    assert "Traceback" not in text
 
 
 def with_small_send_buffers(make_config):

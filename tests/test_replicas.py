@@ -7,12 +7,16 @@ replica killed under load fails only its own requests, cleanly, and comes back. 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 
 import httpx
+import psutil
 import pytest
 
 # scripts/setup installs the ray extra: without it these tests fail, they are not skipped.
@@ -22,7 +26,13 @@ from baton.app.settings import ServerSettings
 from baton.core.config import EngineConfig
 from baton.core.replicas.router import Router
 from baton.core.text.tokenizer import Tokenizer
-from tests.server_harness import base_url, free_port, model_engine, running_server
+from tests.server_harness import (
+    base_url,
+    free_port,
+    model_engine,
+    running_server,
+    wait_until_healthy,
+)
 
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "num_kv_blocks": 512}
 
@@ -211,3 +221,111 @@ def test_a_killed_replica_fails_only_its_requests_and_rejoins(replicas):
     assert engine.ledgers[1].num_routed >= 1
     assert engine.stats.num_running == 0 and engine.num_in_flight == 0
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+SHUTDOWN_TIMEOUT_S = 4.0
+
+
+def _listening_addresses(pid: int) -> set[str]:
+    """The addresses every process in `pid`'s tree listens on (Ray's are its children)."""
+    root = psutil.Process(pid)
+    addresses = set()
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            for connection in process.net_connections(kind="inet"):
+                if connection.status == psutil.CONN_LISTEN:
+                    addresses.add(connection.laddr.ip)
+    return addresses
+
+
+@pytest.mark.slow
+def test_baton_serve_keeps_ray_on_loopback_and_restarts_a_hung_replica(llama_checkpoint, tmp_path):
+    port = free_port()
+    log = tmp_path / "serve.log"
+    command = [sys.executable, "-m", "baton.app.cli", "serve", "--model", str(llama_checkpoint)]
+    command += ["--device", "cpu", "--port", str(port), "--replicas", "2"]
+    command += ["--router", "round-robin", "--replica-stall-timeout", "3"]
+    command += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with log.open("w") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    stopped = None
+    try:
+        wait_until_healthy(process, port, log, timeout_s=240)
+        url = f"http://127.0.0.1:{port}"
+        # Ray's GCS, raylet, workers and agents as well as Baton: nothing beyond loopback.
+        addresses = _listening_addresses(process.pid)
+        assert addresses and addresses <= LOOPBACK, addresses
+
+        async def load_and_stop():
+            seen = [asyncio.Event() for _ in range(4)]
+            async with httpx.AsyncClient(timeout=120) as client:
+                tasks = [
+                    asyncio.create_task(_stream(client, url, [5, 6, 7, i], seen[i]))
+                    for i in range(4)
+                ]
+                # Every stream has sent a token: the hung replica's cannot be retried.
+                await asyncio.wait_for(asyncio.gather(*(event.wait() for event in seen)), 60)
+                replicas = (await client.get(f"{url}/v1/stats")).json()["replicas"]
+                victim = max(replicas, key=lambda r: r["requests_in_flight"])
+                os.kill(victim["pid"], signal.SIGSTOP)
+                stopped_at = time.monotonic()
+                # Sent after the stop: if routed to the hung replica it has sent nothing yet,
+                # so it is retried on the other.
+                late = asyncio.create_task(_stream(client, url, [9, 9], asyncio.Event()))
+                results = await asyncio.gather(*tasks, late)
+                return victim, results, time.monotonic() - stopped_at
+
+        victim, results, took_s = asyncio.run(load_and_stop())
+        stopped = victim["pid"]
+        done = [n for kind, n in results if kind == "done"]
+        errors = [message for kind, message in results if kind == "error"]
+        # The healthy replica's streams complete; the hung one's end with a clean error
+        # (or complete, retried, had they sent nothing), not a frozen stream.
+        assert len(done) + len(errors) == 5 and all(n == 300 for n in done)
+        assert 1 <= len(errors) <= victim["requests_in_flight"]
+        assert all("replica serving this request stopped" in message for message in errors)
+        assert took_s < 60
+        # Restarted: healthy again in a new process, and serving.
+        deadline = time.monotonic() + 120
+        while True:
+            replicas = httpx.get(f"{url}/v1/stats").json()["replicas"]
+            back = replicas[victim["id"]]
+            if back["healthy"] and back["pid"] != victim["pid"]:
+                break
+            assert time.monotonic() < deadline, "the hung replica was not restarted"
+            time.sleep(0.5)
+        for prompt in PROMPTS[:2]:
+            assert _complete(url, prompt)["usage"]["completion_tokens"] == 12
+        assert f"engine replica {victim['id']} sent no step for" in log.read_text()
+        # SIGTERM with a replica hung again: the server still exits on time, and Ray's
+        # processes go with it.
+        ray_processes = psutil.Process(process.pid).children(recursive=True)
+        stopped = replicas[0]["pid"]
+        os.kill(stopped, signal.SIGSTOP)
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert process.wait(SHUTDOWN_TIMEOUT_S + 10) == 0, log.read_text()
+        assert time.monotonic() - signalled < SHUTDOWN_TIMEOUT_S + 1
+        _, alive = psutil.wait_procs(ray_processes, timeout=10)
+        assert alive == []
+    finally:
+        if stopped is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+        if process.poll() is None:
+            process.kill()
+            process.wait(60)
+
+
+@pytest.mark.parametrize(
+    ("flags", "confined"),
+    [({}, True), ({"ray_all_interfaces": True}, False), ({"ray_address": "10.0.0.5:6379"}, False)],
+)
+def test_only_a_local_ray_is_kept_on_loopback_unless_asked(monkeypatch, flags, confined):
+    from baton.app.replicas.replica_settings import ReplicaSettings
+
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    ReplicaSettings(num_replicas=2, **flags).confine_ray()
+    assert (os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0") == confined

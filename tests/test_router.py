@@ -182,3 +182,24 @@ def test_ledger_settles_prefill_at_the_first_token_and_publishes_the_cost_fit():
     assert ledger.forecast.cost_model == faster and ledger.forecast.lifetime_s == 2.0
     ledger.remove("a")
     assert ledger.num_tokens == 0 and ledger.num_in_flight == 0
+
+
+def test_a_replica_is_stalled_only_when_silent_with_work_in_hand():
+    ledger = make_replica_ledger(0)
+    # Idle for a long time: silence is no stall.
+    assert not ledger.stalled(1000.0, timeout_s=3.0)
+    # Work arrives after the idle spell: the timeout counts from then.
+    ledger.add("a", 32, SLO(), (), 1000.0)
+    assert not ledger.stalled(1002.0, timeout_s=3.0)
+    assert ledger.stalled(1003.5, timeout_s=3.0)
+    # A step message is progress; a second request does not reset the clock of the first.
+    ledger.progressed(1003.5)
+    ledger.add("b", 32, SLO(), (), 1006.0)
+    assert ledger.stalled(1006.6, timeout_s=3.0)
+    # Its work done, it is idle again; a dead replica is not judged.
+    ledger.remove("a")
+    ledger.remove("b")
+    assert not ledger.stalled(2000.0, timeout_s=3.0)
+    ledger.add("c", 32, SLO(), (), 2000.0)
+    ledger.healthy = False
+    assert not ledger.stalled(2010.0, timeout_s=3.0)

@@ -3,6 +3,8 @@ API-key protection."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
 from tests.server_harness import base_url, running_server, simulated_engine
@@ -66,3 +68,27 @@ def test_stats_after_a_known_workload(llama_checkpoint):
     assert steps["decode_tokens_per_step"] * engine.num_steps == generated - 4
     assert steps["step_ms_p50"] > 0
     assert stats["policy"] == engine.config.scheduling_policy
+
+
+def test_pollers_share_one_window_computation_per_refresh(llama_checkpoint):
+    from baton.app.observability.stats_endpoint import WINDOW_REFRESH_S
+
+    engine = simulated_engine(llama_checkpoint)
+    with running_server(engine) as state:
+        url = base_url(state)
+        aggregates = state.server.config.app.state.metrics.aggregates
+        window = aggregates.window
+        calls = []
+        aggregates.window = lambda: calls.append(1) or window()
+        started = time.monotonic()
+        with httpx.Client() as client:
+            first = client.get(f"{url}/v1/stats").json()
+            body = {"prompt": "poll", "max_tokens": 3, "ignore_eos": True}
+            assert client.post(f"{url}/v1/completions", json=body).status_code == 200
+            reads = [client.get(f"{url}/v1/stats").json() for _ in range(30)]
+        elapsed = time.monotonic() - started
+    # The window's aggregates: once per refresh however many reads came in between.
+    assert 1 <= len(calls) <= 1 + elapsed / WINDOW_REFRESH_S
+    # The engine's published state is read on each request: the finished request shows there.
+    assert first["totals"]["requests"] == 0
+    assert all(read["totals"]["requests"] == 1 for read in reads)

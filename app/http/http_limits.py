@@ -1,6 +1,8 @@
 """Limits uvicorn's HTTP/1.1 protocol lacks, so unfinished requests cannot hold connections: the
-header block's size (`--max-header-bytes`) and how long headers and body may take to arrive
-(`--header-timeout`, `--body-timeout`). `http_protocol(settings)` is the class for uvicorn's
+header block's size (`--max-header-bytes`), how long headers and body may take to arrive
+(`--header-timeout`, `--body-timeout`), how much a response may hold unsent
+(`--send-buffer-bytes`, `--send-timeout`), and no WebSocket upgrade that carries a body or a
+handshake the WebSocket library refuses. `http_protocol(settings)` is the class for uvicorn's
 `http=`; docs/architecture.md (Serving, Security) says what each limit answers.
 """
 
@@ -16,6 +18,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from baton.app.errors import APIError
+from baton.app.http.send_backlog import SendBacklog
 from baton.app.settings import ServerSettings
 
 # The ": " and CRLF around each header field's name and value.
@@ -28,6 +31,8 @@ def http_protocol(settings: ServerSettings) -> type[LimitedHttpProtocol]:
         "max_header_bytes": settings.max_header_bytes,
         "header_timeout_s": settings.header_timeout_s,
         "body_timeout_s": settings.body_timeout_s,
+        "send_buffer_bytes": settings.send_buffer_bytes,
+        "send_timeout_s": settings.send_timeout_s,
     }
     return type("LimitedHttpProtocol", (LimitedHttpProtocol,), limits)
 
@@ -51,6 +56,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     max_header_bytes: int
     header_timeout_s: float
     body_timeout_s: float
+    send_buffer_bytes: int
+    send_timeout_s: float
 
     def __init__(
         self,
@@ -67,14 +74,26 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         # Bytes of the chunks that arrived wholly inside that request's header block.
         self._head_bytes_received = 0
         self._requests_begun = 0
+        self._backlog: SendBacklog | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._backlog = SendBacklog(transport, self.send_buffer_bytes, self.send_timeout_s)
         self._start_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timers()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._backlog is not None:
+            self._backlog.paused()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._backlog is not None:
+            self._backlog.resumed()
 
     def data_received(self, data: bytes) -> None:
         begun = self._requests_begun
@@ -119,7 +138,36 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._head_bytes > self.max_header_bytes:
             self._close(self._header_too_large() if self._between_responses() else None)
             return
+        if self._has_body():
+            # The handshake's body would be read by nobody and its timeout never run.
+            self._close(
+                refusal(
+                    400,
+                    "a WebSocket upgrade request must not carry a body; send it without "
+                    "Content-Length or Transfer-Encoding",
+                    "invalid_upgrade",
+                )
+            )
+            return
         super().handle_websocket_upgrade()
+        handshake = getattr(self.transport.get_protocol(), "conn", None)
+        failure = getattr(handshake, "handshake_exc", None)
+        if failure is not None and not self.transport.is_closing():
+            # The WebSocket library refused the handshake but answers nothing on its own.
+            reason = failure.__cause__ or failure
+            self._close(
+                refusal(
+                    400,
+                    f"the WebSocket upgrade request is malformed ({reason}); send a plain "
+                    "RFC 6455 handshake",
+                    "invalid_upgrade",
+                )
+            )
+
+    def _has_body(self) -> bool:
+        lengths = {value.strip() for name, value in self.headers if name == b"content-length"}
+        framed = any(name == b"transfer-encoding" for name, _ in self.headers)
+        return framed or not lengths <= {b"0"}
 
     def _start_head_timer(self) -> None:
         self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
@@ -170,6 +218,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def _stop_timers(self) -> None:
         self._cancel_head_timer()
         self._cancel_body_timer()
+        # After an upgrade the WebSocket protocol watches the send buffer.
+        if self._backlog is not None:
+            self._backlog.resumed()
 
     def _header_too_large(self) -> Response:
         return refusal(

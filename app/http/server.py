@@ -38,10 +38,12 @@ from baton.app.api.websocket_api import websocket_endpoint
 from baton.app.engine.async_engine import AsyncEngine
 from baton.app.engine.client import EngineClient
 from baton.app.errors import APIError
+from baton.app.http.exit_deadline import ExitDeadline
 from baton.app.http.http_limits import http_protocol
 from baton.app.http.security import security_middleware
+from baton.app.http.websocket_protocol import websocket_protocol
 from baton.app.observability.prometheus import ServerMetrics, metrics_endpoint
-from baton.app.observability.stats_endpoint import stats_endpoint
+from baton.app.observability.stats_endpoint import WindowSummary, stats_endpoint
 from baton.app.request_defaults import NO_REQUEST_DEFAULTS, RequestDefaults
 from baton.app.settings import ServerSettings
 from baton.app.state import ServerState, json_response, server_metrics, server_state
@@ -200,6 +202,7 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
         model_name=state.model_name,
         style=state.settings.metrics_style,
     )
+    app.state.window_summary = WindowSummary(app.state.metrics)
     if span_exporter is not None or state.settings.exports_spans:
         from baton.app.observability.telemetry import Tracing, exporters_from
 
@@ -225,11 +228,18 @@ class BatonServer(uvicorn.Server):
     """uvicorn, plus Baton's graceful shutdown: on SIGTERM/SIGINT new connections are refused
     at once, running streams get most of `shutdown_timeout_s` to finish, then the engine aborts
     the rest so every stream still ends with a final chunk and a finish reason. Clients that
-    stopped reading are cut off, and the whole shutdown ends within the timeout."""
+    stopped reading are cut off, and the whole shutdown ends within the timeout.
 
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    With `exit_on_time` (`baton serve`, not a server inside a test) the process also ends at the
+    timeout whatever still runs (app/http/exit_deadline.py)."""
+
+    def __init__(
+        self, config: uvicorn.Config, state: ServerState, *, exit_on_time: bool = False
+    ) -> None:
         super().__init__(config)
         self.state = state
+        timeout_s = state.settings.shutdown_timeout_s
+        self._exit_deadline = ExitDeadline(timeout_s) if exit_on_time else None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # uvicorn would record the signal and raise it again after shutting down, so the
@@ -238,6 +248,8 @@ class BatonServer(uvicorn.Server):
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
         self.should_exit = True
+        if self._exit_deadline is not None:
+            self._exit_deadline.signalled()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # uvicorn would close WebSockets at once (1012); streams of both kinds get the grace
@@ -293,7 +305,7 @@ def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
         loop=settings.event_loop,
         # httptools, plus the header size limit and the header and body timeouts.
         http=http_protocol(settings),
-        ws="websockets-sansio",
+        ws=websocket_protocol(settings),
         log_level="warning",
         access_log=False,
         # A WebSocket frame carries a request as a POST body does: the same limit applies.
@@ -403,4 +415,5 @@ def serve_front_end(
         sampling_defaults=defaults.sampling,
     )
     app = create_app(state)
-    BatonServer(uvicorn_config(app, settings), state).run(sockets=[sock] if sock else None)
+    server = BatonServer(uvicorn_config(app, settings), state, exit_on_time=True)
+    server.run(sockets=[sock] if sock else None)

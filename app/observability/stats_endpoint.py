@@ -1,16 +1,18 @@
 """`GET /v1/stats`: a JSON snapshot for the live dashboard — the engine's published state and what
 happened over a sliding window (default 60 s): latency percentiles, throughput, SLO attainment
-and goodput, step composition. Times in ms, fractions in 0..1, null where the window is empty."""
+and goodput, step composition. Times in ms, fractions in 0..1, null where the window is empty.
+The window's part is computed at most once a second, so a poller costs no more than a scrape."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from baton.app.state import ServerState, json_response, server_metrics, server_state
+from baton.app.state import ServerState, json_response, server_state
 from baton.core.metrics.latency import percentile
 from baton.core.metrics.metric_aggregates import FinishedRecord, StepRecord
 
@@ -19,20 +21,63 @@ if TYPE_CHECKING:
     from baton.core.engine_stats import EngineStats, ReplicaStatus
 
 
+# How old the window's aggregates may be: they go over every request and step in the window,
+# so pollers at any rate share one computation per this many seconds.
+WINDOW_REFRESH_S = 1.0
+
+
 async def stats_endpoint(request: Request) -> Response:
-    return json_response(snapshot(server_state(request), server_metrics(request)))
+    summary: WindowSummary = request.app.state.window_summary
+    return json_response(snapshot(server_state(request), summary))
 
 
-def snapshot(state: ServerState, server_metrics: ServerMetrics) -> dict[str, Any]:
+class WindowSummary:
+    """The window's part of `/v1/stats` (throughput, percentiles, SLO, step composition),
+    recomputed at most once per `refresh_s` and shared by every read in between; the rest of
+    the snapshot is read from the engine's published stats on each request."""
+
+    def __init__(self, server_metrics: ServerMetrics, refresh_s: float = WINDOW_REFRESH_S) -> None:
+        self.server_metrics = server_metrics
+        self.refresh_s = refresh_s
+        self._summary: dict[str, Any] = {}
+        self._computed_at = -math.inf
+
+    def read(self) -> dict[str, Any]:
+        now = time.monotonic()
+        if now - self._computed_at >= self.refresh_s:
+            self._summary = self._compute(now)
+            self._computed_at = now
+        return self._summary
+
+    def _compute(self, now: float) -> dict[str, Any]:
+        aggregates = self.server_metrics.aggregates
+        requests, steps = aggregates.window()
+        uptime_s = now - self.server_metrics.started_at
+        # Rates divide by the time the window really covers: less than its length just after
+        # start.
+        window_s = max(min(aggregates.window_s, uptime_s), 1e-3)
+        return {
+            "window_s": window_s,
+            "requests_finished": len(requests),
+            "throughput": {
+                "requests_per_s": len(requests) / window_s,
+                "prompt_tokens_per_s": sum(r.num_prompt_tokens for r in requests) / window_s,
+                "generation_tokens_per_s": sum(r.num_output_tokens for r in requests) / window_s,
+            },
+            "ttft_ms": _percentiles([r.ttft_ms for r in requests if r.completed]),
+            "tpot_ms": _percentiles([r.tpot_ms for r in requests if r.tpot_ms is not None]),
+            "slo": _slo(requests, window_s),
+            "steps": _steps(steps),
+        }
+
+
+def snapshot(state: ServerState, summary: WindowSummary) -> dict[str, Any]:
     engine = state.engine
     stats = engine.stats
-    aggregates = server_metrics.aggregates
-    requests, steps = aggregates.window()
-    uptime_s = time.monotonic() - server_metrics.started_at
-    # Rates divide by the time the window really covers: less than its length just after start.
-    window_s = max(min(aggregates.window_s, uptime_s), 1e-3)
-    with aggregates.lock:
-        totals = aggregates.totals
+    server_metrics = summary.server_metrics
+    window = summary.read()
+    with server_metrics.aggregates.lock:
+        totals = server_metrics.aggregates.totals
         total = {
             "requests": totals.requests,
             "prompt_tokens": totals.prompt_tokens,
@@ -41,22 +86,13 @@ def snapshot(state: ServerState, server_metrics: ServerMetrics) -> dict[str, Any
     return {
         "model": state.model_name,
         "policy": engine.config.scheduling_policy,
-        "uptime_s": uptime_s,
+        "uptime_s": time.monotonic() - server_metrics.started_at,
         "running": stats.num_running,
         "waiting": stats.num_waiting,
         "kv_cache_usage": stats.kv_cache_usage,
         "kv_blocks_freed_by_window": stats.kv_blocks_freed_by_window,
-        "window_s": window_s,
-        "requests_finished": len(requests),
-        "throughput": {
-            "requests_per_s": len(requests) / window_s,
-            "prompt_tokens_per_s": sum(r.num_prompt_tokens for r in requests) / window_s,
-            "generation_tokens_per_s": sum(r.num_output_tokens for r in requests) / window_s,
-        },
-        "ttft_ms": _percentiles([r.ttft_ms for r in requests if r.completed]),
-        "tpot_ms": _percentiles([r.tpot_ms for r in requests if r.tpot_ms is not None]),
-        "slo": _slo(requests, window_s),
-        "steps": _steps(steps, stats.num_steps),
+        **window,
+        "steps": {"total": stats.num_steps, **window["steps"]},
         "step_cost": step_cost(stats),
         "totals": total,
         "replicas": [_replica(status) for status in engine.replica_status()],
@@ -113,11 +149,10 @@ def _slo(requests: list[FinishedRecord], window_s: float) -> dict[str, float | N
     }
 
 
-def _steps(steps: list[StepRecord], total: int) -> dict[str, float | int | None]:
+def _steps(steps: list[StepRecord]) -> dict[str, float | int | None]:
     count = len(steps)
     durations = sorted(s.duration_s * 1e3 for s in steps)
     return {
-        "total": total,
         "batch_size": sum(s.num_seqs for s in steps) / count if count else 0.0,
         "prefill_tokens_per_step": sum(s.num_prefill_tokens for s in steps) / count
         if count

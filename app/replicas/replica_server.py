@@ -44,7 +44,13 @@ def start_replicas(
     limits = min((info.limits for info in infos), key=lambda limits: limits.num_kv_blocks)
     validator = RequestValidator(spec.config, limits)
     return ReplicatedEngine(
-        actors, infos, spec.config, settings.router, max_queued_requests, validator
+        actors,
+        infos,
+        spec.config,
+        settings.router,
+        max_queued_requests,
+        validator,
+        stall_timeout_s=settings.stall_timeout_s,
     )
 
 

@@ -1,9 +1,11 @@
 """`baton serve`'s replica flags (`--replicas`, `--router`, `--ray-address`, each replica's
-resources) and what each replica builds, apart from the Ray code that starts them: the CLI
-parses them without importing Ray."""
+resources, liveness) and what each replica builds, apart from the Ray code that starts them: the
+CLI parses them without importing Ray."""
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -66,6 +68,12 @@ class ReplicaSettings:
         help="an existing Ray cluster to start the replicas on",
         default_text="a local Ray",
     )
+    ray_all_interfaces: bool = setting(
+        False,
+        help="let the local Ray that --replicas starts listen on every interface, as Ray does "
+        "on its own (so other machines can join it); without it Ray's processes listen on "
+        "loopback only",
+    )
     # Ray resources each replica's actor holds: CPU threads (its torch threads follow them),
     # and GPUs (one each on a GPU machine).
     num_cpus: float = setting(
@@ -77,6 +85,13 @@ class ReplicaSettings:
         name="--replica-max-restarts",
         help="how often Ray restarts a replica that died before giving up on it",
     )
+    stall_timeout_s: float = setting(
+        60.0,
+        name="--replica-stall-timeout",
+        help="seconds a replica with requests in hand may send no step before it counts as "
+        "hung: its requests are retried elsewhere (none sent yet) or ended with an error, and "
+        "it is restarted",
+    )
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
@@ -87,3 +102,15 @@ class ReplicaSettings:
             raise ValueError(
                 "--replica-cpus must be > 0, --replica-gpus and --replica-max-restarts >= 0"
             )
+        if not 0 < self.stall_timeout_s < math.inf:
+            raise ValueError(
+                "--replica-stall-timeout must be a positive number of seconds, "
+                f"got {self.stall_timeout_s}"
+            )
+
+    def confine_ray(self) -> None:
+        """Keep the local Ray this process will start on loopback, unless the flags say
+        otherwise; call it before Ray is imported, which reads the setting then. Ray's switch
+        for a one-machine Ray is named after the platforms where it is the default."""
+        if self.ray_address is None and not self.ray_all_interfaces:
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

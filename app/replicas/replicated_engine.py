@@ -1,8 +1,8 @@
 """The front end's engine over N replica actors (`baton serve --replicas N`): an `EngineClient`
 (app/engine/client.py), with each request routed by core/replicas/router.py on the replicas'
-ledgers, one task per replica reading its per-step messages, and a dead replica's requests
-failed cleanly or, when they had sent no token yet, retried on another replica while Ray
-restarts it."""
+ledgers, one task per replica reading its per-step messages, and a dead or hung replica's
+requests failed cleanly or, when they had sent no token yet, retried on another replica while
+Ray restarts it."""
 
 from __future__ import annotations
 
@@ -50,12 +50,15 @@ class ReplicatedEngine:
         router: str,
         max_queued_requests: int,
         validator: RequestValidator,
+        *,
+        stall_timeout_s: float = 60.0,
     ) -> None:
         self.actors = list(actors)
         self.infos = list(infos)
         self._config = config
         self._validator = validator
         self.max_queued_requests = max_queued_requests
+        self.stall_timeout_s = stall_timeout_s
         factor = config.slo_admission_factor if config.scheduling_policy == "slo" else 0.0
         self.router = Router(
             router, [self._ledger(i, info) for i, info in enumerate(infos)], factor
@@ -150,6 +153,7 @@ class ReplicatedEngine:
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._tasks = [self.loop.create_task(self._follow(i)) for i in range(len(self.actors))]
+        self._tasks.append(self.loop.create_task(self._watch()))
 
     def drain(self) -> None:
         self._draining = True
@@ -266,10 +270,34 @@ class ReplicatedEngine:
                 self._lost(replica)
                 await self._rejoin(replica)
 
+    async def _watch(self) -> None:
+        """Find the replicas that hold requests but have sent no step within the stall timeout
+        (a stopped process, a forward that never returns): their requests move or end as a
+        dead replica's do, and Ray restarts them; `_follow` then sees the death and waits for
+        the replica to rejoin."""
+        period = min(1.0, self.stall_timeout_s / 4)
+        while not self._stopped:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for ledger in list(self.ledgers):
+                if not ledger.stalled(now, self.stall_timeout_s):
+                    continue
+                replica = ledger.replica_id
+                logger.error(
+                    "engine replica %d sent no step for %.1f s with %d requests in hand "
+                    "(--replica-stall-timeout): restarting it",
+                    replica,
+                    now - ledger.progress_at,
+                    ledger.num_in_flight,
+                )
+                self._lost(replica)
+                ray.kill(self.actors[replica], no_restart=False)
+
     def _dispatch(self, replica: int, step: ReplicaStep) -> None:
         ledger = self.ledgers[replica]
-        ledger.publish(step.stats)
         now = time.monotonic()
+        ledger.publish(step.stats)
+        ledger.progressed(now)
         for stats in step.steps:
             for listener in self.step_listeners:
                 listener(stats)
@@ -290,7 +318,7 @@ class ReplicatedEngine:
                 listener(request, output)
 
     def _lost(self, replica: int) -> None:
-        """Replica `replica` died: the router stops sending to it at once; its requests that
+        """Replica `replica` died or hung: the router stops sending to it at once; its requests that
         sent no token go to another replica, the others end with a clean error."""
         old = self.ledgers[replica]
         fresh = self._ledger(replica, self.infos[replica])

@@ -1,10 +1,12 @@
 """The front end's view of one engine replica, the only thing the router reads about it: the
 stats snapshot the replica last published, and the front end's own ledger of the requests it
 sent there (prefill owed, tokens held, prompt blocks brought into its prefix cache), kept up
-from the per-step outputs the replica sends back. Never the replica's live queues."""
+from the per-step outputs the replica sends back, and when it last showed progress (so a hung
+replica is told from an idle one). Never the replica's live queues."""
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -64,6 +66,8 @@ class ReplicaLedger:
         self._prefix: OrderedDict[bytes, None] = OrderedDict()
         self.num_routed = 0
         self.num_finished = 0
+        # When the replica last sent a step, or was given work while it had none.
+        self.progress_at = -math.inf
 
     def publish(self, stats: EngineStats) -> None:
         """The replica's snapshot after a step: its cost fit and request lifetime feed the
@@ -106,6 +110,9 @@ class ReplicaLedger:
     ) -> None:
         """A request routed here: it is in flight, and its prompt's blocks will be cached."""
         cached = self.cached_blocks(block_hashes)
+        if not self._tokens:
+            # An idle replica sends no steps: its silence until now was no stall.
+            self.progress_at = now
         self.forecast.add(request_id, self._uncached(num_prompt_tokens, cached), slo, now)
         self._tokens[request_id] = num_prompt_tokens
         self.num_tokens += num_prompt_tokens
@@ -115,6 +122,15 @@ class ReplicaLedger:
             self._prefix.move_to_end(block_hash)
         while len(self._prefix) > self.num_kv_blocks:
             self._prefix.popitem(last=False)
+
+    def progressed(self, now: float) -> None:
+        """A step message arrived from the replica."""
+        self.progress_at = now
+
+    def stalled(self, now: float, timeout_s: float) -> bool:
+        """Whether the replica has had work in hand and sent no step for more than
+        `timeout_s`: hung (a stopped process, a forward that never returns), not idle."""
+        return self.healthy and bool(self._tokens) and now - self.progress_at > timeout_s
 
     def receive(self, output: RequestOutput, now: float) -> None:
         """One request's delta from a replica step: its first token settles its prefill in
