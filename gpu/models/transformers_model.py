@@ -22,8 +22,9 @@ from torch import nn
 
 from baton.core.checkpoint.model_config import ModelConfig, UnsupportedModelError
 from baton.gpu.model_inputs import AttentionMetadata
+from baton.gpu.models.model import pack_cpu_weight, packed_linear, uses_f32_kernel
 from baton.kernels import ops
-from baton.kernels.linear import onednn_linear, onednn_linear_available, pack_linear_weight
+from baton.kernels.linear import onednn_linear_available
 
 ATTN_IMPLEMENTATION = "baton_paged"
 
@@ -127,7 +128,8 @@ def _layer_attention(module: nn.Module, sliding_window: int | None) -> LayerAtte
 
 
 class PackedLinear(nn.Module):
-    """An `nn.Linear` of transformers' model, run by oneDNN over its weight packed once.
+    """An `nn.Linear` of transformers' model, run over its weight packed once by the native
+    model's CPU kernels: Baton's float32 kernel where it built, else oneDNN.
 
     `weight` stays as a meta tensor of the same shape and dtype, for code that reads those; the
     packed copy is the only one in memory (a tied embedding keeps its own table).
@@ -136,13 +138,13 @@ class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear, rows_hint: int) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed_weight = pack_linear_weight(linear.weight, rows_hint)
+        self.packed_weight = pack_cpu_weight(linear.weight, rows_hint)
         self.weight = nn.Parameter(linear.weight.detach().to("meta"), requires_grad=False)
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        out = onednn_linear(rows, self.packed_weight, self.bias)
+        out = packed_linear(rows, self.packed_weight, self.bias, self.out_features)
         return out.view(*x.shape[:-1], self.out_features)
 
 
@@ -208,13 +210,12 @@ class TransformersCausalLM(nn.Module):
         return out.logits[0]
 
     def pack_linear_weights(self, rows_hint: int) -> bool:
-        """Run every `nn.Linear` of the model through oneDNN over a packed weight, as the native
-        model does (float32 on the CPU only; see baton.kernels.linear). Returns whether it
-        packed."""
+        """Run every `nn.Linear` of the model over a packed weight in the native model's kernels
+        (float32 on the CPU only; see `PackedLinear`). Returns whether it packed."""
         weight = next(self.base.parameters())
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return False
-        if not onednn_linear_available():
+        if not (uses_f32_kernel(weight) or onednn_linear_available()):
             return False
         for parent in [*self.base.modules(), *self.causal_lm.modules()]:
             for name, child in parent.named_children():
