@@ -3,13 +3,15 @@ saved by transformers: one stream against transformers' own `generate`, and seve
 against the native path where Baton has a native model (Llama).
 
     python benchmarks/generic_path.py                      # llama, glm4, gptj; 1 and 8 streams
-    python benchmarks/generic_path.py --families gptj --streams 1 --rounds 5
+    python benchmarks/generic_path.py --families gptj --streams 1 --rounds 5 --threads 1
 
 Every contender is built once and warmed up, then the rounds run them in turn (generic, anchor,
 generic, ...) so that a noisy machine weighs on both alike. A run is one batch of `streams`
 greedy requests (prompt `--prompt-len`, `--new-tokens` each, `ignore_eos`; transformers
-`generate` with `min_new_tokens`), timed whole; the figure is generated tokens per second and
-the ratio is of the medians. Each request's tokens are checked equal to the generic path's.
+`generate` with `min_new_tokens`), timed whole: generated tokens per wall second, and per CPU
+second of the process (all threads; steadier than wall time on a shared machine, though it
+counts threads that spin). Ratios are of the medians. Each request's tokens are checked equal
+to the generic path's.
 """
 
 from __future__ import annotations
@@ -79,10 +81,11 @@ def generate_run(path: Path, new_tokens: int) -> Run:
     return run
 
 
-def timed(run: Run, prompts: list[list[int]]) -> tuple[float, list[list[int]]]:
-    start = time.perf_counter()
+def timed(run: Run, prompts: list[list[int]]) -> tuple[float, float, list[list[int]]]:
+    """Wall seconds, this process's CPU seconds (every thread), and the tokens of one run."""
+    start, cpu_start = time.perf_counter(), time.process_time()
     tokens = run(prompts)
-    return time.perf_counter() - start, tokens
+    return time.perf_counter() - start, time.process_time() - cpu_start, tokens
 
 
 def main() -> None:
@@ -92,11 +95,16 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="runs per contender, interleaved")
+    parser.add_argument(
+        "--threads", type=int, help="torch's (and Baton's kernels') threads; default: torch's"
+    )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     tokenizer = train_tokenizer(512)
     rng = random.Random(0)
-    results: list[tuple[str, int, str, list[float]]] = []
+    results: list[tuple[str, int, str, tuple[list[float], list[float]]]] = []
     for family in args.families:
         path = write_family(Path(tempfile.mkdtemp(prefix=f"baton-{family}-")), family, tokenizer)
         for streams in args.streams:
@@ -113,32 +121,37 @@ def main() -> None:
             ]
             warm_up = [[3] * args.prompt_len] * streams
             generic(warm_up), anchor(warm_up)
-            times: dict[str, list[float]] = {"generic": [], anchor_name: []}
+            rates: dict[str, tuple[list[float], list[float]]] = {}
             for _ in range(args.rounds):
                 for name, run in (("generic", generic), (anchor_name, anchor)):
-                    elapsed, tokens = timed(run, prompts)
-                    times[name].append(streams * args.new_tokens / elapsed)
+                    elapsed, cpu, tokens = timed(run, prompts)
+                    num_tokens = streams * args.new_tokens
+                    walls, cpus = rates.setdefault(name, ([], []))
+                    walls.append(num_tokens / elapsed)
+                    cpus.append(num_tokens / cpu)
                     if name == "generic":
                         expected = tokens
                     same = sum(a == b for a, b in zip(tokens, expected, strict=True))
-                    print(f"{family} x{streams} {name:>9}: {times[name][-1]:7.1f} tok/s", end="")
-                    print(f"  ({same}/{streams} requests the generic path's tokens)")
-            for name, values in times.items():
-                results.append((family, streams, name, values))
-    print("\n| model | streams | contender | tok/s (median) | rounds | generic / anchor |")
+                    print(
+                        f"{family} x{streams} {name:>9}: {walls[-1]:7.1f} tok/s, "
+                        f"{cpus[-1]:7.1f} tok per CPU s ({same}/{streams} requests as generic)"
+                    )
+            results.extend((family, streams, name, rate) for name, rate in rates.items())
+    print("\n| model | streams | contender | tok/s (rounds) | tok per CPU s (rounds) | ratio |")
     print("|---|---|---|---|---|---|")
     for index in range(0, len(results), 2):
         (family, streams, _, generic), (_, _, anchor_name, anchor) = results[index : index + 2]
-        ratio = statistics.median(generic) / statistics.median(anchor)
-        for name, values, cell in (
-            ("generic", generic, f"**{ratio:.2f}×**"),
-            (anchor_name, anchor, ""),
-        ):
-            rounds = ", ".join(f"{v:.1f}" for v in values)
+        wall, cpu = (statistics.median(generic[i]) / statistics.median(anchor[i]) for i in (0, 1))
+        ratios = f"**{wall:.2f}×** wall, {cpu:.2f}× CPU"
+        for name, (walls, cpus), cell in (("generic", generic, ratios), (anchor_name, anchor, "")):
             print(
-                f"| {family} | {streams} | {name} | {statistics.median(values):.1f} | "
-                f"{rounds} | {cell} |"
+                f"| {family} | {streams} | {name} | {median_and_rounds(walls)} | "
+                f"{median_and_rounds(cpus)} | {cell} |"
             )
+
+
+def median_and_rounds(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({', '.join(f'{v:.1f}' for v in values)})"
 
 
 if __name__ == "__main__":
