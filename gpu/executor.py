@@ -171,11 +171,15 @@ class TorchExecutor:
                 "Baton's float32 kernel" if f32 else "oneDNN",
             )
         self.cpu_layers: CpuLayers | None = None
-        if model_config.model_impl == "native" and self.device.type == "cpu":
-            self.cpu_layers = CpuLayers.of(self.model)
-            if self.cpu_layers is not None:
-                logger.info("every step runs the decoder layers in one C++ call")
-            moved = move_to_huge_pages(streamed_weights(self.model))
+        if self.device.type == "cpu":
+            if model_config.model_impl == "native":
+                self.cpu_layers = CpuLayers.of(self.model)
+                if self.cpu_layers is not None:
+                    logger.info("every step runs the decoder layers in one C++ call")
+                weights = streamed_weights(self.model)
+            else:
+                weights = self.model.streamed_weights()
+            moved = move_to_huge_pages(weights)
             if moved:
                 logger.info(
                     "packed weights: %s moved onto transparent huge pages (%s of them now)",

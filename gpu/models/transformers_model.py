@@ -223,6 +223,15 @@ class TransformersCausalLM(nn.Module):
                     setattr(parent, name, PackedLinear(child, rows_hint))
         return True
 
+    def streamed_weights(self) -> list[torch.Tensor]:
+        """What a CPU step reads in full: the linear weights packed for Baton's float32 kernel
+        (oneDNN's packed weights are opaque tensors and are left out)."""
+        return [
+            module.packed_weight
+            for module in self.modules()
+            if isinstance(module, PackedLinear) and not module.packed_weight.is_mkldnn
+        ]
+
     def _run(
         self, step: _PagedStep, input_ids: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor:
