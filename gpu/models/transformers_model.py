@@ -112,16 +112,19 @@ def paged_attention_forward(
 def _layer_attention(module: nn.Module, sliding_window: int | None) -> LayerAttention:
     """What the attention call of `module` sees: the window transformers hands attention (as it
     does for flash attention, which takes no mask), else what the config's `layer_types` says
-    of the layer, the only place Llama 4's chunked layers are named."""
+    of the layer, the only place Llama 4's chunked layers are named. A query temperature of
+    Llama 4's is taken over: turned off in the module, applied by `paged_attention_forward`."""
     config = getattr(module, "config", None)
     layer_types = getattr(config, "layer_types", None)
     layer_idx = getattr(module, "layer_idx", None)
-    layer_type = layer_types[layer_idx] if layer_types and layer_idx is not None else None
+    layer_type = None
+    if layer_types and isinstance(layer_idx, int) and layer_idx < len(layer_types):
+        layer_type = layer_types[layer_idx]
     if sliding_window is None and layer_type == "sliding_attention":
         sliding_window = config.sliding_window
     chunk = config.attention_chunk_size if layer_type == "chunked_attention" else None
     temperature = None
-    if getattr(module, "attn_temperature_tuning", False) and not module.use_rope:
+    if getattr(module, "attn_temperature_tuning", False) and not getattr(module, "use_rope", True):
         temperature = (float(module.floor_scale), float(module.attn_scale))
         module.attn_temperature_tuning = False
     return LayerAttention(window=sliding_window, chunk=chunk, temperature=temperature)
@@ -248,7 +251,8 @@ class TransformersCausalLM(nn.Module):
 
     @torch.inference_mode()
     def _probed_config(self, config: ModelConfig) -> ModelConfig:
-        """`config` with the number of attention calls and the KV shape of one token's forward."""
+        """`config` with the number of attention calls and the KV shape of one token's forward;
+        how each call attends goes to `self.layers`."""
         device = next(self.base.parameters()).device
         one = torch.zeros(1, dtype=torch.long, device=device)
         step = _PagedStep(None, None, one)
