@@ -110,7 +110,7 @@ def _load_engine(
         vocab_size=model_config.vocab_size,
         eos_token_ids=eos_token_ids,
         tokenizer=tokenizer,
-        sliding_window=model_config.freeable_window,
+        sliding_window=executor.model_config.freeable_window,
     )
     if profile_step_cost:
         profile_executor(

@@ -164,19 +164,22 @@ class TorchExecutor:
                     "but runs slower than float32; use float32 where speed matters"
                 )
         if self.model.pack_linear_weights(rows_hint=engine_config.max_num_seqs):
-            native_f32 = model_config.model_impl == "native" and uses_f32_kernel(
-                self.model.embed_tokens.weight
-            )
+            # Both paths pack by the weights' dtype alike (PackedLinear does as the native model).
+            f32 = uses_f32_kernel(torch.empty(0, dtype=self.dtype))
             logger.info(
                 "float linear layers run over weights packed at load, in %s",
-                "Baton's float32 kernel" if native_f32 else "oneDNN",
+                "Baton's float32 kernel" if f32 else "oneDNN",
             )
         self.cpu_layers: CpuLayers | None = None
-        if model_config.model_impl == "native" and self.device.type == "cpu":
-            self.cpu_layers = CpuLayers.of(self.model)
-            if self.cpu_layers is not None:
-                logger.info("every step runs the decoder layers in one C++ call")
-            moved = move_to_huge_pages(streamed_weights(self.model))
+        if self.device.type == "cpu":
+            if model_config.model_impl == "native":
+                self.cpu_layers = CpuLayers.of(self.model)
+                if self.cpu_layers is not None:
+                    logger.info("every step runs the decoder layers in one C++ call")
+                weights = streamed_weights(self.model)
+            else:
+                weights = self.model.streamed_weights()
+            moved = move_to_huge_pages(weights)
             if moved:
                 logger.info(
                     "packed weights: %s moved onto transparent huge pages (%s of them now)",

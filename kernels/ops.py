@@ -142,10 +142,17 @@ def paged_attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries [T, Hq, D] over one layer's paged cache; each query
-    sees its last `window` tokens (itself included) when a window is given, and its scores are
-    soft-capped at `softcap` when one is given."""
+    sees its last `window` tokens (itself included) when a window is given, only the tokens of
+    its own `chunk`-token chunk when a chunk is given, and its scores are soft-capped at
+    `softcap` when one is given."""
+    if chunk is not None:
+        # Only the reference has chunks: the generic path alone asks for them (Llama 4), and it
+        # runs no CUDA graphs that the reference's per-sequence lists would break.
+        tables, starts, lens = batch.block_tables, batch.query_start_loc, batch.seq_lens
+        return paged_attention_ref(q, kv_cache, tables, starts, lens, scale, window, softcap, chunk)
     if not uses_triton(q):
         tables, starts, lens = batch.block_tables, batch.query_start_loc, batch.seq_lens
         # Forced references stay one SDPA call per sequence.

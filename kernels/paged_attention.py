@@ -116,6 +116,7 @@ def paged_attention_ref(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Attention of packed queries `q` [T, Hq, D] over one layer's paged KV cache.
 
@@ -125,10 +126,14 @@ def paged_attention_ref(
     Each query attends causally: to every cached token up to and including its own position,
     and with a `window` only to the last `window` of those (transformers' sliding window: key j
     is seen from position p when p - window < j <= p). With `softcap`, scores (after `scale`)
-    become `softcap * tanh(score / softcap)` before the softmax, as Gemma 2's do.
+    become `softcap * tanh(score / softcap)` before the softmax, as Gemma 2's do. With `chunk`,
+    a query sees only the keys of its own chunk (Llama 4's chunked attention: key j is seen from
+    position p when p // chunk * chunk <= j <= p).
     """
     outputs = [
-        _attend_sequence(q[start:end], kv_cache, block_tables[i], seq_len, scale, window, softcap)
+        _attend_sequence(
+            q[start:end], kv_cache, block_tables[i], seq_len, scale, window, softcap, chunk
+        )
         for i, seq_len in enumerate(seq_lens)
         if (start := query_start_loc[i]) < (end := query_start_loc[i + 1])
     ]
@@ -314,14 +319,17 @@ def _attend_sequence(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """One sequence's queries [Tq, Hq, D], the last Tq of its `seq_len` tokens, attending."""
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
     query_len = q.shape[0]
-    # With a window, blocks wholly before the first query's window are not read at all.
+    # With a window or chunks, blocks wholly before the first query's keys are not read at all.
     first_block = 0
     if window is not None:
         first_block = max(0, seq_len - query_len - window + 1) // block_size
+    if chunk is not None:
+        first_block = max(first_block, (seq_len - query_len) // chunk * chunk // block_size)
     first_key = first_block * block_size
     used = block_table[first_block : -(-seq_len // block_size)]
     # Rows of 2-d views: CPU index_select is fastest along dim 0 of a 2-d tensor.
@@ -331,13 +339,15 @@ def _attend_sequence(
     k = k.view(1, -1, num_kv_heads, head_dim)[:, : seq_len - first_key].to(q.dtype)
     v = v.view(1, -1, num_kv_heads, head_dim)[:, : seq_len - first_key].to(q.dtype)
     mask = None
-    if query_len > 1 or window is not None:
+    if query_len > 1 or window is not None or chunk is not None:
         # Query j sits at position seq_len - query_len + j: a causal mask aligned to the end.
         query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)[:, None]
         key_pos = torch.arange(first_key, seq_len, device=q.device)[None, :]
         mask = key_pos <= query_pos
         if window is not None:
             mask &= key_pos > query_pos - window
+        if chunk is not None:
+            mask &= key_pos >= query_pos // chunk * chunk
     # SDPA wants [1, heads, tokens, D]; its fast CPU kernel only takes 4-d inputs.
     q4, k4, v4 = q.transpose(0, 1).unsqueeze(0), k.transpose(1, 2), v.transpose(1, 2)
     if softcap is not None:

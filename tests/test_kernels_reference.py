@@ -20,9 +20,10 @@ SEQUENCES = [(1, 1), (37, 1), (16, 16), (23, 23), (40, 7), (32, 16), (9, 1), (50
 
 
 def dense_causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, chunk: int | None = None
 ) -> torch.Tensor:
-    """Attention of the last len(q) of len(k) tokens, in float64 with an explicit mask."""
+    """Attention of the last len(q) of len(k) tokens, in float64 with an explicit mask; with
+    `chunk`, each query sees only the keys of its own `chunk`-token chunk."""
     query_len, num_heads, _ = q.shape
     seq_len, num_kv_heads, _ = k.shape
     group = num_heads // num_kv_heads
@@ -30,15 +31,19 @@ def dense_causal_attention(
     v = v.double().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
     query_pos = torch.arange(seq_len - query_len, seq_len)
-    visible = torch.arange(seq_len)[None, :] <= query_pos[:, None]
+    key_pos = torch.arange(seq_len)[None, :]
+    visible = key_pos <= query_pos[:, None]
+    if chunk is not None:
+        visible &= key_pos >= (query_pos // chunk * chunk)[:, None]
     scores = scores.masked_fill(~visible, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
+@pytest.mark.parametrize("chunk", [None, 12], ids=["causal", "chunked"])
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (8, 2), (16, 2), (8, 1)])
 def test_paged_attention_matches_dense_causal_attention_on_a_mixed_packed_batch(
-    block_size: int, num_heads: int, num_kv_heads: int
+    block_size: int, num_heads: int, num_kv_heads: int, chunk: int | None
 ) -> None:
     rng = random.Random(block_size * 100 + num_heads * 10 + num_kv_heads)
     torch.manual_seed(rng.randrange(2**31))
@@ -71,11 +76,12 @@ def test_paged_attention_matches_dense_causal_attention_on_a_mixed_packed_batch(
         query_start_loc,
         [seq_len for seq_len, _ in SEQUENCES],
         scale,
+        chunk=chunk,
     )
 
     assert out.shape == (query_start_loc[-1], num_heads, HEAD_DIM)
     for i, (q, k, v) in enumerate(zip(queries, keys, values, strict=True)):
-        expected = dense_causal_attention(q, k, v, scale).float()
+        expected = dense_causal_attention(q, k, v, scale, chunk).float()
         rows = out[query_start_loc[i] : query_start_loc[i + 1]]
         torch.testing.assert_close(rows, expected, atol=1e-5, rtol=1e-5)
 

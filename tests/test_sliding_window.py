@@ -1,7 +1,8 @@
 """Sliding-window attention over the paged cache: a model whose every layer slides (Mistral with
-a window) equals transformers' greedy output far past the window, frees and counts the blocks
-behind it, and serves a request longer than the whole KV pool; a model with a global layer
-(Gemma 2) frees nothing. The block accounting is pinned without torch as well."""
+a window; Starcoder2 on the generic path) equals transformers' greedy output far past the
+window, frees and counts the blocks behind it, and serves a request longer than the whole KV
+pool; a model with a global layer (Gemma 2; Qwen2 on the generic path) frees nothing. The block
+accounting is pinned without torch as well."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from baton.app.llm import LLM
 from baton.core.kv_cache.kv_cache_manager import KVCacheManager
 from baton.core.sampling_params import SamplingParams
+from baton.core.scheduling.step_cost_profile import profile_executor
 from tests.factory import make_core_request
 from tests.test_greedy_vs_transformers import assert_same_or_near_tie, transformers_greedy
 
@@ -136,3 +138,67 @@ def test_freed_blocks_are_reported_in_v1_stats(make_checkpoint):
         stats = httpx.get(f"{url}/v1/stats").json()
     # The last step computes position 78, whose window starts at 63: blocks 0-2 are behind it.
     assert stats["kv_blocks_freed_by_window"] == 3
+
+
+def windowed_checkpoint(tmp_path, hf_tokenizer, config_class: str, **window):
+    """A tiny random transformers checkpoint of `config_class` with the given window settings."""
+    import torch
+    import transformers
+
+    config = getattr(transformers, config_class)(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        max_position_embeddings=256,
+        vocab_size=512,
+        initializer_range=0.1,
+        bos_token_id=hf_tokenizer.bos_token_id,
+        eos_token_id=hf_tokenizer.eos_token_id,
+        **window,
+    )
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    hf_tokenizer.save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_generic_path_serves_past_the_window_from_a_pool_shorter_than_the_context(
+    tmp_path, hf_tokenizer
+):
+    # Starcoder2 has no native model: every layer slides on transformers' code.
+    path = windowed_checkpoint(tmp_path, hf_tokenizer, "Starcoder2Config", sliding_window=WINDOW)
+    reference = reference_model(path)
+    prompts = long_prompts(512, (90, 23, 5), seed=3)
+    # 10 blocks of 8 hold 80 tokens, under the 256-token context and the 102-token request.
+    llm = LLM(path, device="cpu", max_num_batched_tokens=32, num_kv_blocks=10, block_size=8)
+    executor = llm.engine.executor
+    assert executor.model_config.model_impl == "transformers"
+    # A server's start-up profiling: prefills of 32 tokens, twice the window, and long decodes.
+    profile_executor(llm.engine.step_cost_model, executor, 32, 2, 96, 512)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    for prompt, result in zip(prompts, llm.generate(prompts, params), strict=True):
+        assert result.token_ids == transformers_greedy(reference, prompt, 12)
+    assert llm.engine.make_stats().kv_blocks_freed_by_window >= 9
+    assert llm.engine.kv_cache.pool.num_free_blocks == 10
+
+
+def test_generic_path_with_a_full_layer_beside_a_sliding_one_frees_nothing(tmp_path, hf_tokenizer):
+    # Qwen2 slides from layer `max_window_layers` on: layer 0 attends fully, layer 1 slides.
+    path = windowed_checkpoint(
+        tmp_path,
+        hf_tokenizer,
+        "Qwen2Config",
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+        max_window_layers=1,
+    )
+    reference = reference_model(path)
+    prompts = long_prompts(512, (50, 21), seed=4)
+    llm = LLM(path, device="cpu", model_impl="transformers", max_num_batched_tokens=16)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    for prompt, result in zip(prompts, llm.generate(prompts, params), strict=True):
+        assert result.token_ids == transformers_greedy(reference, prompt, 12)
+    assert llm.engine.executor.model_config.layer_windows == [None, WINDOW]
+    assert llm.engine.make_stats().kv_blocks_freed_by_window == 0

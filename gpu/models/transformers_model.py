@@ -15,30 +15,49 @@ from __future__ import annotations
 import dataclasses
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import cache
 
 import torch
 from torch import nn
 
 from baton.core.checkpoint.model_config import ModelConfig, UnsupportedModelError
 from baton.gpu.model_inputs import AttentionMetadata
+from baton.gpu.models.model import pack_cpu_weight, packed_linear, uses_f32_kernel
 from baton.kernels import ops
-from baton.kernels.linear import onednn_linear, onednn_linear_available, pack_linear_weight
+from baton.kernels.linear import onednn_linear_available
 
 ATTN_IMPLEMENTATION = "baton_paged"
+
+
+@dataclass(frozen=True, slots=True)
+class LayerAttention:
+    """Which keys one attention call of a forward sees besides the causal limit: its last
+    `window` tokens, or the tokens of its own `chunk`-token chunk; neither: all of them."""
+
+    window: int | None = None
+    chunk: int | None = None
+    # Llama 4's no-rope layers scale queries by a temperature of each token's position: its
+    # (floor_scale, attn_scale), applied here because its code counts positions as one unpacked
+    # sequence's.
+    temperature: tuple[float, float] | None = None
 
 
 @dataclass(slots=True)
 class _PagedStep:
     """The step a forward runs: what every attention call of it reads.
 
-    `kv_caches=None` marks the probe at load time, which records each call's KV shape instead.
+    `kv_caches=None` marks the probe at load time, which records each call's KV shape and
+    attention kind instead.
     """
 
     metadata: AttentionMetadata | None
     kv_caches: list[torch.Tensor] | None
+    positions: torch.Tensor
+    layers: list[LayerAttention] = field(default_factory=list)
     num_calls: int = 0
     kv_shapes: list[tuple[int, int, int]] = field(default_factory=list)
     softcapped: bool = False
+    sinks: bool = False
 
 
 _current_step: ContextVar[_PagedStep | None] = ContextVar("baton_paged_step", default=None)
@@ -68,27 +87,52 @@ def paged_attention_forward(
     num_heads, num_tokens, head_dim = query.shape[1], query.shape[2], value.shape[-1]
     if step.kv_caches is None:
         step.kv_shapes.append((key.shape[1], key.shape[-1], value.shape[-1]))
+        step.layers.append(_layer_attention(module, kwargs.get("sliding_window")))
         step.softcapped |= kwargs.get("softcap") is not None
+        step.sinks |= kwargs.get("s_aux") is not None
         return query.new_zeros(1, num_tokens, num_heads, head_dim), None
-    metadata = step.metadata
-    window = kwargs.get("sliding_window")
-    if window is not None and metadata.max_seq_len > window:
-        raise RuntimeError(
-            f"a sequence of {metadata.max_seq_len} tokens passed the {window}-token sliding "
-            "window, which the generic path does not apply; --max-model-len should cap it"
-        )
+    kind = step.layers[layer]
+    if kind.temperature is not None:
+        # transformers' own expression, over the packed tokens' true positions.
+        floor_scale, attn_scale = kind.temperature
+        scales = torch.log1p(torch.floor((step.positions.float() + 1.0) / floor_scale))
+        query = (query * (scales * attn_scale + 1.0).view(1, 1, -1, 1)).to(query.dtype)
     q = query[0].transpose(0, 1).contiguous()
     k = key[0].transpose(0, 1).contiguous()
     v = value[0].transpose(0, 1).contiguous()
     kv_cache = step.kv_caches[layer]
-    ops.write_kv_cache(k, v, kv_cache, metadata.slot_mapping)
+    ops.write_kv_cache(k, v, kv_cache, step.metadata.slot_mapping)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = ops.paged_attention(q, kv_cache, metadata, scale)
+    out = ops.paged_attention(
+        q, kv_cache, step.metadata, scale, window=kind.window, chunk=kind.chunk
+    )
     return out.unsqueeze(0), None
 
 
+def _layer_attention(module: nn.Module, sliding_window: int | None) -> LayerAttention:
+    """What the attention call of `module` sees: the window transformers hands attention (as it
+    does for flash attention, which takes no mask), else what the config's `layer_types` says
+    of the layer, the only place Llama 4's chunked layers are named. A query temperature of
+    Llama 4's is taken over: turned off in the module, applied by `paged_attention_forward`."""
+    config = getattr(module, "config", None)
+    layer_types = getattr(config, "layer_types", None)
+    layer_idx = getattr(module, "layer_idx", None)
+    layer_type = None
+    if layer_types and isinstance(layer_idx, int) and layer_idx < len(layer_types):
+        layer_type = layer_types[layer_idx]
+    if sliding_window is None and layer_type == "sliding_attention":
+        sliding_window = config.sliding_window
+    chunk = config.attention_chunk_size if layer_type == "chunked_attention" else None
+    temperature = None
+    if getattr(module, "attn_temperature_tuning", False) and not getattr(module, "use_rope", True):
+        temperature = (float(module.floor_scale), float(module.attn_scale))
+        module.attn_temperature_tuning = False
+    return LayerAttention(window=sliding_window, chunk=chunk, temperature=temperature)
+
+
 class PackedLinear(nn.Module):
-    """An `nn.Linear` of transformers' model, run by oneDNN over its weight packed once.
+    """An `nn.Linear` of transformers' model, run over its weight packed once by the native
+    model's CPU kernels: Baton's float32 kernel where it built, else oneDNN.
 
     `weight` stays as a meta tensor of the same shape and dtype, for code that reads those; the
     packed copy is the only one in memory (a tied embedding keeps its own table).
@@ -97,13 +141,13 @@ class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear, rows_hint: int) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed_weight = pack_linear_weight(linear.weight, rows_hint)
+        self.packed_weight = pack_cpu_weight(linear.weight, rows_hint)
         self.weight = nn.Parameter(linear.weight.detach().to("meta"), requires_grad=False)
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        out = onednn_linear(rows, self.packed_weight, self.bias)
+        out = packed_linear(rows, self.packed_weight, self.bias, self.out_features)
         return out.view(*x.shape[:-1], self.out_features)
 
 
@@ -112,12 +156,23 @@ class _HiddenStates(nn.Module):
     head, with any logit scaling or soft-capping its code applies, runs on given hidden states."""
 
     def forward(self, *args, inputs_embeds: torch.Tensor | None = None, **kwargs):
-        from transformers import modeling_outputs
+        return _base_output_class()(last_hidden_state=inputs_embeds)
 
-        # The widest base output: CausalLMs that read cross-attentions find them (as None).
-        return modeling_outputs.BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=inputs_embeds
-        )
+
+@cache
+def _base_output_class() -> type:
+    """A base model's output holding only the last hidden state, whose every other field reads
+    as None: a CausalLM's forward copies what its base returned (router logits of an MoE,
+    cross-attentions, caches) into its own output, and none of them is computed here."""
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    class HeadInput(BaseModelOutputWithPast):
+        def __getattr__(self, name: str) -> None:
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return None
+
+    return HeadInput
 
 
 class TransformersCausalLM(nn.Module):
@@ -130,14 +185,8 @@ class TransformersCausalLM(nn.Module):
 
     def __init__(self, causal_lm: nn.Module, config: ModelConfig) -> None:
         super().__init__()
-        prefix = causal_lm.base_model_prefix
-        base = getattr(causal_lm, prefix, None)
-        if not isinstance(base, nn.Module):
-            raise UnsupportedModelError(
-                f"{type(causal_lm).__name__} keeps no base model at .{prefix}; the generic path "
-                "cannot separate its layers from its head"
-            )
-        self.base = base
+        prefix = _base_model_attribute(causal_lm)
+        self.base = getattr(causal_lm, prefix)
         setattr(causal_lm, prefix, _HiddenStates())
         self.causal_lm = causal_lm
         self.config = self._probed_config(config)
@@ -150,7 +199,7 @@ class TransformersCausalLM(nn.Module):
         kv_caches: list[torch.Tensor],
     ) -> torch.Tensor:
         """The final hidden state of every packed token: [T, hidden_size]."""
-        step = _PagedStep(attn_metadata, kv_caches)
+        step = _PagedStep(attn_metadata, kv_caches, positions, self.layers)
         hidden = self._run(step, input_ids, positions)
         if step.num_calls != len(kv_caches):
             raise RuntimeError(
@@ -164,19 +213,27 @@ class TransformersCausalLM(nn.Module):
         return out.logits[0]
 
     def pack_linear_weights(self, rows_hint: int) -> bool:
-        """Run every `nn.Linear` of the model through oneDNN over a packed weight, as the native
-        model does (float32 on the CPU only; see baton.kernels.linear). Returns whether it
-        packed."""
+        """Run every `nn.Linear` of the model over a packed weight in the native model's kernels
+        (float32 on the CPU only; see `PackedLinear`). Returns whether it packed."""
         weight = next(self.base.parameters())
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return False
-        if not onednn_linear_available():
+        if not (uses_f32_kernel(weight) or onednn_linear_available()):
             return False
         for parent in [*self.base.modules(), *self.causal_lm.modules()]:
             for name, child in parent.named_children():
                 if type(child) is nn.Linear:
                     setattr(parent, name, PackedLinear(child, rows_hint))
         return True
+
+    def streamed_weights(self) -> list[torch.Tensor]:
+        """What a CPU step reads in full: the linear weights packed for Baton's float32 kernel
+        (oneDNN's packed weights are opaque tensors and are left out)."""
+        return [
+            module.packed_weight
+            for module in self.modules()
+            if isinstance(module, PackedLinear) and not module.packed_weight.is_mkldnn
+        ]
 
     def _run(
         self, step: _PagedStep, input_ids: torch.Tensor, positions: torch.Tensor
@@ -194,10 +251,11 @@ class TransformersCausalLM(nn.Module):
 
     @torch.inference_mode()
     def _probed_config(self, config: ModelConfig) -> ModelConfig:
-        """`config` with the number of attention calls and the KV shape of one token's forward."""
+        """`config` with the number of attention calls and the KV shape of one token's forward;
+        how each call attends goes to `self.layers`."""
         device = next(self.base.parameters()).device
-        step = _PagedStep(None, None)
         one = torch.zeros(1, dtype=torch.long, device=device)
+        step = _PagedStep(None, None, one)
         self._run(step, one, one)
         if not step.kv_shapes:
             raise UnsupportedModelError(
@@ -208,6 +266,13 @@ class TransformersCausalLM(nn.Module):
             raise UnsupportedModelError(
                 f"{config.architecture} soft-caps attention logits, which Baton's paged "
                 "attention does not do; it needs a native model"
+            )
+        # The one place that waits for the kernels' attention sinks (gpt-oss): once
+        # ops.paged_attention takes them, hand it `s_aux` instead of refusing.
+        if step.sinks:
+            raise UnsupportedModelError(
+                f"{config.architecture} adds attention sinks to the softmax, which Baton's paged "
+                "attention does not apply on the generic path"
             )
         if len(set(step.kv_shapes)) > 1:
             raise UnsupportedModelError(
@@ -220,12 +285,34 @@ class TransformersCausalLM(nn.Module):
                 f"{config.architecture} has keys of {head_dim} and values of {value_dim} "
                 "channels per head; Baton's cache holds equal ones"
             )
+        self.layers = step.layers
         return dataclasses.replace(
             config,
             num_hidden_layers=len(step.kv_shapes),
             num_key_value_heads=num_kv_heads,
             head_dim=head_dim,
+            # A chunked layer reads at most its last `chunk` tokens: for freeing KV blocks, a
+            # window that long.
+            layer_windows=[layer.window or layer.chunk for layer in step.layers],
         )
+
+
+def _base_model_attribute(causal_lm: nn.Module) -> str:
+    """The attribute of `causal_lm` holding its base model: `base_model_prefix`, or else its one
+    child that is a transformers model (Llama 4's text CausalLM names `language_model` as its
+    prefix but keeps its base at `.model`)."""
+    from transformers import PreTrainedModel
+
+    prefix = causal_lm.base_model_prefix
+    if isinstance(getattr(causal_lm, prefix, None), nn.Module):
+        return prefix
+    models = [n for n, c in causal_lm.named_children() if isinstance(c, PreTrainedModel)]
+    if len(models) != 1:
+        raise UnsupportedModelError(
+            f"{type(causal_lm).__name__} keeps no base model at .{prefix} nor in one child "
+            "module; the generic path cannot separate its layers from its head"
+        )
+    return models[0]
 
 
 def load_transformers_model(
