@@ -91,10 +91,17 @@ class ReplicaLedger:
         return count
 
     def predict(
-        self, num_prompt_tokens: int, cached_blocks: int, ttft_ms: float | None, now: float
+        self,
+        num_prompt_tokens: int,
+        cached_blocks: int,
+        ttft_ms: float | None,
+        now: float,
+        prefill_budget: int | None = None,
     ) -> Forecast:
-        """The admission forecast for a request sent here, its cached blocks not recomputed."""
-        return self.forecast.predict(self._uncached(num_prompt_tokens, cached_blocks), ttft_ms, now)
+        """The admission forecast for a request sent here, its cached blocks not recomputed;
+        `prefill_budget` as `TTFTForecast.predict` takes it."""
+        uncached = self._uncached(num_prompt_tokens, cached_blocks)
+        return self.forecast.predict(uncached, ttft_ms, now, prefill_budget)
 
     def add(
         self,
