@@ -117,22 +117,34 @@ class DisaggregatingRouter:
         num_prompt_tokens: int,
         slo: SLO,
         block_hashes: Sequence[bytes],
+        source: int,
         now: float,
     ) -> int:
-        """The decode replica for a request handed off at its first token: one with a place
-        free, of those the shortest predicted decode step with it, then the fewest tokens
-        held; recorded in its ledger as decoding."""
-        decoders = self._healthy(Role.DECODE)
-        if not decoders:
+        """The replica to decode a request handed off at its first token by replica `source`:
+        of the decode replicas (under `auto` also `source` itself, which needs no transfer),
+        first those whose decode step with it keeps its TPOT target (transfer counted) and
+        that have a place free, decode replicas before `source`, then the shortest step, then
+        the fewest tokens held; recorded in its ledger as decoding."""
+        replicas = self._healthy(Role.DECODE)
+        prefiller = self.router.replicas[source]
+        if self.mode == "auto" and prefiller.healthy:
+            replicas.append(prefiller)
+        if not replicas:
             raise NoReplicaError("no decode replica is serving; they are restarting")
-        chosen = min(
-            decoders,
-            key=lambda r: (
-                r.num_in_flight >= r.forecast.max_num_seqs,
-                _decode_step_s(r, num_prompt_tokens),
-                r.num_tokens,
-            ),
-        )
+        target_s = math.inf if slo.tpot_ms is None else slo.tpot_ms / 1000
+        moved_s = self.transfer_s(num_prompt_tokens) / max(1.0, _mean_intervals(replicas))
+
+        def rank(replica: ReplicaLedger) -> tuple:
+            step_s = _decode_step_s(replica, num_prompt_tokens, self.roles[replica.replica_id])
+            delay_s = 0.0 if replica is prefiller else moved_s
+            return (
+                step_s + delay_s > target_s or replica.num_in_flight >= replica.max_num_seqs,
+                replica is prefiller,
+                step_s,
+                replica.num_tokens,
+            )
+
+        chosen = min(replicas, key=rank)
         chosen.add(request_id, num_prompt_tokens, slo, block_hashes, now)
         chosen.forecast.first_token(request_id, now)
         return chosen.replica_id
@@ -151,7 +163,9 @@ class DisaggregatingRouter:
         prefillers = self._healthy(Role.PREFILL)
         options = []
         if decoders:
-            best_decode_s = min(_decode_step_s(r, request.num_prompt_tokens) for r in decoders)
+            best_decode_s = min(
+                _decode_step_s(r, request.num_prompt_tokens, Role.DECODE) for r in decoders
+            )
             split_tpot_s = best_decode_s + self.transfer_s(request.num_prompt_tokens) / max(
                 1.0, _mean_intervals(decoders)
             )
@@ -164,7 +178,8 @@ class DisaggregatingRouter:
                 candidate = self._candidate(replica, request, now)
                 uncached = request.num_prompt_tokens - candidate.cached_blocks * replica.block_size
                 one_chunk = uncached <= replica.forecast.capped_prefill_budget()
-                tpot_s = _decode_step_s(replica, request.num_prompt_tokens)
+                role = self.roles[replica.replica_id]
+                tpot_s = _decode_step_s(replica, request.num_prompt_tokens, role)
                 options.append(_Option(candidate, False, tpot_s, one_chunk))
         return options
 
@@ -177,30 +192,40 @@ class DisaggregatingRouter:
         return Candidate(replica, cached, forecast)
 
     def _choose(self, request: RouteRequest, options: list[_Option]) -> _Option | None:
-        """In order, the first kind with an option meeting both targets: a one-chunk prompt on
-        a decode replica, a split, a longer prompt on a decode replica, any prompt on a
-        prefill replica; among them the router's policy decides. With none, the router's
-        policy among those admission accepts, or None when it accepts none."""
+        """The first kind with an option meeting both targets, among them the router's policy
+        deciding: a prompt that fits one capped step on a decode replica, a split, the whole
+        request on a prefill replica. With none, the same order among the options admission
+        accepts (the TTFT forecast's rule, and a TPOT some replica is predicted to keep), or
+        None when it accepts none. A longer prompt never runs on a decode replica: its chunks
+        would hold the steps at the cap of decodes that, moved there with a transfer behind
+        them, start late on their pace and which the planner stops protecting."""
         slo = request.slo
         ttft_s = math.inf if slo.ttft_ms is None else slo.ttft_ms / 1000
         tpot_s = math.inf if slo.tpot_ms is None else slo.tpot_ms / 1000
-        meeting = [
-            o for o in options if o.candidate.forecast.ttft_s <= ttft_s and o.tpot_s <= tpot_s
-        ]
         kinds = (
             lambda o: not o.split and o.one_chunk and self._role(o) is Role.DECODE,
             lambda o: o.split,
-            lambda o: not o.split and self._role(o) is Role.DECODE,
-            lambda o: not o.split,
+            lambda o: not o.split and self._role(o) is Role.PREFILL,
         )
-        for kind in kinds:
-            chosen = self._pick([o for o in meeting if kind(o)])
-            if chosen is not None:
-                return chosen
+        meeting = [
+            o for o in options if o.candidate.forecast.ttft_s <= ttft_s and o.tpot_s <= tpot_s
+        ]
         factor = self.router.admission_factor
+        admitted = options
         if slo.ttft_ms is not None:
-            options = [o for o in options if not o.candidate.forecast.refuses(slo.ttft_ms, factor)]
-        return self._pick(options)
+            admitted = [
+                o for o in admitted if not o.candidate.forecast.refuses(slo.ttft_ms, factor)
+            ]
+        if factor > 0:
+            # Admitted, a request no replica can decode at its pace would miss its TPOT target
+            # and lengthen the steps of the batch it joins.
+            admitted = [o for o in admitted if o.tpot_s <= tpot_s]
+        for candidates in (meeting, admitted):
+            for kind in kinds:
+                chosen = self._pick([o for o in candidates if kind(o)])
+                if chosen is not None:
+                    return chosen
+        return None
 
     def _role(self, option: _Option) -> Role:
         return self.roles[option.candidate.replica.replica_id]
@@ -212,10 +237,20 @@ class DisaggregatingRouter:
         return next(o for o in options if o.candidate is chosen)
 
 
-def _decode_step_s(replica: ReplicaLedger, num_prompt_tokens: int) -> float:
-    """A decode-only step on `replica` with one more request of `num_prompt_tokens` decoding."""
-    decodes, context, _ = replica.forecast.decode_load()
-    return replica.stats.step_cost.predict_step(0, decodes + 1, context + num_prompt_tokens)
+def _decode_step_s(replica: ReplicaLedger, num_prompt_tokens: int, role: Role) -> float:
+    """A step on `replica` once its requests in flight, and one more of `num_prompt_tokens`,
+    all decode (as many as the batch holds): what the new request's TPOT comes to there. On a
+    prefill replica the step also carries the prefill it owes, at the full token budget: the
+    planner serves its queue of long prompts ahead of a few decodes. Elsewhere the planner's
+    cap keeps prefill within the decodes' targets."""
+    forecast = replica.forecast
+    num_seqs = min(replica.num_in_flight + 1, replica.max_num_seqs)
+    num_prefill = 0
+    if role is Role.PREFILL:
+        num_prefill = min(forecast.owed_tokens, forecast.max_num_batched_tokens - num_seqs)
+    return replica.stats.step_cost.predict_step(
+        num_prefill, num_seqs, replica.num_tokens + num_prompt_tokens
+    )
 
 
 def _mean_intervals(replicas: Sequence[ReplicaLedger]) -> float:
@@ -223,6 +258,9 @@ def _mean_intervals(replicas: Sequence[ReplicaLedger]) -> float:
     measured lifetime after the first token over a decode step; a transfer's delay is spread
     over them in its TPOT."""
     counts = [
-        r.forecast.lifetime_s / _decode_step_s(r, 0) for r in replicas if r.forecast.lifetime_s
+        r.forecast.lifetime_s
+        / r.stats.step_cost.predict_step(0, max(1, r.num_in_flight), r.num_tokens)
+        for r in replicas
+        if r.forecast.lifetime_s
     ]
     return sum(counts) / len(counts) if counts else 1.0

@@ -81,6 +81,10 @@ class ReplicaLedger:
     def num_in_flight(self) -> int:
         return len(self._tokens)
 
+    @property
+    def max_num_seqs(self) -> int:
+        return self.forecast.max_num_seqs
+
     def cached_blocks(self, block_hashes: Sequence[bytes]) -> int:
         """How many of a prompt's leading blocks this replica's prefix cache likely holds."""
         count = 0

@@ -92,6 +92,11 @@ class TTFTForecast:
         self._in_flight.pop(request_id, None)
 
     @property
+    def owed_tokens(self) -> int:
+        """Prompt tokens in flight still to prefill (each whole until its first token)."""
+        return sum(e.num_prompt_tokens for e in self._in_flight.values() if e.first_token_s is None)
+
+    @property
     def num_owed(self) -> int:
         """Requests in flight still waiting for their first token."""
         return sum(entry.first_token_s is None for entry in self._in_flight.values())

@@ -144,9 +144,15 @@ class _Replicas:
     def hand_off(self, source: int, prefilled: PrefilledRequest, now: float) -> None:
         spec = prefilled.request
         target = self.router.hand_off(
-            spec.request_id, prefilled.num_prompt_tokens, spec.slo, prefilled.block_hashes, now
+            spec.request_id,
+            prefilled.num_prompt_tokens,
+            spec.slo,
+            prefilled.block_hashes,
+            source,
+            now,
         )
-        seconds = self.router.transfer.seconds(prefilled.num_kv_bytes)
+        # Decoding on where it was prefilled moves nothing.
+        seconds = 0.0 if target == source else self.router.transfer.seconds(prefilled.num_kv_bytes)
         transfer = Transfer(spec.request_id, source, target, prefilled.num_kv_bytes, now, seconds)
         self.transfers.append(transfer)
         self.push(_Event(now + seconds, 0, target, transfer=transfer, prefilled=prefilled))
