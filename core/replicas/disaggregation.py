@@ -3,12 +3,12 @@ replicas prefill and the others decode. A request either runs whole on one repli
 is prefilled on a prefill replica and decoded on a decode replica (split), its KV moved between
 them (core/replicas/kv_transfer.py). `--disaggregate never` routes every request locally over
 all replicas (the co-located layout), `always` splits every request, and `auto` (the default)
-weighs both for each request on the same forecast as admission (core/scheduling/ttft_forecast.py)
-with the `slo` planner's TPOT cap: a prompt short enough to be prefilled in one step beside a
-decode replica's decodes stays there; a longer one, whose chunks would hold that replica's
-steps at its decodes' TPOT limit, goes through a prefill replica when that meets its targets,
-transfer counted; failing both, it runs locally wherever its targets can still be met, prefill
-replicas included, so they lend their capacity to decoding when the decode replicas are full.
+weighs the ways for each request on the same forecast as admission
+(core/scheduling/ttft_forecast.py) with the `slo` planner's TPOT cap: a prompt short enough to
+be prefilled in one step beside a decode replica's decodes stays there; a longer one goes
+through a prefill replica, transfer counted; a request the decode replicas cannot decode at its
+pace runs whole on a prefill replica, and a prefill replica keeps decoding what it prefilled
+when no decode replica has room, so prefill replicas lend their capacity to decoding.
 """
 
 from __future__ import annotations
