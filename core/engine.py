@@ -9,6 +9,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import cast
 
 from baton.core.batch import Batch, ExecutorOutput, TokenLogprobs
 from baton.core.config import EngineConfig
@@ -197,16 +198,15 @@ class Engine:
         request.num_cached_tokens = prefilled.num_cached_tokens
         request.token_times.append(prefilled.first_token_time)
         if self.scheduler.add_prefilled(request, prefilled.block_hashes) and kv is not None:
-            executor: KVTransfer = self.executor  # type: ignore[assignment]
-            executor.write_kv(self.kv_cache.block_table(request.request_id), kv)
+            table = self.kv_cache.block_table(request.request_id)
+            cast(KVTransfer, self.executor).write_kv(table, kv)
         self.outputs.add(request)
         return request
 
     def read_prefilled_kv(self, request_id: str) -> object:
         """The KV contents of a handed-off request's prompt, read by the executor from the
         blocks it still holds."""
-        executor: KVTransfer = self.executor  # type: ignore[assignment]
-        return executor.read_kv(self.kv_cache.block_table(request_id))
+        return cast(KVTransfer, self.executor).read_kv(self.kv_cache.block_table(request_id))
 
     def release_prefilled(self, request_id: str) -> None:
         """The transfer of a handed-off request's KV has ended (or failed): free its blocks."""

@@ -1,7 +1,8 @@
 """A request prefilled on one engine and decoded on another (core/prefilled.py): the same
 tokens as on one engine, the prefill side's blocks held until the transfer ends, the prompt's
-prefix-cache hashes registered on the decode side, the KV hook called with what was read, and
-preemption on the decode side recomputing from the prompt."""
+prefix-cache hashes registered on the decode side, the KV hook called with what was read,
+preemption on the decode side recomputing from the prompt, and the text continuing across the
+seam."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from collections.abc import Sequence
 from baton.core.engine import Engine
 from baton.core.prefilled import PrefilledRequest
 from baton.core.simulation.simulated_executor import SimulatedExecutor
+from baton.core.text.tokenizer import Tokenizer
 from tests.factory import add_request, make_engine, make_request
+from tests.test_detokenizer import sentencepiece_style_tokenizer
 
 PROMPTS = {f"r{i}": [(7 * i + j) % 997 + 1 for j in range(20 + 37 * i)] for i in range(6)}
 
@@ -146,3 +149,39 @@ def test_kv_contents_read_on_the_prefill_side_are_written_into_the_decode_side_b
     decode.add_prefilled(prefilled, contents)
     assert decode_executor.written == [(decode.kv_cache.block_table("r"), ("kv of", source_table))]
     assert len(source_table) == -(-len(PROMPTS["r2"]) // 16)
+
+
+def _text_engine(tokenizer: Tokenizer) -> Engine:
+    vocab = tokenizer.backend.get_vocab_size()
+    executor = SimulatedExecutor(256, 16, vocab)
+    config = make_engine().config
+    return Engine(
+        config,
+        executor,
+        max_model_len=4096,
+        vocab_size=vocab,
+        eos_token_ids=[],
+        tokenizer=tokenizer,
+    )
+
+
+def test_text_continues_across_the_seam_with_held_back_text_released_once():
+    tokenizer = sentencepiece_style_tokenizer()
+    prompt = tokenizer.encode("hello world")
+    # A stop string that never matches still holds back its length less one character.
+    spec = make_request("r", prompt, max_tokens=30, stop=["~~~"])
+    alone = _text_engine(tokenizer)
+    alone.add_request(alone.validator.validate(spec))
+    expected = ""
+    while alone.has_unfinished_requests:
+        expected += "".join(output.new_text for output in alone.step())
+    prefill, decode = _text_engine(tokenizer), _text_engine(tokenizer)
+    prefill.add_request(prefill.validator.validate(spec), hand_off=True)
+    (first,) = prefill.step()
+    # The first token's text (one character here) is held back on the prefill side.
+    assert first.prefilled is not None and first.new_text == ""
+    decode.add_prefilled(first.prefilled)
+    text = first.new_text
+    while decode.has_unfinished_requests:
+        text += "".join(output.new_text for output in decode.step())
+    assert len(expected) > 10 and text == expected
