@@ -9,13 +9,15 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import cast
 
 from baton.core.batch import Batch, ExecutorOutput, TokenLogprobs
 from baton.core.config import EngineConfig
 from baton.core.engine_stats import EngineStats
-from baton.core.executor import Executor
+from baton.core.executor import Executor, KVTransfer
 from baton.core.kv_cache.kv_cache_manager import KVCacheManager
 from baton.core.outputs import RequestOutput, RequestTiming
+from baton.core.prefilled import PrefilledRequest
 from baton.core.request import EngineRequest, FinishReason, Request
 from baton.core.request_validator import ModelLimits, RequestValidator
 from baton.core.sampling_params import InvalidRequestError, SamplingParams
@@ -95,6 +97,12 @@ class Engine:
         )
         self.outputs = OutputProcessor(tokenizer, eos_token_ids, max_model_len)
         self.num_steps = 0
+        # Prefill-only requests (`add_request(hand_off=True)`), by id, with their specs; and
+        # those handed off whose blocks wait for the transfer to end (`release_prefilled`).
+        self._to_hand_off: dict[str, EngineRequest] = {}
+        self._handed_off: dict[str, Request] = {}
+        # Bytes of KV one token holds in the executor's cache, for the transfer's size.
+        self.kv_bytes_per_token: int = getattr(executor, "kv_bytes_per_token", 0)
         # Called in the step thread: after every step that ran a batch, and for every request
         # as it finishes (with its final output). Listeners must be quick and must not raise.
         self.step_listeners: list[Callable[[StepStats], None]] = [self.step_cost_model.observe]
@@ -156,10 +164,12 @@ class Engine:
             )
         return dataclasses.replace(params, structured_output=compiler.compile(constraint))
 
-    def add_request(self, spec: EngineRequest) -> Request:
+    def add_request(self, spec: EngineRequest, *, hand_off: bool = False) -> Request:
         """Queue a request that `validator` has passed (admission, `LLM`, the simulator): the
         engine checks nothing twice. Raises InvalidRequestError only for an output constraint
-        this executor cannot compile."""
+        this executor cannot compile. With `hand_off`, the engine only prefills it: the output
+        with its first token carries a `PrefilledRequest` for another engine to decode it,
+        unless that token already ends it."""
         # The invariants validation leaves, cheap to assert: an unvalidated request is a bug in
         # its caller, caught here rather than as a request that never finishes.
         max_tokens = spec.sampling_params.max_tokens
@@ -172,7 +182,41 @@ class Engine:
         request = Request.admit(spec, params, arrival)
         self.scheduler.add_request(request)
         self.outputs.add(request)
+        if hand_off:
+            self._to_hand_off[request.request_id] = dataclasses.replace(
+                spec, sampling_params=params, arrival_time=arrival
+            )
         return request
+
+    def add_prefilled(self, prefilled: PrefilledRequest, kv: object | None = None) -> Request:
+        """Go on decoding a request another engine prefilled (its `hand_off` output), with the
+        KV contents that engine's executor read (`read_prefilled_kv`); None when the executor
+        needs none (a simulated one). Without room for it now it recomputes its prompt here."""
+        spec = prefilled.request
+        assert spec.arrival_time is not None, "a prefilled request keeps its arrival time"
+        request = Request.admit(spec, spec.sampling_params, spec.arrival_time)
+        request.append_token(prefilled.first_token_id)
+        request.num_computed_tokens = request.num_prompt_tokens
+        request.first_scheduled_time = prefilled.first_scheduled_time
+        request.first_token_time = prefilled.first_token_time
+        request.num_cached_tokens = prefilled.num_cached_tokens
+        request.token_times.append(prefilled.first_token_time)
+        if self.scheduler.add_prefilled(request, prefilled.block_hashes) and kv is not None:
+            table = self.kv_cache.block_table(request.request_id)
+            cast(KVTransfer, self.executor).write_kv(table, kv)
+        self.outputs.add(request)
+        return request
+
+    def read_prefilled_kv(self, request_id: str) -> object:
+        """The KV contents of a handed-off request's prompt, read by the executor from the
+        blocks it still holds."""
+        return cast(KVTransfer, self.executor).read_kv(self.kv_cache.block_table(request_id))
+
+    def release_prefilled(self, request_id: str) -> None:
+        """The transfer of a handed-off request's KV has ended (or failed): free its blocks."""
+        request = self._handed_off.pop(request_id, None)
+        if request is not None:
+            self.kv_cache.free(request)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Cancel a request; its KV blocks are free before the next step."""
@@ -251,7 +295,26 @@ class Engine:
             output.prompt_logprobs = request.prompt_logprobs
         if finish_reason is not None:
             self._finish(request, output, finish_reason, now)
+        elif token_id is not None and request.request_id in self._to_hand_off:
+            output.prefilled = self._hand_off(request, token_id)
         return output
+
+    def _hand_off(self, request: Request, token_id: int) -> PrefilledRequest:
+        """Stop serving a prefill-only request at its first token: its blocks stay held for
+        the transfer, and the rest of it is the decoding engine's."""
+        self.scheduler.hand_off(request)
+        self.outputs.remove(request.request_id)
+        self._handed_off[request.request_id] = request
+        assert request.first_scheduled_time is not None and request.first_token_time is not None
+        return PrefilledRequest(
+            self._to_hand_off.pop(request.request_id),
+            token_id,
+            self.kv_cache.computed_block_hashes(request),
+            request.num_prompt_tokens * self.kv_bytes_per_token,
+            request.first_scheduled_time,
+            request.first_token_time,
+            request.num_cached_tokens or 0,
+        )
 
     def _isolate_fault(
         self, batch: Batch, error: Exception
@@ -301,6 +364,7 @@ class Engine:
         self, request: Request, output: RequestOutput, reason: FinishReason, now: float
     ) -> None:
         self.scheduler.finish_request(request, reason, now)
+        self._to_hand_off.pop(request.request_id, None)
         output.new_text += self.outputs.remove(request.request_id)
         output.finished = True
         output.finish_reason = reason
@@ -328,6 +392,7 @@ class Engine:
     ) -> RequestOutput | None:
         request = self.scheduler.requests.get(request_id)
         if request is None:
+            self.release_prefilled(request_id)
             return None
         output = RequestOutput(
             request_id, [], "", request.num_prompt_tokens, request.num_output_tokens, error=error

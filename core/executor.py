@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from baton.core.batch import Batch, ExecutorOutput
@@ -18,3 +19,13 @@ class Executor(Protocol):
     block_size: int
 
     def execute(self, batch: Batch) -> ExecutorOutput: ...
+
+
+class KVTransfer(Protocol):
+    """What an executor implements to move a prefilled request's KV between engines
+    (core/prefilled.py): read the contents of some blocks of its cache, and write contents read
+    elsewhere into blocks of its own. The contents are opaque to the engine."""
+
+    def read_kv(self, block_ids: Sequence[int]) -> object: ...
+
+    def write_kv(self, block_ids: Sequence[int], contents: object) -> None: ...

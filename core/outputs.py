@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from baton.core.batch import TokenLogprobs
 from baton.core.metrics.latency import tpot_ms
+from baton.core.prefilled import PrefilledRequest
 from baton.core.request import FinishReason, Request
 
 
@@ -60,3 +61,5 @@ class RequestOutput:
     error_detail: str | None = None
     # On the final output: when each output token was ready, on the engine's clock (seconds).
     token_times: list[float] | None = None
+    # On a prefill-only request's first token: what another engine needs to decode it.
+    prefilled: PrefilledRequest | None = None

@@ -15,6 +15,8 @@ class RequestStatus(enum.Enum):
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED = "finished"
+    # Prompt computed and first token sampled here; decoding goes on in another engine.
+    HANDED_OFF = "handed off"
 
 
 class FinishReason(str, enum.Enum):

@@ -30,10 +30,11 @@ from baton.app.model_settings import ModelSettings
 from baton.app.replicas.replica_settings import ReplicaSettings
 from baton.core.config import POLICIES, EngineConfig
 from baton.core.metrics.latency import percentile
+from baton.core.replicas.disaggregation_settings import DisaggregationSettings
 from baton.core.replicas.router import ROUTERS
 from baton.core.scheduling.step_cost import CostCoefficients
 from baton.core.simulation.records import queue_trend, summarize
-from baton.core.simulation.replica_simulator import simulate_replicas
+from baton.core.simulation.replica_simulator import Transfer, simulate_replicas
 from baton.core.simulation.simulator import (
     DEFAULT_COST,
     SimulationConfig,
@@ -52,6 +53,7 @@ from baton.core.simulation.workloads import (
 SIMULATION = FlagGroup(SimulateSettings, "simulation")
 LOAD = FlagGroup(LoadSettings, "load")
 REPLICAS = FlagGroup(ReplicaSettings, "replicas", only=("num_replicas",))
+DISAGGREGATION = FlagGroup(DisaggregationSettings, "prefill and decode apart")
 # The engine settings a simulation models; the KV cache is a fixed size, as no memory is there
 # to size it from.
 ENGINE = FlagGroup(
@@ -78,7 +80,7 @@ def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
         help="compare scheduling policies in a discrete-event simulation (no model runs)",
         description="Simulate the real scheduler and KV block pool on a step-cost model.",
     )
-    for group in (SIMULATION, LOAD, REPLICAS, ENGINE, DEVICE):
+    for group in (SIMULATION, LOAD, REPLICAS, DISAGGREGATION, ENGINE, DEVICE):
         group.add_to(parser)
     parser.set_defaults(handler=run)
 
@@ -87,6 +89,12 @@ def run(args: argparse.Namespace) -> int:
     settings = SIMULATION.build(args)
     load = LOAD.build(args)
     num_replicas = REPLICAS.build(args).num_replicas
+    disaggregation = DISAGGREGATION.build(args)
+    if disaggregation.prefill_replicas and disaggregation.prefill_replicas >= num_replicas:
+        raise ValueError(
+            f"--prefill-replicas {disaggregation.prefill_replicas} leaves no decode replica of "
+            f"--replicas {num_replicas}; give fewer prefill replicas or more replicas"
+        )
     default_policies = "slo,fcfs,static" if num_replicas == 1 else "slo"
     policies = _names(settings.policy or default_policies)
     unknown = [p for p in policies if p not in POLICIES]
@@ -164,7 +172,9 @@ def run(args: argparse.Namespace) -> int:
         if router is None:
             result = simulate(policy, workload, config)
         else:
-            result = simulate_replicas(router, policy, workload, config, num_replicas)
+            result = simulate_replicas(
+                router, policy, workload, config, num_replicas, disaggregation
+            )
         summary = summarize(result.records)
         classes = sorted({r.class_name for r in result.records})
         trend = queue_trend(result.records)
@@ -197,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
                 / max(1, result.prefix_cache_queries),
                 route_us_p50=percentile(sorted(result.route_wall_s), 50) * 1e6,
                 route_us_p99=percentile(sorted(result.route_wall_s), 99) * 1e6,
+                roles=result.roles,
+                transfers=transfer_summary(result.transfers),
             )
     if load.json:
         print(json.dumps(report, indent=2))
@@ -213,6 +225,17 @@ def run(args: argparse.Namespace) -> int:
         )
         print_table(report, headline, LengthStats.of(workload), settings.max_tokens)
     return 0
+
+
+def transfer_summary(transfers: list[Transfer]) -> dict:
+    """The KV transfers of a run: how many, their bytes, and their latency in ms."""
+    seconds = sorted(transfer.seconds for transfer in transfers)
+    return {
+        "count": len(transfers),
+        "bytes": sum(transfer.num_bytes for transfer in transfers),
+        "latency_ms_p50": percentile(seconds, 50) * 1000 if seconds else None,
+        "latency_ms_p99": percentile(seconds, 99) * 1000 if seconds else None,
+    }
 
 
 def _names(text: str) -> list[str]:

@@ -84,11 +84,27 @@ def _replica_note(row: dict) -> str:
     return textwrap.fill(
         f"requests per replica {row['requests_per_replica']}, prefix cache hits "
         f"{row['prefix_cache_hit_rate']:.1%}, routing p50 {row['route_us_p50']:.0f} us "
-        f"p99 {row['route_us_p99']:.0f} us (wall)",
+        f"p99 {row['route_us_p99']:.0f} us (wall)" + _roles_note(row),
         WIDTH,
         initial_indent="  ",
         subsequent_indent="    ",
     )
+
+
+def _roles_note(row: dict) -> str:
+    """The replicas' roles and the KV moved between them, where some replicas prefill only."""
+    roles = row.get("roles") or []
+    if "prefill" not in roles:
+        return ""
+    transfers = row["transfers"]
+    note = f"; roles {'/'.join(role[0].upper() for role in roles)}, {transfers['count']} KV "
+    note += f"transfers, {transfers['bytes'] / 1e9:.2f} GB"
+    if transfers["count"]:
+        note += (
+            f", latency p50 {transfers['latency_ms_p50']:.1f} ms "
+            f"p99 {transfers['latency_ms_p99']:.1f} ms"
+        )
+    return note
 
 
 def _ms(value: float | None) -> str:

@@ -4,6 +4,8 @@ out of the attention window of every layer."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from baton.core.kv_cache.block_pool import BlockPool, KVBlock, hash_block
 from baton.core.request import Request
 
@@ -119,6 +121,33 @@ class KVCacheManager:
         new_blocks = prefix + self.pool.allocate(max(num_new_blocks, 0))
         blocks.extend(new_blocks)
         table.extend(block.block_id for block in new_blocks)
+        return True
+
+    def computed_block_hashes(self, request: Request) -> tuple[bytes, ...]:
+        """The chained hashes of the request's full computed blocks, as its prefix cache
+        registers them: what another engine's cache needs to share them."""
+        self._extend_hashes(request, request.num_computed_tokens // self.block_size)
+        return tuple(request.block_hashes[: request.num_computed_tokens // self.block_size])
+
+    def allocate_prefilled(self, request: Request, block_hashes: Sequence[bytes]) -> bool:
+        """Fresh blocks for a request whose first `num_computed_tokens` were computed by another
+        engine, their full blocks registered in the prefix cache under that engine's
+        `block_hashes`. False, changing nothing, when the pool cannot hold them."""
+        num_blocks = self.blocks_needed(request.num_computed_tokens)
+        if num_blocks > self.pool.num_free_blocks:
+            return False
+        blocks = self.pool.allocate(num_blocks)
+        self._blocks[request.request_id] = blocks
+        self._block_tables[request.request_id] = [block.block_id for block in blocks]
+        request.block_hashes = list(block_hashes)
+        num_full = request.num_computed_tokens // self.block_size
+        num_hashed = 0
+        if self.enable_prefix_caching:
+            self._extend_hashes(request, num_full)
+            for block, block_hash in zip(blocks[:num_full], request.block_hashes, strict=False):
+                self.pool.cache(block, block_hash)
+            num_hashed = num_full
+        self._num_hashed[request.request_id] = num_hashed
         return True
 
     def cache_computed_blocks(self, request: Request) -> None:

@@ -85,6 +85,10 @@ class ReplicaLedger:
     def num_in_flight(self) -> int:
         return len(self._tokens)
 
+    @property
+    def max_num_seqs(self) -> int:
+        return self.forecast.max_num_seqs
+
     def cached_blocks(self, block_hashes: Sequence[bytes]) -> int:
         """How many of a prompt's leading blocks this replica's prefix cache likely holds."""
         count = 0
@@ -95,10 +99,17 @@ class ReplicaLedger:
         return count
 
     def predict(
-        self, num_prompt_tokens: int, cached_blocks: int, ttft_ms: float | None, now: float
+        self,
+        num_prompt_tokens: int,
+        cached_blocks: int,
+        ttft_ms: float | None,
+        now: float,
+        prefill_budget: int | None = None,
     ) -> Forecast:
-        """The admission forecast for a request sent here, its cached blocks not recomputed."""
-        return self.forecast.predict(self._uncached(num_prompt_tokens, cached_blocks), ttft_ms, now)
+        """The admission forecast for a request sent here, its cached blocks not recomputed;
+        `prefill_budget` as `TTFTForecast.predict` takes it."""
+        uncached = self._uncached(num_prompt_tokens, cached_blocks)
+        return self.forecast.predict(uncached, ttft_ms, now, prefill_budget)
 
     def add(
         self,

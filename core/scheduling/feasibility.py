@@ -20,6 +20,8 @@ from baton.core.scheduling.step_cost import StepCost
 # only then does it preempt one.
 BOUND_MARGIN_STEPS = 8
 BOUND_EARLIEST_SHARE = 0.5
+# The least prefill the `slo` planner lets a step carry under a TPOT cap that cannot be met.
+MIN_CAPPED_PREFILL = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,22 @@ def pace_of(
         lifetime_s / batch_size,
         queued_tokens,
     )
+
+
+def tpot_capped_budget(
+    cost: StepCost, num_decodes: int, decode_context: int, tightest_s: float, token_budget: int
+) -> int:
+    """The prefill tokens a step may carry beside `num_decodes` decodes reading
+    `decode_context` KV entries and still end within `tightest_s`, their tightest TPOT target
+    (the `slo` planner's cap, core/scheduling/slo_policy.py, with each decode's target as its
+    allowance); at least `MIN_CAPPED_PREFILL`, as the planner keeps the queue moving."""
+    room_s = tightest_s - cost.predict_step(0, num_decodes, decode_context)
+    per_token_s = cost.prefill_token_s()
+    if room_s <= 0:
+        return min(token_budget, MIN_CAPPED_PREFILL)
+    if per_token_s <= 0:
+        return token_budget
+    return max(min(token_budget, MIN_CAPPED_PREFILL), int(min(token_budget, room_s / per_token_s)))
 
 
 @dataclass(frozen=True, slots=True)

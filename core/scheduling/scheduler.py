@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from collections.abc import Sequence
 
 from baton.core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
 from baton.core.kv_cache.kv_cache_manager import KVCacheManager
@@ -80,6 +81,33 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.finish_time = now
+
+    def hand_off(self, request: Request) -> None:
+        """Take a running request whose first token was just sampled out of the queues: its
+        decoding goes on in another engine. Its blocks stay held, for the transfer to read,
+        until the engine releases them (`KVCacheManager.free`)."""
+        self.running.remove(request)
+        del self.requests[request.request_id]
+        self._finished_ids.append(request.request_id)
+        request.status = RequestStatus.HANDED_OFF
+
+    def add_prefilled(self, request: Request, block_hashes: Sequence[bytes]) -> bool:
+        """Start decoding a request whose prompt another engine computed: it runs at once with
+        its prompt's KV in fresh blocks. Without a place or the blocks for it, it queues as a
+        preempted request does and recomputes its prompt (False)."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        if len(self.running) < self.max_num_seqs and self.kv_cache.allocate_prefilled(
+            request, block_hashes
+        ):
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            return True
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        self._enqueue(request)
+        return False
 
     def refused(self, now: float) -> list[Request]:
         """Queued requests the policy refuses now; the caller finishes them."""

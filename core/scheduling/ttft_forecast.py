@@ -30,6 +30,7 @@ class _InFlight:
     num_prompt_tokens: int
     arrival_s: float
     deadline_s: float  # arrival + TTFT target; infinite without a target
+    tpot_s: float  # TPOT target; infinite without one
     first_token_s: float | None = None
 
 
@@ -77,8 +78,10 @@ class TTFTForecast:
 
     def add(self, request_id: str, num_prompt_tokens: int, slo: SLO | None, now: float) -> None:
         ttft_ms = slo.ttft_ms if slo is not None else None
+        tpot_ms = slo.tpot_ms if slo is not None else None
         deadline = math.inf if ttft_ms is None else now + ttft_ms / 1000
-        self._in_flight[request_id] = _InFlight(num_prompt_tokens, now, deadline)
+        tpot_s = math.inf if tpot_ms is None else tpot_ms / 1000
+        self._in_flight[request_id] = _InFlight(num_prompt_tokens, now, deadline, tpot_s)
 
     def first_token(self, request_id: str, now: float) -> None:
         entry = self._in_flight.get(request_id)
@@ -89,18 +92,51 @@ class TTFTForecast:
         self._in_flight.pop(request_id, None)
 
     @property
+    def owed_tokens(self) -> int:
+        """Prompt tokens in flight still to prefill (each whole until its first token)."""
+        return sum(e.num_prompt_tokens for e in self._in_flight.values() if e.first_token_s is None)
+
+    @property
     def num_owed(self) -> int:
         """Requests in flight still waiting for their first token."""
         return sum(entry.first_token_s is None for entry in self._in_flight.values())
 
-    def predict(self, num_prompt_tokens: int, ttft_ms: float | None, now: float) -> Forecast:
+    def decode_load(self) -> tuple[int, int, float]:
+        """The in-flight requests past their first token: how many, the KV entries they read
+        a step, and their tightest TPOT target in seconds (infinite without one)."""
+        decodes = context = 0
+        tightest_s = math.inf
+        for entry in self._in_flight.values():
+            if entry.first_token_s is not None:
+                decodes += 1
+                context += entry.num_prompt_tokens
+                tightest_s = min(tightest_s, entry.tpot_s)
+        return decodes, context, tightest_s
+
+    def capped_prefill_budget(self) -> int:
+        """The prefill tokens a step carries beside the in-flight decodes under the `slo`
+        planner's TPOT cap (`feasibility.tpot_capped_budget`)."""
+        decodes, context, tightest_s = self.decode_load()
+        budget = self.max_num_batched_tokens - decodes
+        if tightest_s == math.inf:
+            return budget
+        return feasibility.tpot_capped_budget(self.cost_model, decodes, context, tightest_s, budget)
+
+    def predict(
+        self,
+        num_prompt_tokens: int,
+        ttft_ms: float | None,
+        now: float,
+        prefill_budget: int | None = None,
+    ) -> Forecast:
         """When a request arriving `now` would get its first token, as the `slo` planner would
         order it among the requests still owed a first token (`feasibility.plan_order`), at
         the pace the in-flight decodes allow, and how many of those it would make late. One
         predicted past its deadline is not refused for that alone: if it does drop out of
         reach, the planner sets it aside and, having used nothing, it is refused once it has
         waited the factor times its target (`SLOPolicy.refuse`); a borderline prediction at
-        moderate load is often wrong, and refusing it would be a sure miss."""
+        moderate load is often wrong, and refusing it would be a sure miss. `prefill_budget`
+        limits the prefill each step carries (None: the token budget beside the decodes)."""
         decodes = context = owed = 0
         jobs = []
         for key, entry in self._in_flight.items():
@@ -113,12 +149,12 @@ class TTFTForecast:
                 Job(key, entry.arrival_s, entry.deadline_s, entry.num_prompt_tokens, True, False)
             )
         deadline = math.inf if ttft_ms is None else now + ttft_ms / 1000
-        without = self.pace(decodes, context, jobs)
+        without = self.pace(decodes, context, jobs, prefill_budget)
         before = feasibility.first_token_times(
             feasibility.plan_order(jobs, without, now), without, now
         )
         jobs.append(Job(_NEW, now, deadline, num_prompt_tokens, True, False))
-        pace = self.pace(decodes, context, jobs)
+        pace = self.pace(decodes, context, jobs, prefill_budget)
         ordered = feasibility.plan_order(jobs, pace, now)
         times = feasibility.first_token_times(ordered, pace, now)
         ttft_s = times[_NEW] - now
@@ -132,14 +168,23 @@ class TTFTForecast:
             displaced=displaced,
         )
 
-    def pace(self, num_decodes: int, num_context: int, owed: list[Job]) -> Pace:
+    def pace(
+        self,
+        num_decodes: int,
+        num_context: int,
+        owed: list[Job],
+        prefill_budget: int | None = None,
+    ) -> Pace:
         """The planner's pace with the in-flight decodes riding in every step: the rest of the
-        token budget for prefill, and a place freeing every mean lifetime / batch size once
-        the batch is full."""
+        token budget (or `prefill_budget`, if less) for prefill, and a place freeing every mean
+        lifetime / batch size once the batch is full."""
         free_places = self.max_num_seqs - num_decodes
+        tokens_per_step = self.max_num_batched_tokens - num_decodes
+        if prefill_budget is not None:
+            tokens_per_step = min(tokens_per_step, prefill_budget)
         return feasibility.pace_of(
             self.cost_model,
-            self.max_num_batched_tokens - num_decodes,
+            tokens_per_step,
             num_decodes,
             num_context,
             free_places,

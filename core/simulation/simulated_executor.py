@@ -5,7 +5,7 @@ duration a step-cost model gives it on a simulated clock."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from baton.core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
@@ -40,6 +40,7 @@ class SimulatedExecutor:
         seed: int = 0,
         eos_token_id: int | None = None,
         on_batch: Callable[[Batch], None] | None = None,
+        kv_bytes_per_token: int = 0,
     ) -> None:
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
@@ -53,6 +54,8 @@ class SimulatedExecutor:
         # goes on until max_tokens).
         self.scripts: dict[str, int | None] = {}
         self.on_batch = on_batch
+        # The modelled KV size, for a handed-off request's transfer; no contents exist.
+        self.kv_bytes_per_token = kv_bytes_per_token
 
     def script_answer(self, request_id: str, output_len: int | None) -> None:
         """Answer `request_id` with filler tokens, ending with EOS as its `output_len`-th token
@@ -85,6 +88,12 @@ class SimulatedExecutor:
             ended = output_len is not None and num_output >= output_len
             sampled.append(self.eos_token_id if ended else FILLER_TOKEN_ID)
         return ExecutorOutput(sampled, prompt_logprobs=prompt_logprobs)
+
+    def read_kv(self, block_ids: Sequence[int]) -> None:
+        """No cache to read: a simulated transfer moves no contents."""
+
+    def write_kv(self, block_ids: Sequence[int], contents: object) -> None:
+        """No cache to write: the simulated tokens depend on the history alone."""
 
     @staticmethod
     def prompt_logprobs(seq: ScheduledSequence) -> list[TokenLogprobs]:

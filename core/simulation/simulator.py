@@ -217,7 +217,9 @@ def submit(
     index: int,
     spec: WorkloadRequest,
     slo: SLO,
+    hand_off: bool = False,
 ) -> None:
+    """Queue workload request `index` on `engine`; with `hand_off`, for its prefill only."""
     prompt = prompt_tokens(index, spec)
     # An answer as long as max_tokens is cut there (length), a shorter one ends on its own.
     executor.script_answer(
@@ -232,7 +234,7 @@ def submit(
             slo=slo,
             arrival_time=spec.arrival_s,
         )
-        engine.add_request(engine.validator.validate(request))
+        engine.add_request(engine.validator.validate(request), hand_off=hand_off)
     except InvalidRequestError as error:
         raise ValueError(f"workload request {index} cannot be simulated: {error}") from None
 

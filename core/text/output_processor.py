@@ -40,7 +40,17 @@ class OutputProcessor:
                 params.spaces_between_special_tokens,
             )
         stops = request.sampling_params.stop
-        self._streams[request.request_id] = _Stream(detokenizer, max(map(len, stops), default=0))
+        stream = _Stream(detokenizer, max(map(len, stops), default=0))
+        self._streams[request.request_id] = stream
+        if detokenizer is not None and request.num_output_tokens:
+            # Decoding one that another engine prefilled: its first token's text went out
+            # there, less what a stop string might still claim, as `process` held it back.
+            for token_id in request.token_ids[request.num_prompt_tokens :]:
+                stream.text += detokenizer.add(token_id)
+            holdback = (
+                0 if request.sampling_params.include_stop_str_in_output else stream.max_stop_len - 1
+            )
+            stream.num_emitted_chars = max(0, len(stream.text) - max(holdback, 0))
 
     def remove(self, request_id: str) -> str:
         """Forget a request; returns whatever text it still held back."""

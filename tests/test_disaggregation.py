@@ -1,0 +1,184 @@
+"""Prefill and decode apart (core/replicas/disaggregation.py, the replica simulator's roles and
+transfers): `auto` keeps a prompt that fits one capped step local and sends a longer one through
+a prefill replica, lets a prefill replica serve whole requests when the decode replicas cannot
+keep the TPOT target, and hands a prefilled request to a decode replica with room; `never` and
+`always` are the two fixed layouts; simulated transfers cost latency + bytes / bandwidth; the
+report names roles and transfers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from baton.app.cli import main
+from baton.core.replicas.disaggregation import DisaggregatingRouter, replica_roles
+from baton.core.replicas.disaggregation_settings import DisaggregationSettings
+from baton.core.replicas.kv_transfer import KVShape, TransferCost
+from baton.core.replicas.replica_ledger import ReplicaLedger
+from baton.core.replicas.router import Router, RouteRequest
+from baton.core.request import SLO
+from baton.core.simulation.replica_simulator import simulate_replicas
+from baton.core.simulation.simulator import DEFAULT_COST, SimulationConfig
+from baton.core.simulation.workloads import LengthDistribution, RequestClass, WorkloadRequest
+from tests.factory import make_replica_ledger
+
+BYTES_PER_TOKEN = KVShape(32, 8, 128, 2).bytes_per_token
+LINK = TransferCost(0.0005, 50e9)
+TIGHT = SLO(ttft_ms=1000, tpot_ms=25)
+
+
+def _router(mode: str, num_replicas: int = 3, num_prefill: int = 1) -> DisaggregatingRouter:
+    ledgers = [
+        make_replica_ledger(i, cost=DEFAULT_COST, max_num_batched_tokens=2048, max_num_seqs=128)
+        for i in range(num_replicas)
+    ]
+    router = Router("slo", ledgers, admission_factor=3.0)
+    return DisaggregatingRouter(router, num_prefill, mode, LINK, BYTES_PER_TOKEN)
+
+
+def _decoding(ledger: ReplicaLedger, count: int, slo: SLO = TIGHT) -> None:
+    """`count` requests of 100 tokens decoding on the replica, with `slo`'s targets."""
+    for index in range(count):
+        request_id = f"decoding-{ledger.replica_id}-{index}"
+        ledger.add(request_id, 100, slo, (), 0.0)
+        ledger.forecast.first_token(request_id, 0.0)
+
+
+def _request(request_id: str, num_tokens: int) -> RouteRequest:
+    return RouteRequest(request_id, num_tokens, TIGHT, ())
+
+
+def test_auto_keeps_a_short_prompt_local_and_sends_a_long_one_through_a_prefill_replica():
+    router = _router("auto")
+    for ledger in router.router.replicas[1:]:
+        _decoding(ledger, 10)
+    # Beside ten decodes a 25 ms step has room for about 200 prompt tokens.
+    assert 64 < router.router.replicas[1].forecast.capped_prefill_budget() < 1500
+    short = router.route(_request("short", 64), 0.0)
+    assert short.replica_id in (1, 2) and not short.split
+    long = router.route(_request("long", 1500), 0.0)
+    assert long.replica_id == 0 and long.split
+    assert router.num_split == 1
+
+
+def test_auto_queues_a_long_prompt_for_the_prefill_replica_rather_than_chunk_it_beside_decodes():
+    router = _router("auto")
+    prefill, *decoders = router.router.replicas
+    for index in range(10):
+        prefill.add(f"queued-{index}", 2000, TIGHT, (), 0.0)
+    for ledger in decoders:
+        _decoding(ledger, 10)
+    # The prefill replica's queue makes the long prompt late there; a decode replica could
+    # prefill it in time, in chunks beside its decodes, but that would cost them their pace.
+    assert prefill.predict(1500, 0, 1000, 0.0).ttft_s > 1.0
+    assert decoders[0].predict(1500, 0, 1000, 0.0, 200).ttft_s < 1.0
+    placement = router.route(_request("long", 1500), 0.0)
+    assert placement.replica_id == 0 and placement.split
+
+
+def test_never_routes_over_every_replica_and_always_splits_every_request():
+    never = _router("never")
+    for ledger in never.router.replicas:
+        _decoding(ledger, 10)
+    placements = [never.route(_request(f"n{i}", 1500), 0.0) for i in range(6)]
+    assert {p.replica_id for p in placements} == {0, 1, 2}
+    assert not any(p.split for p in placements)
+    always = _router("always")
+    placements = [always.route(_request(f"a{i}", 16), 0.0) for i in range(3)]
+    assert all(p.replica_id == 0 and p.split for p in placements)
+
+
+def test_auto_serves_a_request_whole_on_a_prefill_replica_when_decode_replicas_are_full():
+    router = _router("auto")
+    for ledger in router.router.replicas[1:]:
+        _decoding(ledger, 80)
+    # 81 decodes make a step longer than the 25 ms target on either decode replica.
+    placement = router.route(_request("r", 64), 0.0)
+    assert placement.replica_id == 0 and not placement.split
+
+
+def test_hand_off_goes_to_the_decode_replica_with_room_and_records_it_as_decoding():
+    router = _router("auto", num_replicas=4)
+    replicas = router.router.replicas
+    _decoding(replicas[1], 60)
+    _decoding(replicas[2], 5)
+    _decoding(replicas[3], 30)
+    target = router.hand_off("r", 1500, TIGHT, (), source=0, now=0.0)
+    assert target == 2
+    assert replicas[2].num_in_flight == 6 and replicas[2].forecast.num_owed == 0
+    # With every decode replica past the target, the prefill replica keeps decoding it.
+    for ledger in replicas[1:]:
+        _decoding(ledger, 100)
+    assert router.hand_off("s", 1500, TIGHT, (), source=0, now=0.0) == 0
+
+
+def test_roles_leave_a_decode_replica_and_settings_name_what_to_change():
+    assert [r.value for r in replica_roles(4, 1)] == ["prefill", "decode", "decode", "decode"]
+    assert {r.value for r in replica_roles(2, 0)} == {"both"}
+    with pytest.raises(ValueError, match="leave a decode replica"):
+        replica_roles(2, 2)
+    with pytest.raises(ValueError, match="LAYERSxKV_HEADSxHEAD_DIMxDTYPE_BYTES"):
+        DisaggregationSettings(kv_shape="32x8x128")
+    with pytest.raises(ValueError, match="bandwidth > 0"):
+        DisaggregationSettings(kv_transfer_gbps=0)
+    assert DisaggregationSettings().kv_bytes_per_token == 131072
+
+
+# TTFT targets only: admission refuses none of them for the slow transfer's TPOT.
+SHORT = RequestClass(
+    "short", LengthDistribution(64, 0.0, 64), LengthDistribution(8, 0.0, 8), 64, 500, None, 0
+)
+LONG = RequestClass(
+    "long", LengthDistribution(1500, 0.0, 1500), LengthDistribution(2, 0.0, 2), 64, 2000, None, 0
+)
+
+
+def _workload() -> list[WorkloadRequest]:
+    return [
+        WorkloadRequest(i * 0.02, c.prompt.median, c.output.median, c.max_tokens, c)
+        for i, c in enumerate([SHORT, LONG] * 20)
+    ]
+
+
+def test_simulated_split_requests_move_their_kv_once_and_keep_their_answers():
+    workload = _workload()
+    # A slow link (1 GB/s), so each transfer outlasts the steps around it.
+    settings = DisaggregationSettings(
+        prefill_replicas=1, disaggregate="always", kv_transfer_gbps=1.0
+    )
+    split = simulate_replicas("slo", "slo", workload, SimulationConfig(), 3, settings)
+    together = simulate_replicas("slo", "slo", workload, SimulationConfig(), 3)
+    assert split.roles == ["prefill", "decode", "decode"] and together.roles == ["both"] * 3
+    assert together.transfers == []
+    moved = [t.request_id for t in split.transfers]
+    assert len(moved) == 40 and set(moved) == {f"sim-{i}" for i in range(40)}
+    for transfer in split.transfers:
+        prompt = workload[int(transfer.request_id.split("-")[1])].prompt_len
+        assert transfer.source == 0 and transfer.target in (1, 2)
+        assert transfer.num_bytes == prompt * 131072
+        assert transfer.seconds == pytest.approx(0.0005 + prompt * 131072 / 1e9)
+    outputs = {r.request_id: r.num_output_tokens for r in split.records}
+    assert outputs == {r.request_id: r.num_output_tokens for r in together.records}
+    assert sorted(outputs.values()) == [2] * 20 + [8] * 20
+    # Decoding began once the KV had landed: the rest of the answer comes after the transfer,
+    # which started when the first token reached the front end.
+    records = {r.request_id: r for r in split.records}
+    for transfer in split.transfers:
+        record = records[transfer.request_id]
+        assert transfer.started_s >= record.first_token_s
+        assert record.finish_s > transfer.started_s + transfer.seconds
+
+
+def test_simulate_reports_roles_and_transfers(capsys):
+    argv = ["simulate", "--replicas", "3", "--router", "slo", "--num-requests", "40"]
+    argv += ["--rate", "20", "--prefill-replicas", "1", "--disaggregate", "always"]
+    assert main([*argv, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["slo"]
+    assert row["roles"] == ["prefill", "decode", "decode"]
+    assert row["transfers"]["count"] == 40 - row["rejected"]
+    assert row["transfers"]["bytes"] > 0 and row["transfers"]["latency_ms_p99"] > 0.5
+    assert main(argv) == 0
+    assert "roles P/D/D" in " ".join(capsys.readouterr().out.split())
+    assert main([*argv[:-4], "--prefill-replicas", "3"]) == 2
+    assert "leaves no decode replica" in capsys.readouterr().err
