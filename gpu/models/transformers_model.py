@@ -13,14 +13,17 @@ down to attention; layers are told apart by call order, which is the order of th
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from baton.core.checkpoint.model_config import ModelConfig, UnsupportedModelError
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.core.checkpoint.unsupported_model import RefusalReason, UnsupportedModelError
 from baton.gpu.model_inputs import AttentionMetadata
+from baton.gpu.models import generic_refusals
 from baton.kernels import ops
 from baton.kernels.linear import onednn_linear, onednn_linear_available, pack_linear_weight
 
@@ -38,7 +41,10 @@ class _PagedStep:
     kv_caches: list[torch.Tensor] | None
     num_calls: int = 0
     kv_shapes: list[tuple[int, int, int]] = field(default_factory=list)
+    num_query_heads: int = 0
     softcapped: bool = False
+    sinks: bool = False
+    causal: bool = True
 
 
 _current_step: ContextVar[_PagedStep | None] = ContextVar("baton_paged_step", default=None)
@@ -68,7 +74,10 @@ def paged_attention_forward(
     num_heads, num_tokens, head_dim = query.shape[1], query.shape[2], value.shape[-1]
     if step.kv_caches is None:
         step.kv_shapes.append((key.shape[1], key.shape[-1], value.shape[-1]))
+        step.num_query_heads = num_heads
         step.softcapped |= kwargs.get("softcap") is not None
+        step.sinks |= kwargs.get("s_aux") is not None
+        step.causal &= bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
         return query.new_zeros(1, num_tokens, num_heads, head_dim), None
     metadata = step.metadata
     window = kwargs.get("sliding_window")
@@ -130,15 +139,9 @@ class TransformersCausalLM(nn.Module):
 
     def __init__(self, causal_lm: nn.Module, config: ModelConfig) -> None:
         super().__init__()
-        prefix = causal_lm.base_model_prefix
-        base = getattr(causal_lm, prefix, None)
-        if not isinstance(base, nn.Module):
-            raise UnsupportedModelError(
-                f"{type(causal_lm).__name__} keeps no base model at .{prefix}; the generic path "
-                "cannot separate its layers from its head"
-            )
-        self.base = base
-        setattr(causal_lm, prefix, _HiddenStates())
+        parent, name = _called_base(causal_lm)
+        self.base = getattr(parent, name)
+        setattr(parent, name, _HiddenStates())
         self.causal_lm = causal_lm
         self.config = self._probed_config(config)
 
@@ -199,33 +202,41 @@ class TransformersCausalLM(nn.Module):
         step = _PagedStep(None, None)
         one = torch.zeros(1, dtype=torch.long, device=device)
         self._run(step, one, one)
-        if not step.kv_shapes:
-            raise UnsupportedModelError(
-                f"{config.architecture}'s transformers code never called the attention "
-                "interface, so Baton cannot give it a paged cache"
-            )
-        if step.softcapped:
-            raise UnsupportedModelError(
-                f"{config.architecture} soft-caps attention logits, which Baton's paged "
-                "attention does not do; it needs a native model"
-            )
-        if len(set(step.kv_shapes)) > 1:
-            raise UnsupportedModelError(
-                f"{config.architecture}'s layers use different KV shapes "
-                f"({sorted(set(step.kv_shapes))}); Baton's cache holds one shape for all layers"
-            )
-        num_kv_heads, head_dim, value_dim = step.kv_shapes[0]
-        if value_dim != head_dim:
-            raise UnsupportedModelError(
-                f"{config.architecture} has keys of {head_dim} and values of {value_dim} "
-                "channels per head; Baton's cache holds equal ones"
-            )
+        generic_refusals.check_probe(
+            config.architecture,
+            step.kv_shapes,
+            softcapped=step.softcapped,
+            sinks=step.sinks,
+            causal=step.causal,
+        )
+        num_kv_heads, head_dim, _ = step.kv_shapes[0]
+        text = self.causal_lm.config.get_text_config(decoder=True)
         return dataclasses.replace(
             config,
+            hidden_size=getattr(text, "hidden_size", None) or config.hidden_size,
             num_hidden_layers=len(step.kv_shapes),
+            num_attention_heads=step.num_query_heads,
             num_key_value_heads=num_kv_heads,
             head_dim=head_dim,
         )
+
+
+def _called_base(causal_lm: nn.Module) -> tuple[nn.Module, str]:
+    """The parent and attribute name of the module the CausalLM's forward calls for its hidden
+    states: the base model at `base_model_prefix`, or the first of its descendants that the
+    CausalLM reaches into (OPT calls `model.decoder`, not `model`)."""
+    prefix = causal_lm.base_model_prefix
+    base = getattr(causal_lm, prefix, None)
+    if not isinstance(base, nn.Module):
+        raise UnsupportedModelError(
+            f"{type(causal_lm).__name__} keeps no base model at .{prefix}; the generic path "
+            "cannot separate its layers from its head"
+        )
+    source = inspect.getsource(type(causal_lm).forward)
+    for name, child in base.named_children():
+        if f"self.{prefix}.{name}(" in source:
+            return base, name
+    return causal_lm, prefix
 
 
 def load_transformers_model(
@@ -255,13 +266,10 @@ def load_transformers_model(
         raise UnsupportedModelError(
             f"transformers {transformers.__version__} has no causal LM for {config.path} "
             f"({config.architecture}); Baton runs no code shipped with a checkpoint, so only "
-            "architectures the installed transformers knows can be served"
+            "architectures the installed transformers knows can be served",
+            RefusalReason.NEEDS_REMOTE_CODE,
         ) from error
-    if not model_class.is_backend_compatible():
-        raise UnsupportedModelError(
-            f"transformers' {model_class.__name__} does not route attention through its "
-            "attention interface, so Baton cannot give it a paged cache"
-        )
+    generic_refusals.check_config(hf_config, model_class)
     options = dict(dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
     if load_format == "dummy":
         torch.manual_seed(0)
@@ -270,5 +278,6 @@ def load_transformers_model(
         causal_lm = AutoModelForCausalLM.from_pretrained(
             config.path, config=hf_config, local_files_only=True, use_safetensors=True, **options
         )
+    generic_refusals.check_modules(causal_lm)
     causal_lm = causal_lm.to(device).eval().requires_grad_(False)
     return TransformersCausalLM(causal_lm, config)
