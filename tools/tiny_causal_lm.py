@@ -69,10 +69,17 @@ _ENCODERS_AS_DECODERS = (
 OVERRIDES: dict[str, dict[str, Any]] = {
     **{model_type: dict(is_decoder=True) for model_type in _ENCODERS_AS_DECODERS},
     **{model_type: _MLA for model_type in ("youtu", "deepseek_v2", "deepseek_v3", "sarvam_mla")},
+    "blt": dict(encoder_hash_byte_group_vocab=64),
     "codegen": dict(rotary_dim=8),
     "gptj": dict(rotary_dim=8),
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=256),
-    "dory": dict(num_hidden_layers=3, n_input_layers=1, n_recurrent_layers=1, n_output_layers=1),
+    "dory": dict(
+        num_hidden_layers=3,
+        n_input_layers=1,
+        n_recurrent_layers=1,
+        n_output_layers=1,
+        n_recurrent_loops=1,
+    ),
     "lfm2": dict(layer_types=["conv", "full_attention"]),
     "mamba2": dict(num_heads=4, head_dim=32, n_groups=1),
     "prophetnet": dict(
@@ -82,10 +89,33 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         num_decoder_attention_heads=4,
     ),
     "reformer": dict(is_decoder=True, axial_pos_embds_dim=[32, 32], axial_pos_shape=[16, 32]),
-    "xlnet": dict(d_inner=128),
     "xmod": dict(is_decoder=True, languages=["en_XX"], default_language="en_XX"),
     "zaya": dict(num_experts_per_tok=1),
-    "gemma4_assistant": dict(hidden_size_per_layer_input=0),
+    "gemma4_assistant": dict(hidden_size_per_layer_input=0, head_dim=None),
+    **{
+        model_type: dict(head_dim=None, global_head_dim=32)
+        for model_type in (
+            "gemma4",
+            "gemma4_text",
+            "gemma4_unified",
+            "gemma4_unified_assistant",
+            "gemma4_unified_text",
+        )
+    },
+    # A window under the sweep's 256-token context: the generic path's windows are issue 42's.
+    "modernbert-decoder": dict(local_attention=512),
+    "cohere_compass_text": dict(
+        layer_types=["full_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+    ),
+    "dbrx": dict(
+        attn_config=dict(kv_n_heads=2, rope_theta=10000.0),
+        ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2),
+    ),
+    "xlnet": dict(d_head=16, d_inner=128),
+    "zamba": dict(layer_types=None, num_hidden_layers=2, attn_layer_period=2, attn_layer_offset=1),
+    "zamba2": dict(layer_types=None, hybrid_layer_ids=[1], num_hidden_layers=2),
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
 }
 
 

@@ -125,7 +125,8 @@ def _check_causal_lm(path: Path, raw: dict) -> None:
         kind, reason = "an encoder-decoder model", RefusalReason.ENCODER_DECODER
     elif architectures and not any(a.endswith(CAUSAL_LM_SUFFIXES) for a in architectures):
         kind = "not a causal language model"
-        reason = RefusalReason.MULTIMODAL if _names_multimodal(raw) else RefusalReason.NOT_CAUSAL
+        multimodal = _names_multimodal(raw)
+        reason = RefusalReason.MULTIMODAL if multimodal else RefusalReason.NO_CAUSAL_LM_CLASS
     else:
         return
     shown = ", ".join(architectures) or raw.get("model_type", "unknown")

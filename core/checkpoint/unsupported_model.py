@@ -18,6 +18,9 @@ class RefusalReason(Enum):
     NOT_CAUSAL = "not_causal"
     # A vision/audio model whose generation class needs more than token ids.
     MULTIMODAL = "multimodal"
+    # The checkpoint names no *ForCausalLM / *LMHeadModel class, or transformers maps none to
+    # its config (the text part of a multimodal model saved alone).
+    NO_CAUSAL_LM_CLASS = "no_causal_lm_class"
     # The architecture is not in the installed transformers; Baton runs no checkpoint code.
     NEEDS_REMOTE_CODE = "needs_remote_code"
     # transformers' class computes attention itself instead of through its attention interface.
@@ -34,6 +37,8 @@ class RefusalReason(Enum):
     ATTENTION_SINKS = "attention_sinks"
     # Attention that reads a learned index or compressed cache beside the keys and values.
     SPARSE_ATTENTION = "sparse_attention"
+    # Positions numbered from the padding id on (RoBERTa), not from the sequence's start.
+    POSITIONS_AFTER_PADDING = "positions_after_padding"
     # Anything that the config or the model's layout rules out for the native or generic path.
     UNSUPPORTED_LAYOUT = "unsupported_layout"
 

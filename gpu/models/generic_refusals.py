@@ -62,17 +62,22 @@ def check_config(hf_config, model_class: type) -> None:
         raise _refusal(name, RefusalReason.SPARSE_ATTENTION)
     if "chunked_attention" in layer_types:
         raise _refusal(name, RefusalReason.WINDOWED_ATTENTION)
-    if any(_count(text, key) > 1 for key in EXPERT_COUNT_KEYS):
+    expert_configs = (text, getattr(text, "ffn_config", None))  # DBRX nests its experts
+    if any(_count(config, key) > 1 for config in expert_configs for key in EXPERT_COUNT_KEYS):
         raise _refusal(name, RefusalReason.MIXTURE_OF_EXPERTS)
     if not model_class.is_backend_compatible():
         raise _refusal(name, RefusalReason.NO_ATTENTION_INTERFACE)
 
 
 def check_modules(causal_lm: nn.Module) -> None:
-    """Refuse a built model with a stateful layer its config did not declare."""
+    """Refuse a built model with a stateful layer its config did not declare, or whose position
+    embeddings count from the padding id (the engine hands positions from 0)."""
+    name = type(causal_lm).__name__
     for module in causal_lm.modules():
         if any(marker in type(module).__name__ for marker in RECURRENT_MODULE_MARKERS):
-            raise _refusal(type(causal_lm).__name__, RefusalReason.RECURRENT_STATE)
+            raise _refusal(name, RefusalReason.RECURRENT_STATE)
+        if hasattr(module, "create_position_ids_from_input_ids"):
+            raise _refusal(name, RefusalReason.POSITIONS_AFTER_PADDING)
 
 
 def check_probe(
@@ -145,6 +150,10 @@ EXPLANATIONS = {
     ),
     RefusalReason.ATTENTION_SINKS: (
         "adds learned attention sinks, which the paged attention does not yet (issue 42)"
+    ),
+    RefusalReason.POSITIONS_AFTER_PADDING: (
+        "numbers positions from its padding token id on (RoBERTa's embeddings), where Baton "
+        "hands transformers' code positions counted from 0"
     ),
     RefusalReason.SPARSE_ATTENTION: (
         "attends through a learned index or a compressed cache beside the keys and values, "

@@ -261,14 +261,21 @@ def load_transformers_model(
     AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
     try:
         hf_config = AutoConfig.from_pretrained(config.path, local_files_only=True)
-        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
-    except (ValueError, KeyError) as error:
+    except ValueError as error:
         raise UnsupportedModelError(
-            f"transformers {transformers.__version__} has no causal LM for {config.path} "
+            f"transformers {transformers.__version__} does not know {config.path}'s model type "
             f"({config.architecture}); Baton runs no code shipped with a checkpoint, so only "
             "architectures the installed transformers knows can be served",
             RefusalReason.NEEDS_REMOTE_CODE,
         ) from error
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)
+    if model_class is None:
+        raise UnsupportedModelError(
+            f"transformers {transformers.__version__} maps no causal LM class to "
+            f"{type(hf_config).__name__} ({config.path}), as for the text part of a multimodal "
+            "model saved alone; serve the whole model's checkpoint if it is a causal LM",
+            RefusalReason.NO_CAUSAL_LM_CLASS,
+        )
     generic_refusals.check_config(hf_config, model_class)
     options = dict(dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
     if load_format == "dummy":
