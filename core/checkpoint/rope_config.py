@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from baton.core.checkpoint.unsupported_model import UnsupportedModelError
 
-
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 
 

@@ -233,7 +233,7 @@ def _called_base(causal_lm: nn.Module) -> tuple[nn.Module, str]:
             "cannot separate its layers from its head"
         )
     source = inspect.getsource(type(causal_lm).forward)
-    for name, child in base.named_children():
+    for name, _ in base.named_children():
         if f"self.{prefix}.{name}(" in source:
             return base, name
     return causal_lm, prefix
