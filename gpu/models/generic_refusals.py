@@ -134,8 +134,8 @@ EXPLANATIONS = {
         "serves text-only causal LMs"
     ),
     RefusalReason.NO_ATTENTION_INTERFACE: (
-        "does not route attention through transformers' attention interface, so Baton cannot "
-        "give it a paged cache"
+        "does not route attention through its attention interface, so Baton cannot give it a "
+        "paged cache"
     ),
     RefusalReason.KV_SHAPES_DIFFER: "hands attention keys and values of different shapes",
     RefusalReason.ATTENTION_SOFTCAP: (

@@ -263,7 +263,7 @@ def load_transformers_model(
         hf_config = AutoConfig.from_pretrained(config.path, local_files_only=True)
     except ValueError as error:
         raise UnsupportedModelError(
-            f"transformers {transformers.__version__} does not know {config.path}'s model type "
+            f"transformers {transformers.__version__} has no causal LM for {config.path} "
             f"({config.architecture}); Baton runs no code shipped with a checkpoint, so only "
             "architectures the installed transformers knows can be served",
             RefusalReason.NEEDS_REMOTE_CODE,
