@@ -110,7 +110,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     ),
     "dbrx": dict(
         attn_config=dict(kv_n_heads=2, rope_theta=10000.0),
-        ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2),
+        ffn_config=dict(hidden_size=64, ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2),
     ),
     "xlnet": dict(d_head=16, d_inner=128),
     "zamba": dict(layer_types=None, num_hidden_layers=2, attn_layer_period=2, attn_layer_offset=1),

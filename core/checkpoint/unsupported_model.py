@@ -27,9 +27,12 @@ class RefusalReason(Enum):
     NO_ATTENTION_INTERFACE = "no_attention_interface"
     # Layers hand attention keys and values of different shapes (per layer or k vs v).
     KV_SHAPES_DIFFER = "kv_shapes_differ"
+    # A mask or bias the model adds to the attention scores itself (learned, ALiBi).
+    ATTENTION_BIAS = "attention_bias"
     # Soft-capped attention logits, which the paged kernels do not apply.
     ATTENTION_SOFTCAP = "attention_softcap"
-    # Mixture-of-experts layers, which the generic path does not run yet (issue 42).
+    # Mixture-of-experts layers or a CausalLM reading router logits: not on the generic path
+    # yet (issue 42).
     MIXTURE_OF_EXPERTS = "mixture_of_experts"
     # Attention restricted to fixed chunks or a window the generic path does not apply (issue 42).
     WINDOWED_ATTENTION = "windowed_attention"

@@ -8,6 +8,8 @@ once built, and what one probe forward hands the attention interface.
 
 from __future__ import annotations
 
+import inspect
+
 from torch import nn
 
 from baton.core.checkpoint.unsupported_model import RefusalReason, UnsupportedModelError
@@ -38,8 +40,9 @@ SPARSE_LAYER_TYPES = frozenset(
         "minimax_m3_sparse",
     }
 )
-# Config keys that count a mixture-of-experts layer's experts.
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+# Module class names of mixture-of-experts layers (transformers' `*Experts`, `*SparseMoeBlock`):
+# the built model says whether its config turned experts on, which expert counts alone do not.
+EXPERT_MODULE_MARKERS = ("Experts", "SparseMoe", "MoE")
 
 
 def check_config(hf_config, model_class: type) -> None:
@@ -62,8 +65,8 @@ def check_config(hf_config, model_class: type) -> None:
         raise _refusal(name, RefusalReason.SPARSE_ATTENTION)
     if "chunked_attention" in layer_types:
         raise _refusal(name, RefusalReason.WINDOWED_ATTENTION)
-    expert_configs = (text, getattr(text, "ffn_config", None))  # DBRX nests its experts
-    if any(_count(config, key) > 1 for config in expert_configs for key in EXPERT_COUNT_KEYS):
+    # An MoE family's CausalLM reads its base model's router logits, dense layers or not.
+    if "router_logits" in inspect.getsource(model_class.forward):
         raise _refusal(name, RefusalReason.MIXTURE_OF_EXPERTS)
     if not model_class.is_backend_compatible():
         raise _refusal(name, RefusalReason.NO_ATTENTION_INTERFACE)
@@ -76,6 +79,10 @@ def check_modules(causal_lm: nn.Module) -> None:
     for module in causal_lm.modules():
         if any(marker in type(module).__name__ for marker in RECURRENT_MODULE_MARKERS):
             raise _refusal(name, RefusalReason.RECURRENT_STATE)
+    for module in causal_lm.modules():
+        if any(marker in type(module).__name__ for marker in EXPERT_MODULE_MARKERS):
+            raise _refusal(name, RefusalReason.MIXTURE_OF_EXPERTS)
+    for module in causal_lm.modules():
         if hasattr(module, "create_position_ids_from_input_ids"):
             raise _refusal(name, RefusalReason.POSITIONS_AFTER_PADDING)
 
@@ -87,13 +94,18 @@ def check_probe(
     softcapped: bool,
     sinks: bool,
     causal: bool,
+    masked: bool,
 ) -> None:
     """Refuse from what a one-token forward handed the attention interface: each call's
-    (KV heads, key size, value size) and whether any soft-capped, had sinks or was not causal."""
+    (KV heads, key size, value size) and whether any soft-capped, had sinks, was not causal or
+    came with a mask the model built itself (transformers builds none for Baton's
+    implementation, so a mask there is the model's own bias on the scores)."""
     if not kv_shapes:
         raise _refusal(name, RefusalReason.NO_ATTENTION_INTERFACE)
     if not causal:
         raise _refusal(name, RefusalReason.NOT_CAUSAL)
+    if masked:
+        raise _refusal(name, RefusalReason.ATTENTION_BIAS)
     if sinks:
         raise _refusal(name, RefusalReason.ATTENTION_SINKS)
     if softcapped:
@@ -138,12 +150,17 @@ EXPLANATIONS = {
         "paged cache"
     ),
     RefusalReason.KV_SHAPES_DIFFER: "hands attention keys and values of different shapes",
+    RefusalReason.ATTENTION_BIAS: (
+        "adds its own mask or bias to the attention scores (a learned or ALiBi bias), which "
+        "Baton's paged attention does not apply"
+    ),
     RefusalReason.ATTENTION_SOFTCAP: (
         "soft-caps attention logits, which Baton's paged attention does not do; it needs a "
         "native model"
     ),
     RefusalReason.MIXTURE_OF_EXPERTS: (
-        "has mixture-of-experts layers, which the generic path does not run yet (issue 42)"
+        "has mixture-of-experts layers (or a CausalLM that reads their router logits), which "
+        "the generic path does not run yet (issue 42)"
     ),
     RefusalReason.WINDOWED_ATTENTION: (
         "attends within fixed chunks, which the generic path does not apply yet (issue 42)"
@@ -178,8 +195,3 @@ def _keeps_recurrent_state(hf_config, text, layer_types: set[str]) -> bool:
     except (AttributeError, ValueError, TypeError, KeyError):
         return False  # a config transformers' cache cannot lay out: the later looks decide
     return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
-
-
-def _count(config, key: str) -> int:
-    value = getattr(config, key, None)
-    return value if isinstance(value, int) else 0

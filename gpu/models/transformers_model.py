@@ -45,6 +45,7 @@ class _PagedStep:
     softcapped: bool = False
     sinks: bool = False
     causal: bool = True
+    masked: bool = False
 
 
 _current_step: ContextVar[_PagedStep | None] = ContextVar("baton_paged_step", default=None)
@@ -78,6 +79,7 @@ def paged_attention_forward(
         step.softcapped |= kwargs.get("softcap") is not None
         step.sinks |= kwargs.get("s_aux") is not None
         step.causal &= bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
+        step.masked |= attention_mask is not None
         return query.new_zeros(1, num_tokens, num_heads, head_dim), None
     metadata = step.metadata
     window = kwargs.get("sliding_window")
@@ -208,6 +210,7 @@ class TransformersCausalLM(nn.Module):
             softcapped=step.softcapped,
             sinks=step.sinks,
             causal=step.causal,
+            masked=step.masked,
         )
         num_kv_heads, head_dim, _ = step.kv_shapes[0]
         text = self.causal_lm.config.get_text_config(decoder=True)
