@@ -66,7 +66,7 @@ def check_config(hf_config, model_class: type) -> None:
     if "chunked_attention" in layer_types:
         raise _refusal(name, RefusalReason.WINDOWED_ATTENTION)
     # An MoE family's CausalLM reads its base model's router logits, dense layers or not.
-    if "router_logits" in inspect.getsource(model_class.forward):
+    if "router_logits" in forward_source(model_class):
         raise _refusal(name, RefusalReason.MIXTURE_OF_EXPERTS)
     if not model_class.is_backend_compatible():
         raise _refusal(name, RefusalReason.NO_ATTENTION_INTERFACE)
@@ -177,6 +177,14 @@ EXPLANATIONS = {
         "which Baton's paged cache does not hold"
     ),
 }
+
+
+def forward_source(model_class: type) -> str:
+    """The source of a transformers class's forward ("" where only bytecode is installed)."""
+    try:
+        return inspect.getsource(model_class.forward)
+    except (OSError, TypeError):
+        return ""
 
 
 def _refusal(name: str, reason: RefusalReason, detail: str = "") -> UnsupportedModelError:

@@ -13,7 +13,6 @@ down to attention; layers are told apart by call order, which is the order of th
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -235,7 +234,7 @@ def _called_base(causal_lm: nn.Module) -> tuple[nn.Module, str]:
             f"{type(causal_lm).__name__} keeps no base model at .{prefix}; the generic path "
             "cannot separate its layers from its head"
         )
-    source = inspect.getsource(type(causal_lm).forward)
+    source = generic_refusals.forward_source(type(causal_lm))
     for name, _ in base.named_children():
         if f"self.{prefix}.{name}(" in source:
             return base, name
