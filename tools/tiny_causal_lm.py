@@ -113,8 +113,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         ffn_config=dict(hidden_size=64, ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2),
     ),
     "xlnet": dict(d_head=16, d_inner=128),
-    "zamba": dict(layer_types=None, num_hidden_layers=2, attn_layer_period=2, attn_layer_offset=1),
-    "zamba2": dict(layer_types=None, hybrid_layer_ids=[1], num_hidden_layers=2),
+    "zamba": dict(layer_types=["mamba", "hybrid"]),
+    "zamba2": dict(layer_types=["mamba", "hybrid"], hybrid_layer_ids=[1]),
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
 }
 
@@ -164,5 +164,5 @@ def _shrunk_fields(config) -> dict[str, Any]:
 def _has(config, name: str) -> bool:
     try:
         return hasattr(config, name)
-    except ValueError:  # a per-layer field read globally (AmbiguousGlobalPerLayerAttributeError)
+    except Exception:  # a per-layer field read globally (AmbiguousGlobalPerLayerAttributeError)
         return False

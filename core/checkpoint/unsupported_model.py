@@ -29,6 +29,8 @@ class RefusalReason(Enum):
     KV_SHAPES_DIFFER = "kv_shapes_differ"
     # A mask or bias the model adds to the attention scores itself (learned, ALiBi).
     ATTENTION_BIAS = "attention_bias"
+    # Layers that reuse another layer's (or another model's) keys and values.
+    SHARED_KV = "shared_kv"
     # Soft-capped attention logits, which the paged kernels do not apply.
     ATTENTION_SOFTCAP = "attention_softcap"
     # Mixture-of-experts layers or a CausalLM reading router logits: not on the generic path

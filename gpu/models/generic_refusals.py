@@ -61,6 +61,8 @@ def check_config(hf_config, model_class: type) -> None:
         ("ForCausalLM", "LMHeadModel")
     ):
         raise _refusal(name, RefusalReason.MULTIMODAL)
+    if "reuse" in _kv_sharing_modes(text):
+        raise _refusal(name, RefusalReason.SHARED_KV)
     if layer_types & SPARSE_LAYER_TYPES:
         raise _refusal(name, RefusalReason.SPARSE_ATTENTION)
     if "chunked_attention" in layer_types:
@@ -150,6 +152,10 @@ EXPLANATIONS = {
         "paged cache"
     ),
     RefusalReason.KV_SHAPES_DIFFER: "hands attention keys and values of different shapes",
+    RefusalReason.SHARED_KV: (
+        "has layers that reuse another layer's or another model's keys and values, where "
+        "Baton's cache holds each attention call's own"
+    ),
     RefusalReason.ATTENTION_BIAS: (
         "adds its own mask or bias to the attention scores (a learned or ALiBi bias), which "
         "Baton's paged attention does not apply"
@@ -189,6 +195,13 @@ def forward_source(model_class: type) -> str:
 
 def _refusal(name: str, reason: RefusalReason, detail: str = "") -> UnsupportedModelError:
     return UnsupportedModelError(f"{name} {EXPLANATIONS[reason]}{detail}", reason)
+
+
+def _kv_sharing_modes(text) -> list[str]:
+    try:
+        return list(getattr(text, "kv_sharing_modes", None) or ())
+    except ValueError:  # transformers cannot lay the sharing out: nothing to reuse
+        return []
 
 
 def _keeps_recurrent_state(hf_config, text, layer_types: set[str]) -> bool:
