@@ -11,6 +11,8 @@ import json
 import re
 from pathlib import Path
 
+from baton.core.checkpoint.unsupported_model import RefusalReason
+
 # A hub id as people paste it: `owner/name`, nothing else.
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # The parts of a GGUF that llama.cpp's gguf-split cut in several files: `-00001-of-00003.gguf`.
@@ -41,7 +43,12 @@ CONVERT_BIN = (
 
 
 class CheckpointFormatError(ValueError):
-    """A `--model` Baton cannot load; the message says what was found and what to do."""
+    """A `--model` Baton cannot load; the message says what was found and what to do, `reason`
+    the cause where it is a model Baton refuses rather than a file it cannot read."""
+
+    def __init__(self, message: str, reason: RefusalReason | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def check_checkpoint(model: str | Path, *, needs_weights: bool = True) -> Path:
@@ -115,16 +122,23 @@ def _missing_message(model: str) -> str:
 def _check_causal_lm(path: Path, raw: dict) -> None:
     architectures = raw.get("architectures") or []
     if raw.get("is_encoder_decoder"):
-        kind = "an encoder-decoder model"
+        kind, reason = "an encoder-decoder model", RefusalReason.ENCODER_DECODER
     elif architectures and not any(a.endswith(CAUSAL_LM_SUFFIXES) for a in architectures):
         kind = "not a causal language model"
+        multimodal = _names_multimodal(raw)
+        reason = RefusalReason.MULTIMODAL if multimodal else RefusalReason.NO_CAUSAL_LM_CLASS
     else:
         return
     shown = ", ".join(architectures) or raw.get("model_type", "unknown")
     raise CheckpointFormatError(
         f"{path} holds {shown}, {kind}; Baton generates text with decoder-only causal LMs "
-        f"(architectures ending in {' or '.join(CAUSAL_LM_SUFFIXES)})"
+        f"(architectures ending in {' or '.join(CAUSAL_LM_SUFFIXES)})",
+        reason,
     )
+
+
+def _names_multimodal(raw: dict) -> bool:
+    return any(key in raw for key in ("vision_config", "audio_config", "vq_config"))
 
 
 def _check_not_quantized(path: Path, raw: dict) -> None:

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-class UnsupportedModelError(ValueError):
-    pass
-
+from baton.core.checkpoint.unsupported_model import UnsupportedModelError
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 

@@ -20,9 +20,11 @@ from functools import cache
 import torch
 from torch import nn
 
-from baton.core.checkpoint.model_config import ModelConfig, UnsupportedModelError
+from baton.core.checkpoint.model_config import ModelConfig
+from baton.core.checkpoint.unsupported_model import RefusalReason, UnsupportedModelError
 from baton.gpu.model_inputs import AttentionMetadata
 from baton.gpu.models.model import pack_cpu_weight, packed_linear, uses_f32_kernel
+from baton.gpu.models import generic_refusals
 from baton.kernels import ops
 from baton.kernels.linear import onednn_linear_available
 
@@ -56,8 +58,11 @@ class _PagedStep:
     layers: list[LayerAttention] = field(default_factory=list)
     num_calls: int = 0
     kv_shapes: list[tuple[int, int, int]] = field(default_factory=list)
+    num_query_heads: int = 0
     softcapped: bool = False
     sinks: bool = False
+    causal: bool = True
+    masked: bool = False
 
 
 _current_step: ContextVar[_PagedStep | None] = ContextVar("baton_paged_step", default=None)
@@ -87,9 +92,12 @@ def paged_attention_forward(
     num_heads, num_tokens, head_dim = query.shape[1], query.shape[2], value.shape[-1]
     if step.kv_caches is None:
         step.kv_shapes.append((key.shape[1], key.shape[-1], value.shape[-1]))
+        step.num_query_heads = num_heads
         step.layers.append(_layer_attention(module, kwargs.get("sliding_window")))
         step.softcapped |= kwargs.get("softcap") is not None
         step.sinks |= kwargs.get("s_aux") is not None
+        step.causal &= bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
+        step.masked |= attention_mask is not None
         return query.new_zeros(1, num_tokens, num_heads, head_dim), None
     kind = step.layers[layer]
     if kind.temperature is not None:
@@ -185,9 +193,9 @@ class TransformersCausalLM(nn.Module):
 
     def __init__(self, causal_lm: nn.Module, config: ModelConfig) -> None:
         super().__init__()
-        prefix = _base_model_attribute(causal_lm)
-        self.base = getattr(causal_lm, prefix)
-        setattr(causal_lm, prefix, _HiddenStates())
+        parent, name = _called_base(causal_lm)
+        self.base = getattr(parent, name)
+        setattr(parent, name, _HiddenStates())
         self.causal_lm = causal_lm
         self.config = self._probed_config(config)
 
@@ -257,38 +265,22 @@ class TransformersCausalLM(nn.Module):
         one = torch.zeros(1, dtype=torch.long, device=device)
         step = _PagedStep(None, None, one)
         self._run(step, one, one)
-        if not step.kv_shapes:
-            raise UnsupportedModelError(
-                f"{config.architecture}'s transformers code never called the attention "
-                "interface, so Baton cannot give it a paged cache"
-            )
-        if step.softcapped:
-            raise UnsupportedModelError(
-                f"{config.architecture} soft-caps attention logits, which Baton's paged "
-                "attention does not do; it needs a native model"
-            )
-        # The one place that waits for the kernels' attention sinks (gpt-oss): once
-        # ops.paged_attention takes them, hand it `s_aux` instead of refusing.
-        if step.sinks:
-            raise UnsupportedModelError(
-                f"{config.architecture} adds attention sinks to the softmax, which Baton's paged "
-                "attention does not apply on the generic path"
-            )
-        if len(set(step.kv_shapes)) > 1:
-            raise UnsupportedModelError(
-                f"{config.architecture}'s layers use different KV shapes "
-                f"({sorted(set(step.kv_shapes))}); Baton's cache holds one shape for all layers"
-            )
-        num_kv_heads, head_dim, value_dim = step.kv_shapes[0]
-        if value_dim != head_dim:
-            raise UnsupportedModelError(
-                f"{config.architecture} has keys of {head_dim} and values of {value_dim} "
-                "channels per head; Baton's cache holds equal ones"
-            )
+        generic_refusals.check_probe(
+            config.architecture,
+            step.kv_shapes,
+            softcapped=step.softcapped,
+            sinks=step.sinks,
+            causal=step.causal,
+            masked=step.masked,
+        )
+        num_kv_heads, head_dim, _ = step.kv_shapes[0]
         self.layers = step.layers
+        text = self.causal_lm.config.get_text_config(decoder=True)
         return dataclasses.replace(
             config,
+            hidden_size=getattr(text, "hidden_size", None) or config.hidden_size,
             num_hidden_layers=len(step.kv_shapes),
+            num_attention_heads=step.num_query_heads,
             num_key_value_heads=num_kv_heads,
             head_dim=head_dim,
             # A chunked layer reads at most its last `chunk` tokens: for freeing KV blocks, a
@@ -315,6 +307,19 @@ def _base_model_attribute(causal_lm: nn.Module) -> str:
     return models[0]
 
 
+def _called_base(causal_lm: nn.Module) -> tuple[nn.Module, str]:
+    """The parent and attribute name of the module the CausalLM's forward calls for its hidden
+    states: the base model (`_base_model_attribute`), or the first of its descendants that the
+    CausalLM reaches into (OPT calls `model.decoder`, not `model`)."""
+    prefix = _base_model_attribute(causal_lm)
+    base = getattr(causal_lm, prefix)
+    source = generic_refusals.forward_source(type(causal_lm))
+    for name, _ in base.named_children():
+        if f"self.{prefix}.{name}(" in source:
+            return base, name
+    return causal_lm, prefix
+
+
 def load_transformers_model(
     config: ModelConfig,
     device: torch.device | str,
@@ -337,18 +342,22 @@ def load_transformers_model(
     AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
     try:
         hf_config = AutoConfig.from_pretrained(config.path, local_files_only=True)
-        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
-    except (ValueError, KeyError) as error:
+    except ValueError as error:
         raise UnsupportedModelError(
             f"transformers {transformers.__version__} has no causal LM for {config.path} "
             f"({config.architecture}); Baton runs no code shipped with a checkpoint, so only "
-            "architectures the installed transformers knows can be served"
+            "architectures the installed transformers knows can be served",
+            RefusalReason.NEEDS_REMOTE_CODE,
         ) from error
-    if not model_class.is_backend_compatible():
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)
+    if model_class is None:
         raise UnsupportedModelError(
-            f"transformers' {model_class.__name__} does not route attention through its "
-            "attention interface, so Baton cannot give it a paged cache"
+            f"transformers {transformers.__version__} maps no causal LM class to "
+            f"{type(hf_config).__name__} ({config.path}), as for the text part of a multimodal "
+            "model saved alone; serve the whole model's checkpoint if it is a causal LM",
+            RefusalReason.NO_CAUSAL_LM_CLASS,
         )
+    generic_refusals.check_config(hf_config, model_class)
     options = dict(dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
     if load_format == "dummy":
         torch.manual_seed(0)
@@ -357,5 +366,6 @@ def load_transformers_model(
         causal_lm = AutoModelForCausalLM.from_pretrained(
             config.path, config=hf_config, local_files_only=True, use_safetensors=True, **options
         )
+    generic_refusals.check_modules(causal_lm)
     causal_lm = causal_lm.to(device).eval().requires_grad_(False)
     return TransformersCausalLM(causal_lm, config)
