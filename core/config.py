@@ -115,6 +115,12 @@ class EngineConfig:
         "float16, half the memory and half the bytes each decode step reads (CPU only; outputs "
         "may differ slightly from float32's)",
     )
+    cpu_threads: int | None = setting(
+        None,
+        help="on the CPU, the threads a step computes on (torch's and Baton's kernels'); fewer "
+        "leave cores to other work on the machine",
+        default_text="the cores this process may run on",
+    )
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -154,6 +160,8 @@ class EngineConfig:
                 f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                 f"got {self.kv_cache_dtype!r}"
             )
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
         if not self.slo_admission_factor >= 0:
             raise ValueError(
                 f"--slo-admission-factor must be >= 0, got {self.slo_admission_factor}"
