@@ -96,14 +96,16 @@ def p99(values: list[float]) -> float:
 
 
 class Neighbours:
-    """`streams` SSE streams one request after another, noting when each chunk arrives."""
+    """`streams` SSE streams one request after another, noting each gap between two chunks of a
+    response as (start, end)."""
 
     def __init__(self, target: Target, streams: int) -> None:
         self.target = target
-        self.arrivals: list[tuple[float, float]] = []  # (arrival, gap since the last chunk)
-        self.tasks = [asyncio.create_task(self.stream()) for _ in range(streams)]
+        self.gaps: list[tuple[float, float]] = []
+        self.last: dict[int, float] = {}  # per stream, its last chunk within a response
+        self.tasks = [asyncio.create_task(self.stream(i)) for i in range(streams)]
 
-    async def stream(self) -> None:
+    async def stream(self, index: int) -> None:
         body = {
             "model": self.target.model,
             "prompt": "The neighbour says",
@@ -114,19 +116,29 @@ class Neighbours:
         async with httpx.AsyncClient(base_url=self.target.base_url, timeout=None) as client:
             while True:
                 async with client.stream("POST", "/v1/completions", json=body) as reply:
-                    last = None
                     async for line in reply.aiter_lines():
                         if not line.startswith("data:") or line == "data: [DONE]":
                             continue
                         now = time.monotonic()
-                        if last is not None:
-                            self.arrivals.append((now, now - last))
-                        last = now
+                        if index in self.last:
+                            self.gaps.append((self.last[index], now))
+                        self.last[index] = now
+                self.last.pop(index, None)
+
+    async def flowing(self, gaps: int, timeout_s: float) -> None:
+        """Wait until the streams have made `gaps` gaps (past their first tokens)."""
+        end = time.monotonic() + timeout_s
+        while len(self.gaps) < gaps and time.monotonic() < end:
+            await asyncio.sleep(0.1)
 
     def p99_gap_ms(self, start: float, end: float) -> float:
-        return 1e3 * p99([gap for at, gap in self.arrivals if start <= at < end])
+        """The p99 of the gaps that overlap [start, end): a stall across the window counts."""
+        return 1e3 * p99([b - a for a, b in self.gaps if a < end and b > start])
 
     async def stop(self) -> None:
+        """Stop the streams; a gap still open counts up to now."""
+        now = time.monotonic()
+        self.gaps.extend((last, now) for last in self.last.values())
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -181,8 +193,10 @@ async def replay(name: str, args: argparse.Namespace, model: Path) -> Outcome:
         await ready(target, server, args.start_timeout)
         rss_before = resident_mib(server.pid)
         neighbours = Neighbours(target, args.neighbour_streams)
+        await neighbours.flowing(2 * args.neighbour_streams, args.start_timeout)
         baseline_start = time.monotonic()
         await asyncio.sleep(args.baseline_s)
+        await neighbours.flowing(len(neighbours.gaps) + 20, args.baseline_s)
         attack_start = time.monotonic()
         try:
             answers = await asyncio.wait_for(
