@@ -12,9 +12,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <memory>
+#include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -125,6 +126,7 @@ class SharePool {
     inside() = false;
     detail::spin_then_sleep([&] { return finished_.load() == pieces; }, tuning::kPoolSpinMicros,
                             mutex_, done_cv_, done_sleepers_);
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
     return true;
   }
 
@@ -156,18 +158,29 @@ class SharePool {
                 const void* work) {
     int64_t done = 0;
     for (int64_t p = take(runs_[t], epoch, true); p >= 0; p = take(runs_[t], epoch, true)) {
-      call(work, p);
+      compute(call, work, p);
       ++done;
     }
     for (int64_t v = 1; v < threads; ++v) {
       Run& other = runs_[(t + v) % threads];
       for (int64_t p = take(other, epoch, false); p >= 0; p = take(other, epoch, false)) {
-        call(work, p);
+        compute(call, work, p);
         ++done;
       }
     }
     if (done > 0 && finished_.fetch_add(done) + done == pieces) {
       detail::wake(mutex_, done_cv_, done_sleepers_);
+    }
+  }
+
+  // One piece; its error is kept for the caller to throw once the loop is over, since the
+  // other threads still use the loop's state until then.
+  void compute(Call call, const void* work, int64_t piece) {
+    try {
+      call(work, piece);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
     }
   }
 
@@ -211,6 +224,7 @@ class SharePool {
   std::mutex mutex_;
   std::condition_variable job_cv_, done_cv_;
   std::atomic<int> job_sleepers_{0}, done_sleepers_{0};
+  std::exception_ptr error_;  // under mutex_ while the loop runs
 };
 
 }  // namespace baton
