@@ -93,6 +93,12 @@ class EngineConfig:
     enforce_eager: bool = setting(
         False, help="no CUDA graphs: run decode steps eagerly too (for debugging and comparison)"
     )
+    cpu_threads: int | None = setting(
+        None,
+        help="on the CPU, the threads a step computes on (torch's and Baton's kernels'); fewer "
+        "leave cores to other work on the machine",
+        default_text="the cores this process may run on",
+    )
     seed: int = setting(
         0, help="seeds the generator that requests without a seed of their own sample from"
     )
@@ -114,12 +120,6 @@ class EngineConfig:
         help="auto: the KV cache in the model's dtype; float16: keys and values stored in "
         "float16, half the memory and half the bytes each decode step reads (CPU only; outputs "
         "may differ slightly from float32's)",
-    )
-    cpu_threads: int | None = setting(
-        None,
-        help="on the CPU, the threads a step computes on (torch's and Baton's kernels'); fewer "
-        "leave cores to other work on the machine",
-        default_text="the cores this process may run on",
     )
 
     def __post_init__(self) -> None:
@@ -160,12 +160,12 @@ class EngineConfig:
                 f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                 f"got {self.kv_cache_dtype!r}"
             )
-        if self.cpu_threads is not None and self.cpu_threads < 1:
-            raise ValueError(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
         if not self.slo_admission_factor >= 0:
             raise ValueError(
                 f"--slo-admission-factor must be >= 0, got {self.slo_admission_factor}"
             )
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
