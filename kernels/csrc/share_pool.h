@@ -156,32 +156,28 @@ class SharePool {
   // Thread `t`'s part of loop `epoch`: its own run, then the others' from the back.
   void take_all(uint32_t epoch, int64_t t, int64_t threads, int64_t pieces, Call call,
                 const void* work) {
-    int64_t done = 0;
     for (int64_t p = take(runs_[t], epoch, true); p >= 0; p = take(runs_[t], epoch, true)) {
-      compute(call, work, p);
-      ++done;
+      compute(call, work, p, pieces);
     }
     for (int64_t v = 1; v < threads; ++v) {
       Run& other = runs_[(t + v) % threads];
       for (int64_t p = take(other, epoch, false); p >= 0; p = take(other, epoch, false)) {
-        compute(call, work, p);
-        ++done;
+        compute(call, work, p, pieces);
       }
-    }
-    if (done > 0 && finished_.fetch_add(done) + done == pieces) {
-      detail::wake(mutex_, done_cv_, done_sleepers_);
     }
   }
 
-  // One piece; its error is kept for the caller to throw once the loop is over, since the
+  // One piece, counted done at once: a thread that loses its core after it holds the loop up
+  // no longer. Its error is kept for the caller to throw once the loop is over, since the
   // other threads still use the loop's state until then.
-  void compute(Call call, const void* work, int64_t piece) {
+  void compute(Call call, const void* work, int64_t piece, int64_t pieces) {
     try {
       call(work, piece);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!error_) error_ = std::current_exception();
     }
+    if (finished_.fetch_add(1) + 1 == pieces) detail::wake(mutex_, done_cv_, done_sleepers_);
   }
 
   void grow(int64_t workers) {
