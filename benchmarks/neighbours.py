@@ -44,7 +44,11 @@ from vs_llama_cpp import (
 )
 
 QUIET, BESIDE = "quiet", "neighbour"
-BUSY_LOOP = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+# Ends with its parent, should the benchmark be killed before it kills the loop.
+BUSY_LOOP = (
+    "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nparent = os.getppid()\n"
+    "while os.getppid() == parent:\n    pass\n"
+)
 
 
 @contextlib.contextmanager

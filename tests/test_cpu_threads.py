@@ -22,7 +22,8 @@ from baton.kernels.cpu_threads import set_cpu_threads
 # In a child, so that the threads' scheduling and the neighbour never reach the test process:
 # every thread but the caller is moved to the neighbour's core at the lowest priority
 # (SCHED_IDLE), where it runs only in the gaps the busy loop leaves; then a decode-sized
-# float32 linear, split over two threads, is called CALLS times. The caller's core is its own.
+# float32 linear, split over two threads, is called CALLS times. The caller's core is its own;
+# the busy loop ends with its parent, however that ends.
 STARVED_THREADS = textwrap.dedent(
     """
     import os, subprocess, sys, threading, time
@@ -36,7 +37,10 @@ STARVED_THREADS = textwrap.dedent(
     expected = f32_linear(x, weight, None, 4096)
     caller = threading.get_native_id()
     first, last = min(os.sched_getaffinity(0)), max(os.sched_getaffinity(0))
-    loop = f"import os\\nos.sched_setaffinity(0, {{{last}}})\\nwhile True:\\n    pass"
+    loop = (
+        f"import os\\nos.sched_setaffinity(0, {{{last}}})\\nparent = os.getppid()\\n"
+        "while os.getppid() == parent:\\n    pass"
+    )
     busy = subprocess.Popen([sys.executable, "-c", loop])
     try:
         os.sched_setaffinity(caller, {first})
