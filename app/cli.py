@@ -26,6 +26,7 @@ from baton.app.request_defaults import read_request_defaults
 from baton.app.settings import ServerSettings
 from baton.core.config import EngineConfig
 from baton.core.sampling_params import InvalidRequestError, SamplingParams
+from baton.kernels.cpu_threads import prefer_passive_waits
 
 MODEL = FlagGroup(ModelSettings, "model")
 ENGINE = FlagGroup(EngineConfig, "engine")
@@ -202,6 +203,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    prefer_passive_waits()
     args = parse_args(argv)
     try:
         return args.handler(args)

@@ -71,6 +71,8 @@ class Side:
     weights: Path
     llama_server: Path | None = None
     baton_args: tuple[str, ...] = ()
+    # Environment the server gets beyond child_env's (another checkout's PYTHONPATH, say).
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +137,9 @@ def child_env(threads: int, isa: str = "native") -> dict[str, str]:
     return (
         os.environ
         | {
-            "PYTHONPATH": str(REPO),
+            # This checkout first, then the caller's path: a worktree imports itself, not the
+            # checkout the environment installed.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
             "OMP_NUM_THREADS": str(threads),
             "TOKENIZERS_PARALLELISM": "false",
             "TORCH_EXTENSIONS_DIR": kernels,
@@ -188,8 +192,8 @@ def first_answer(server: subprocess.Popen, port: int, started: float, timeout_s:
 
 def measure(side: Side, shape: Shape, round_: int, args: argparse.Namespace) -> Measurement:
     """Start `side`'s server for `shape`, warm it up, run the client once, stop it."""
-    env = child_env(args.threads, args.isa)
-    name = side.name.replace(" ", "_")
+    env = child_env(args.threads, args.isa) | dict(side.env)
+    name = side.name.replace(" ", "_").replace("/", "_")
     log_path = args.log_dir / f"{name}-{shape.prompt_len}-{shape.streams}-{round_}.log"
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", args.port)) == 0:

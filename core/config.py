@@ -93,6 +93,12 @@ class EngineConfig:
     enforce_eager: bool = setting(
         False, help="no CUDA graphs: run decode steps eagerly too (for debugging and comparison)"
     )
+    cpu_threads: int | None = setting(
+        None,
+        help="on the CPU, the threads a step computes on (torch's and Baton's kernels'); fewer "
+        "leave cores to other work on the machine",
+        default_text="the cores this process may run on",
+    )
     seed: int = setting(
         0, help="seeds the generator that requests without a seed of their own sample from"
     )
@@ -171,6 +177,8 @@ class EngineConfig:
             raise ValueError(
                 f"--slo-admission-factor must be >= 0, got {self.slo_admission_factor}"
             )
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"

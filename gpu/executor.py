@@ -34,6 +34,7 @@ from baton.gpu.pooling import pooled_parts
 from baton.gpu.prompt_logprobs import prompt_logprobs
 from baton.gpu.sampler import Sampler
 from baton.kernels.cpu_extension import cpu_kernels_available
+from baton.kernels.cpu_threads import set_cpu_threads
 from baton.kernels.linear import cpu_has_native_bf16
 
 if TYPE_CHECKING:  # xgrammar (and transformers) load with the first structured-output request
@@ -122,6 +123,9 @@ class TorchExecutor:
                 f"exactly ({model_config.max_model_len} tokens); lower it"
             )
         self.block_size = engine_config.block_size
+        if self.device.type == "cpu":
+            threads = set_cpu_threads(engine_config.cpu_threads)
+            logger.info("the CPU step computes on %d threads (--cpu-threads)", threads)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         int8_tensors: list[int] = []  # int8 weight tensors, per quantized decoder layer

@@ -27,7 +27,6 @@
 // shape, the number of rows or the thread split, a row's bits are the same.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include "linear_kernels.h"
@@ -429,7 +428,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   const int64_t ldx = x.stride(0);
   const int64_t row_grain =
       std::max<int64_t>(1, tuning::kInt8TaskValues / std::max<int64_t>(K, 1));
-  at::parallel_for(0, M, row_grain, [&](int64_t begin, int64_t end) {
+  baton::parallel_rows(M, row_grain, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m)
       sp[m] = quantize_row(xp + m * ldx, K, k_blocks, xqp + m * k_blocks * kBlockInts);
   });

@@ -13,7 +13,6 @@
 // they are stored); slot_mapping [T], negative for tokens not stored.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -26,6 +25,7 @@
 #include "fast_exp.h"
 #include "gates.h"
 #include "half_convert.h"
+#include "parallel_shares.h"
 #include "tuning.h"
 
 namespace baton {
@@ -79,7 +79,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const int64_t n = x.size(1), ldx = x.stride(0);
   const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, x.size(0), kRowGrain, [&](int64_t begin, int64_t end) {
+  baton::parallel_rows(x.size(0), kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       normalize_row(xp + r * ldx, wp, n, static_cast<float>(eps), op + r * n);
     }
@@ -101,7 +101,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
   const float *xp = x.data_ptr<float>(), *rp = residual.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
   float *op = out.data_ptr<float>(), *sp = sum.data_ptr<float>();
-  at::parallel_for(0, x.size(0), kRowGrain, [&](int64_t begin, int64_t end) {
+  baton::parallel_rows(x.size(0), kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float* s = sp + r * n;
       for (int64_t i = 0; i < n; ++i) s[i] = xp[r * ldx + i] + rp[r * ldr + i];
@@ -119,7 +119,7 @@ at::Tensor gated(const at::Tensor& x, baton::Gate gate) {
   auto out = at::empty({x.size(0), half}, x.options());
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, x.size(0), kRowGrain, [&](int64_t begin, int64_t end) {
+  baton::parallel_rows(x.size(0), kRowGrain, [&](int64_t begin, int64_t end) {
     baton::gate_rows(gate, xp + begin * ldx, ldx, half, op + begin * half, half, end - begin,
                      half);
   });
@@ -151,7 +151,7 @@ void rotate_and_store(const at::Tensor& qkv, const int64_t* pp, const at::Tensor
   Elem* keys = kv_cache.data_ptr<Elem>();
   Elem* values = keys + num_slots * row;
   const int64_t ld = qkv.stride(0);
-  at::parallel_for(0, T, kRowGrain, [&](int64_t begin, int64_t end) {
+  baton::parallel_rows(T, kRowGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> rotated(std::is_same_v<Elem, float> ? 0 : D);
     for (int64_t t = begin; t < end; ++t) {
       const float* cos = table + pp[t] * D;

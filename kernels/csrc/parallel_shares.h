@@ -1,26 +1,27 @@
-// How Baton's CPU kernels split work over torch's threads: a run of shares a thread, the
+// How Baton's CPU kernels split work over their threads: a run of shares a thread, the
 // threads that finish first taking the last shares of the others.
 #pragma once
 
 #include <ATen/Parallel.h>
 
+#include "share_pool.h"
 #include "tuning.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <vector>
 
 namespace baton {
 
-// `work(begin, end)` over [0, units) in shares of `share` (>= 1) units, on as many of torch's
-// threads as there are `grain`s of units. Each thread owns a contiguous run of the shares and
-// takes them in order, so its part of a weight stream is one run of memory; a thread whose
-// run is done takes shares from the back of another's. A static split, half the units to each
-// of two threads, waits at the end for the slower one: on a machine whose cores the server's
-// event loop and its clients share with the step, a thread that loses its core for a while is
-// the common case, and the other then takes its last shares. Shares handed out in turn from
-// one counter kept the threads balanced too, but cut each thread's stream into pieces a share
+// `work(begin, end)` over [0, units) in shares of `share` (>= 1) units, on as many threads as
+// there are `grain`s of units (at most torch's thread count), on Baton's own pool
+// (share_pool.h). Each thread owns a contiguous run of the shares and takes them in order, so
+// its part of a weight stream is one run of memory; a thread whose run is done takes shares
+// from the back of another's. A static split, half the units to each of two threads, waits at
+// the end for the slower one: on a machine whose cores the server's event loop, its clients and
+// other processes share with the step, a thread that loses its core for a while is the common
+// case, and the others then take its shares; the loop ends with its last share, so the lost
+// thread holds it up by the share in its hands at most. Shares handed out in turn from one
+// counter kept the threads balanced too, but cut each thread's stream into pieces a share
 // long, which stream slower than one run. Which thread computes a unit, and where a share
 // begins, change nothing in the unit's result.
 template <typename Work>
@@ -29,43 +30,28 @@ void parallel_shares(int64_t units, int64_t grain, int64_t share, const Work& wo
   const int64_t threads =
       std::min<int64_t>(at::get_num_threads(), (units + grain - 1) / std::max<int64_t>(grain, 1));
   const int64_t shares = (units + share - 1) / share;
-  const auto run = [&](int64_t s) { work(s * share, std::min(units, (s + 1) * share)); };
-  if (threads <= 1 || at::in_parallel_region()) {
-    for (int64_t s = 0; s < shares; ++s) run(s);
-    return;
-  }
-  // A thread's run of shares [front, back), both in one atomic word (front in the low half), so
-  // that its owner, taking from the front, and another thread, taking from the back, never
-  // take the same share. Each on a cache line of its own: the owner's updates stay in its core.
-  struct alignas(64) Run {
-    std::atomic<uint64_t> span;
-  };
-  std::vector<Run> runs(threads);
-  for (int64_t t = 0; t < threads; ++t) {
-    const uint64_t front = shares * t / threads, back = shares * (t + 1) / threads;
-    runs[t].span.store(front | back << 32, std::memory_order_relaxed);
-  }
-  // The next share of `r` from its front (or back), or -1 once it has none left.
-  const auto take = [](Run& r, bool from_front) -> int64_t {
-    uint64_t span = r.span.load(std::memory_order_relaxed);
-    while (true) {
-      const uint64_t front = span & 0xffffffffu, back = span >> 32;
-      if (front >= back) return -1;
-      const uint64_t next = from_front ? (front + 1) | back << 32 : front | (back - 1) << 32;
-      if (r.span.compare_exchange_weak(span, next, std::memory_order_relaxed)) {
-        return static_cast<int64_t>(from_front ? front : back - 1);
+  struct Loop {
+    const Work& work;
+    int64_t units, share, shares, per_piece;
+    void shares_from(int64_t first, int64_t end) const {
+      for (int64_t s = first; s < std::min(shares, end); ++s) {
+        work(s * share, std::min(units, (s + 1) * share));
       }
     }
   };
-  at::parallel_for(0, threads, 1, [&](int64_t t_begin, int64_t t_end) {
-    for (int64_t t = t_begin; t < t_end; ++t) {
-      for (int64_t s = take(runs[t], true); s >= 0; s = take(runs[t], true)) run(s);
-    }
-    for (int64_t v = 1; v < threads; ++v) {
-      Run& other = runs[(t_begin + v) % threads];
-      for (int64_t s = take(other, false); s >= 0; s = take(other, false)) run(s);
-    }
-  });
+  // A piece is one or more whole shares, as many as the pool's runs can number.
+  const int64_t per_piece = (shares + SharePool::kMaxPieces - 1) / SharePool::kMaxPieces;
+  const Loop loop{work, units, share, shares, per_piece};
+  if (threads <= 1 || at::in_parallel_region() || SharePool::inside()) {
+    loop.shares_from(0, shares);
+    return;
+  }
+  const auto call = [](const void* state, int64_t piece) {
+    const Loop& l = *static_cast<const Loop*>(state);
+    l.shares_from(piece * l.per_piece, (piece + 1) * l.per_piece);
+  };
+  const int64_t pieces = (shares + per_piece - 1) / per_piece;
+  if (!SharePool::instance().run(pieces, threads, call, &loop)) loop.shares_from(0, shares);
 }
 
 // How many units a share of `units` holds: tuning::kSharesPerThread shares a thread, so that
@@ -74,6 +60,13 @@ void parallel_shares(int64_t units, int64_t grain, int64_t share, const Work& wo
 inline int64_t share_of(int64_t units, int64_t grain) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   return std::max<int64_t>({1, grain, units / (threads * tuning::kSharesPerThread)});
+}
+
+// `work(begin, end)` over [0, rows) of rows computed each on its own, at least `grain` rows a
+// thread: parallel_shares with shares of share_of's size.
+template <typename Work>
+void parallel_rows(int64_t rows, int64_t grain, const Work& work) {
+  parallel_shares(rows, grain, share_of(rows, grain), work);
 }
 
 }  // namespace baton

@@ -8,9 +8,9 @@
 // threads. Equal values keep the lowest index (-0.0 equals 0.0, as in torch's comparisons).
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "parallel_shares.h"
 #include "tuning.h"
 
 #include <algorithm>
@@ -74,7 +74,7 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
   auto out = at::empty({rows}, logits.options().dtype(at::kLong));
   const float* xp = logits.data_ptr<float>();
   int64_t* op = out.data_ptr<int64_t>();
-  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+  baton::parallel_rows(rows, kRowGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> maxima;
     for (int64_t r = begin; r < end; ++r) op[r] = argmax_row(xp + r * ld, n, maxima);
   });

@@ -36,6 +36,9 @@ constexpr int64_t kChunkRows = 32;
 constexpr int64_t kRowBlockBytes = 1 << 20;
 // [EPYC, Xeon AVX2] Shares a thread of a parallel loop, for the others to take from a stalled one.
 constexpr int64_t kSharesPerThread = 8;
+// [set] Microseconds a pool thread spins for the next loop (or the caller for the last share)
+// before it sleeps: longer than the gaps between a step's loops, shorter than those between steps.
+constexpr int64_t kPoolSpinMicros = 100;
 
 // The float32 linear (f32_linear_cpu.cpp); a step is one k of a 16-channel panel, 64 bytes.
 // [set] Multiply-adds a parallel task takes at least: below them a fork costs more.
