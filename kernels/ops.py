@@ -142,18 +142,20 @@ def paged_attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries [T, Hq, D] over one layer's paged cache; each query
-    sees its last `window` tokens (itself included) when a window is given, and its scores are
-    soft-capped at `softcap` when one is given."""
+    sees its last `window` tokens (itself included) when a window is given, its scores are
+    soft-capped at `softcap` when one is given, and each query head's sink logit (`sinks`, [Hq],
+    gpt-oss) joins its softmax's denominator when sinks are given."""
     if not uses_triton(q):
         tables, starts, lens = batch.block_tables, batch.query_start_loc, batch.seq_lens
         # Forced references stay one SDPA call per sequence.
         if _forced is None and not q.is_cuda:
             return paged_attention_cpu(
-                q, kv_cache, tables, starts, lens, scale, batch.cpu_plan, window, softcap
+                q, kv_cache, tables, starts, lens, scale, batch.cpu_plan, window, softcap, sinks
             )
-        return paged_attention_ref(q, kv_cache, tables, starts, lens, scale, window, softcap)
+        return paged_attention_ref(q, kv_cache, tables, starts, lens, scale, window, softcap, sinks)
     from baton.kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
     from baton.kernels.paged_attention_triton import paged_attention_triton
 
@@ -172,6 +174,7 @@ def paged_attention(
             batch.max_seq_len,
             scale,
             max_partitions=split_kv_max_partitions(num_seqs, num_kv_heads, num_sms),
+            sinks=sinks,
         )
     return paged_attention_triton(
         q,
@@ -183,6 +186,7 @@ def paged_attention(
         scale,
         window=window,
         softcap=softcap,
+        sinks=sinks,
     )
 
 
