@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from baton.app.llm import LLM
 from baton.core.checkpoint.checkpoint_check import CheckpointFormatError, check_checkpoint
@@ -28,8 +29,16 @@ NUM_NEW_TOKENS = 10
 
 @pytest.fixture(scope="module")
 def gpt_oss_checkpoint(make_checkpoint):
-    # Layers alternate a 16-token window and full attention; prompts run to 78 tokens.
-    return make_checkpoint("gpt_oss")
+    """Layers alternate a 16-token window and full attention (prompts run to 78 tokens), with
+    sinks from -1 to 3 per head: the random initialization's are too close to 0 to matter much."""
+    path = make_checkpoint("gpt_oss")
+    weights = path / "model.safetensors"
+    tensors = load_file(weights)
+    for name, tensor in tensors.items():
+        if name.endswith(".sinks"):
+            tensor.copy_(torch.linspace(-1.0, 3.0, tensor.numel()))
+    save_file(tensors, weights, metadata={"format": "pt"})
+    return path
 
 
 def test_batched_chunked_preempted_greedy_equals_transformers(gpt_oss_checkpoint):
