@@ -115,6 +115,12 @@ def _split_kv_partial_kernel(
 
 
 @triton.jit
+def _sink_base2(sinks_ptr, head):
+    """A head's sink logit in base 2, as the partials' maxima are."""
+    return tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+
+
+@triton.jit
 def _split_kv_reduce_kernel(
     out_ptr,
     partial_out_ptr,
@@ -138,9 +144,7 @@ def _split_kv_reduce_kernel(
     base = (seq * num_heads + head).to(tl.int64) * num_partitions
     global_max = NEG_START
     if HAS_SINKS:
-        # The sink in base 2, as the partials' maxima are.
-        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
-        global_max = tl.maximum(global_max, sink)
+        global_max = tl.maximum(global_max, _sink_base2(sinks_ptr, head))
     for start in range(0, num_used, BLOCK_P):
         parts = start + tl.arange(0, BLOCK_P)
         part_max = tl.load(partial_max_ptr + base + parts, mask=parts < num_used, other=NEG_START)
@@ -163,7 +167,7 @@ def _split_kv_reduce_kernel(
         acc += tl.sum(part_out * weights[:, None], axis=0)
         total += tl.sum(weights, axis=0)
     if HAS_SINKS:
-        total += tl.exp2(sink - global_max)
+        total += tl.exp2(_sink_base2(sinks_ptr, head) - global_max)
     o_offsets = seq.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
     tl.store(out_ptr + o_offsets, (acc / total).to(out_ptr.dtype.element_ty))
 
