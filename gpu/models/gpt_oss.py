@@ -22,7 +22,9 @@ def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.T
     above at `limit`, up clamped to [-limit, limit], then (up + 1) * gate * sigmoid(alpha gate)."""
     gate = gate_up[:, ::2].clamp(max=limit)
     up = gate_up[:, 1::2].clamp(min=-limit, max=limit)
-    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    # In place on the clamped copies: three fewer temporaries a call, the same products.
+    glu = torch.mul(gate, alpha).sigmoid_().mul_(gate)
+    return up.add_(1).mul_(glu)
 
 
 def route_chosen(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
