@@ -6,6 +6,7 @@ convert to."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -28,10 +29,12 @@ NUM_NEW_TOKENS = 10
 
 
 @pytest.fixture(scope="module")
-def gpt_oss_checkpoint(make_checkpoint):
+def gpt_oss_checkpoint(make_checkpoint, tmp_path_factory):
     """Layers alternate a 16-token window and full attention (prompts run to 78 tokens), with
-    sinks from -1 to 3 per head: the random initialization's are too close to 0 to matter much."""
-    path = make_checkpoint("gpt_oss")
+    sinks from -1 to 3 per head: the random initialization's are too close to 0 to matter much.
+    A copy, so the session's shared checkpoint stays as transformers made it."""
+    path = tmp_path_factory.mktemp("gpt-oss-sinks") / "checkpoint"
+    shutil.copytree(make_checkpoint("gpt_oss"), path)
     weights = path / "model.safetensors"
     tensors = load_file(weights)
     for name, tensor in tensors.items():
