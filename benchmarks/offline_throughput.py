@@ -81,6 +81,18 @@ PRESETS: dict[str, dict] = {
 }
 
 
+class Stopwatch:
+    """Wall seconds and this process's CPU seconds (all its threads) since it was made: on a
+    machine other jobs share, the CPU seconds of each side are the steadier figure."""
+
+    def __init__(self) -> None:
+        self.wall_start = time.perf_counter()
+        self.cpu_start = time.process_time()
+
+    def read(self) -> tuple[float, float]:
+        return time.perf_counter() - self.wall_start, time.process_time() - self.cpu_start
+
+
 def make_workload(
     n: int, input_len: tuple[int, int], output_len: tuple[int, int], vocab: int, seed: int
 ) -> tuple[list[list[int]], list[int]]:
@@ -103,8 +115,9 @@ def release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def run_baton(model: Path, prompts, outputs, args) -> tuple[float, tuple[int, int]]:
-    """Seconds for the workload, and the model's (parameter count, parameter bytes)."""
+def run_baton(model: Path, prompts, outputs, args) -> tuple[tuple[float, float], tuple[int, int]]:
+    """(Wall, CPU) seconds for the workload, and the model's (parameter count, parameter
+    bytes)."""
     llm = LLM(
         model,
         device=args.device,
@@ -117,9 +130,9 @@ def run_baton(model: Path, prompts, outputs, args) -> tuple[float, tuple[int, in
     )
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in outputs]
     llm.generate(WARM_UP_PROMPTS, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
-    start = time.perf_counter()
+    stopwatch = Stopwatch()
     results = llm.generate(prompts, params)
-    elapsed = time.perf_counter() - start
+    elapsed = stopwatch.read()
     assert [len(r.token_ids) for r in results] == outputs, "each request gets its max_tokens"
     model_params = list(llm.engine.executor.model.parameters())
     sizes = (sum(p.numel() for p in model_params), sum(p.nbytes for p in model_params))
@@ -141,7 +154,7 @@ def load_transformers(model: Path, args) -> transformers.PreTrainedModel:
     return hf.eval()
 
 
-def run_generate(hf, prompts, outputs, args) -> float:
+def run_generate(hf, prompts, outputs, args) -> tuple[float, float]:
     pad = 0
 
     def generate_batch(batch_prompts, num_new: int) -> None:
@@ -160,15 +173,15 @@ def run_generate(hf, prompts, outputs, args) -> float:
             )
 
     generate_batch(WARM_UP_PROMPTS, 2)
-    start = time.perf_counter()
+    stopwatch = Stopwatch()
     for i in range(0, len(prompts), args.static_batch_size):
         batch = slice(i, i + args.static_batch_size)
         generate_batch(prompts[batch], max(outputs[batch]))
     synchronize(args.device)
-    return time.perf_counter() - start
+    return stopwatch.read()
 
 
-def run_generate_batch(hf, prompts, outputs, args) -> float:
+def run_generate_batch(hf, prompts, outputs, args) -> tuple[float, float]:
     """transformers' continuous batching: the manager `generate_batch` drives, fed directly so
     each request can have its own output length; no EOS (-1), like ignore_eos."""
     generation_config = transformers.GenerationConfig(
@@ -184,7 +197,7 @@ def run_generate_batch(hf, prompts, outputs, args) -> float:
     with hf.continuous_batching_context_manager(
         generation_config=generation_config, continuous_batching_config=cb_config
     ) as manager:
-        start = time.perf_counter()
+        stopwatch = Stopwatch()
         for i, (prompt, num_new) in enumerate(zip(prompts, outputs, strict=True)):
             manager.add_request(prompt, request_id=str(i), max_new_tokens=num_new, eos_token_id=-1)
         produced = {}
@@ -194,7 +207,7 @@ def run_generate_batch(hf, prompts, outputs, args) -> float:
                 raise RuntimeError(f"generate_batch stalled after {len(produced)} requests")
             if result.is_finished():
                 produced[int(result.request_id)] = len(result.generated_tokens)
-        elapsed = time.perf_counter() - start
+        elapsed = stopwatch.read()
     assert [produced[i] for i in range(len(prompts))] == outputs, "each request gets its tokens"
     return elapsed
 
@@ -283,12 +296,14 @@ def main() -> None:
                 release_memory()  # generate_batch sizes its cache from the free memory
             if "generate_batch" in args.contenders:
                 seconds["generate_batch"] = run_generate_batch(hf, prompts, outputs, args)
-    for name, elapsed in seconds.items():
+    for name, (elapsed, cpu) in seconds.items():
         report[f"{name}_s"] = round(elapsed, 2)
+        report[f"{name}_cpu_s"] = round(cpu, 2)
         report[f"{name}_tok_s"] = round(tokens / elapsed, 1)
     for name in ("generate", "generate_batch"):
         if "baton" in seconds and name in seconds:
-            report[f"speedup_vs_{name}"] = round(seconds[name] / seconds["baton"], 2)
+            report[f"speedup_vs_{name}"] = round(seconds[name][0] / seconds["baton"][0], 2)
+            report[f"cpu_speedup_vs_{name}"] = round(seconds[name][1] / seconds["baton"][1], 2)
     print(json.dumps(report, indent=2))
 
 

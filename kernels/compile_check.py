@@ -51,6 +51,7 @@ def kernels_to_compile(dtype: str):
         block_tables_ptr="*i32",
         query_start_loc_ptr="*i32",
         seq_lens_ptr="*i32",
+        sinks_ptr=ptr,
         qk_scale="fp32",
     )
     for group, head_dim in ATTENTION_SHAPES:

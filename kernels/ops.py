@@ -143,24 +143,30 @@ def paged_attention(
     window: int | None = None,
     softcap: float | None = None,
     chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries [T, Hq, D] over one layer's paged cache; each query
     sees its last `window` tokens (itself included) when a window is given, only the tokens of
-    its own `chunk`-token chunk when a chunk is given, and its scores are soft-capped at
-    `softcap` when one is given."""
+    its own `chunk`-token chunk when a chunk is given, its scores are soft-capped at `softcap`
+    when one is given, and each query head's sink logit (`sinks`, [Hq], gpt-oss) joins its
+    softmax's denominator when sinks are given."""
     if chunk is not None:
         # Only the reference has chunks: the generic path alone asks for them (Llama 4), and it
         # runs no CUDA graphs that the reference's per-sequence lists would break.
         tables, starts, lens = batch.block_tables, batch.query_start_loc, batch.seq_lens
-        return paged_attention_ref(q, kv_cache, tables, starts, lens, scale, window, softcap, chunk)
+        return paged_attention_ref(
+            q, kv_cache, tables, starts, lens, scale, window, softcap, chunk, sinks
+        )
     if not uses_triton(q):
         tables, starts, lens = batch.block_tables, batch.query_start_loc, batch.seq_lens
         # Forced references stay one SDPA call per sequence.
         if _forced is None and not q.is_cuda:
             return paged_attention_cpu(
-                q, kv_cache, tables, starts, lens, scale, batch.cpu_plan, window, softcap
+                q, kv_cache, tables, starts, lens, scale, batch.cpu_plan, window, softcap, sinks
             )
-        return paged_attention_ref(q, kv_cache, tables, starts, lens, scale, window, softcap)
+        return paged_attention_ref(
+            q, kv_cache, tables, starts, lens, scale, window, softcap, sinks=sinks
+        )
     from baton.kernels.paged_attention_split_kv_triton import paged_decode_split_kv_triton
     from baton.kernels.paged_attention_triton import paged_attention_triton
 
@@ -179,6 +185,7 @@ def paged_attention(
             batch.max_seq_len,
             scale,
             max_partitions=split_kv_max_partitions(num_seqs, num_kv_heads, num_sms),
+            sinks=sinks,
         )
     return paged_attention_triton(
         q,
@@ -190,6 +197,7 @@ def paged_attention(
         scale,
         window=window,
         softcap=softcap,
+        sinks=sinks,
     )
 
 

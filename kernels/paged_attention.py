@@ -6,7 +6,8 @@ decodes', in one call of the C++ kernel (kernels/csrc), each row with its own ca
 where that kernel cannot build or the dtype is not float32, prefill chunks as the reference and
 decodes batched into a few padded SDPA calls. How a step splits is a `CpuAttentionPlan`, built
 once per step with the attention metadata. Every path takes a
-sliding window and Gemma 2's soft-capping of scores, per call (layers differ).
+sliding window, Gemma 2's soft-capping of scores and gpt-oss's attention sinks, per call (layers
+differ).
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def paged_attention_ref(
     window: int | None = None,
     softcap: float | None = None,
     chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of packed queries `q` [T, Hq, D] over one layer's paged KV cache.
 
@@ -128,11 +130,13 @@ def paged_attention_ref(
     is seen from position p when p - window < j <= p). With `softcap`, scores (after `scale`)
     become `softcap * tanh(score / softcap)` before the softmax, as Gemma 2's do. With `chunk`,
     a query sees only the keys of its own chunk (Llama 4's chunked attention: key j is seen from
-    position p when p // chunk * chunk <= j <= p).
+    position p when p // chunk * chunk <= j <= p). With `sinks` ([Hq], gpt-oss's attention
+    sinks), each query head's sink logit joins its softmax's denominator as one more score that
+    carries no value, so the weights sum to less than one.
     """
     outputs = [
         _attend_sequence(
-            q[start:end], kv_cache, block_tables[i], seq_len, scale, window, softcap, chunk
+            q[start:end], kv_cache, block_tables[i], seq_len, scale, window, softcap, chunk, sinks
         )
         for i, seq_len in enumerate(seq_lens)
         if (start := query_start_loc[i]) < (end := query_start_loc[i + 1])
@@ -153,10 +157,11 @@ def paged_attention_cpu(
     plan: CpuAttentionPlan | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`paged_attention_ref`'s contract: every row in one C++ kernel call; without the kernel,
     prefill chunks one SDPA call each and decodes batched by length bucket into padded SDPA
-    calls, or one sequence at a time where a window or soft-capping applies.
+    calls, or one sequence at a time where a window, soft-capping or sinks apply.
 
     `plan` is this batch's `cpu_attention_plan`; without one, a plan is made for this call.
     """
@@ -190,18 +195,33 @@ def paged_attention_cpu(
                 scale,
                 window or 0,
                 softcap or 0.0,
+                None if sinks is None else sinks.float(),
             )
         return out
     for i, start, end in plan.prefills:
         out[start:end] = _attend_sequence(
-            q[start:end], kv_cache, block_tables[i], seq_lens[i], scale, window, softcap
+            q[start:end],
+            kv_cache,
+            block_tables[i],
+            seq_lens[i],
+            scale,
+            window,
+            softcap,
+            sinks=sinks,
         )
-    if window is not None or softcap is not None:
-        # The padded groups' masks are for plain causal attention.
+    if window is not None or softcap is not None or sinks is not None:
+        # The padded groups' masks and SDPA calls are for plain causal attention.
         for i in plan.padded_decode_seqs:
             row = query_start_loc[i]
             out[row : row + 1] = _attend_sequence(
-                q[row : row + 1], kv_cache, block_tables[i], seq_lens[i], scale, window, softcap
+                q[row : row + 1],
+                kv_cache,
+                block_tables[i],
+                seq_lens[i],
+                scale,
+                window,
+                softcap,
+                sinks=sinks,
             )
         return out
     for group in plan.decode_groups:
@@ -320,6 +340,7 @@ def _attend_sequence(
     window: int | None = None,
     softcap: float | None = None,
     chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One sequence's queries [Tq, Hq, D], the last Tq of its `seq_len` tokens, attending."""
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
@@ -350,30 +371,38 @@ def _attend_sequence(
             mask &= key_pos >= query_pos // chunk * chunk
     # SDPA wants [1, heads, tokens, D]; its fast CPU kernel only takes 4-d inputs.
     q4, k4, v4 = q.transpose(0, 1).unsqueeze(0), k.transpose(1, 2), v.transpose(1, 2)
-    if softcap is not None:
-        return _softcapped_attention(q4, k4, v4, mask, scale, softcap)[0].transpose(0, 1)
+    if softcap is not None or sinks is not None:
+        return _written_out_attention(q4, k4, v4, mask, scale, softcap, sinks)[0].transpose(0, 1)
     out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=True)
     return out[0].transpose(0, 1)
 
 
-def _softcapped_attention(
+def _written_out_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
-    softcap: float,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Attention over [1, heads, tokens, D] inputs with Gemma 2's capped scores, written out
-    (SDPA has no soft-capping): scores, cap, mask, float32 softmax, weighted values."""
+    """Attention over [1, heads, tokens, D] inputs with Gemma 2's capped scores or gpt-oss's
+    sinks, written out (SDPA has neither): scores, cap, mask, float32 softmax with each head's
+    sink as one more column, weighted values."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
-    scores = softcap_ref(torch.matmul(q, k.transpose(2, 3)) * scale, softcap)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    if softcap is not None:
+        scores = softcap_ref(scores, softcap)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.matmul(probs, v)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    else:
+        sink_column = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = torch.softmax(torch.cat([scores.float(), sink_column], dim=-1), dim=-1)[..., :-1]
+    return torch.matmul(probs.to(q.dtype), v)
 
 
 def _attend_decode_group(

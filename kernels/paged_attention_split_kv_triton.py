@@ -6,6 +6,7 @@ count is fixed per launch (a CUDA graph fixes it), but each sequence spreads its
 it: its partitions are the fewest whole tiles that fit its length into the grid, so a short
 context splits into short partitions too, rather than leaving most programs empty while a few
 walk long ones. Partitions past a sequence's end cost an empty program each, not memory traffic.
+Attention sinks (gpt-oss) join in the reduce: a head's sink is one more term of its softmax's sum.
 """
 
 from __future__ import annotations
@@ -114,12 +115,19 @@ def _split_kv_partial_kernel(
 
 
 @triton.jit
+def _sink_base2(sinks_ptr, head):
+    """A head's sink logit in base 2, as the partials' maxima are."""
+    return tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+
+
+@triton.jit
 def _split_kv_reduce_kernel(
     out_ptr,
     partial_out_ptr,
     partial_max_ptr,
     partial_sum_ptr,
     seq_lens_ptr,
+    sinks_ptr,
     stride_o_tok,
     stride_o_head,
     num_heads,
@@ -127,6 +135,7 @@ def _split_kv_reduce_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_P: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -134,6 +143,8 @@ def _split_kv_reduce_kernel(
     num_used = tl.cdiv(seq_len, _partition_size(seq_len, num_partitions, BLOCK_N))
     base = (seq * num_heads + head).to(tl.int64) * num_partitions
     global_max = NEG_START
+    if HAS_SINKS:
+        global_max = tl.maximum(global_max, _sink_base2(sinks_ptr, head))
     for start in range(0, num_used, BLOCK_P):
         parts = start + tl.arange(0, BLOCK_P)
         part_max = tl.load(partial_max_ptr + base + parts, mask=parts < num_used, other=NEG_START)
@@ -155,6 +166,8 @@ def _split_kv_reduce_kernel(
         )
         acc += tl.sum(part_out * weights[:, None], axis=0)
         total += tl.sum(weights, axis=0)
+    if HAS_SINKS:
+        total += tl.exp2(_sink_base2(sinks_ptr, head) - global_max)
     o_offsets = seq.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
     tl.store(out_ptr + o_offsets, (acc / total).to(out_ptr.dtype.element_ty))
 
@@ -168,6 +181,7 @@ def paged_decode_split_kv_triton(
     scale: float,
     *,
     max_partitions: int,
+    sinks: torch.Tensor | None = None,
     block_n: int = 64,
     block_p: int = 64,
 ) -> torch.Tensor:
@@ -177,7 +191,7 @@ def paged_decode_split_kv_triton(
     KV head; each sequence cuts its keys into that many or fewer, of whole `block_n`-key tiles.
     Each partition that holds keys writes its softmax max, sum and normalised output in float32;
     the reduce kernel weighs them by `exp(max - global max) * sum`, reading `block_p` partitions
-    at a time.
+    at a time, and adds each head's sink (`sinks`, [Hq]) to the sum when sinks are given.
     """
     group, block_size, head_dim = check_layouts(q, kv_cache)
     if max_partitions < 1:
@@ -223,6 +237,7 @@ def paged_decode_split_kv_triton(
         partial_max,
         partial_sum,
         seq_lens,
+        q if sinks is None else sinks,  # never read without sinks
         out.stride(0),
         out.stride(1),
         num_heads,
@@ -230,5 +245,6 @@ def paged_decode_split_kv_triton(
         BLOCK_N=block_n,
         BLOCK_P=min(block_p, triton.next_power_of_2(num_partitions)),
         HEAD_DIM=head_dim,
+        HAS_SINKS=sinks is not None,
     )
     return out

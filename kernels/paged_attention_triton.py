@@ -4,7 +4,8 @@ One kernel for decodes and prefill chunks, with `paged_attention_ref`'s contract
 takes a tile of one sequence's query tokens times the query heads of one KV head (so GQA reads
 K/V once per group) and streams the sequence's K/V with an online softmax, causally masked,
 within a sliding window when one is given (keys behind the tile's window are not read), with
-scores soft-capped when asked (Gemma 2).
+scores soft-capped when asked (Gemma 2), and with each query head's sink logit in the softmax's
+denominator when sinks are given (gpt-oss).
 """
 
 from __future__ import annotations
@@ -86,6 +87,16 @@ def attend_tile(
 
 
 @triton.jit
+def fold_sinks(acc, m_i, l_i, sinks_ptr, heads, row_valid):
+    """Fold each row's head's sink logit (natural units) into the online softmax state as one
+    more score that adds to the sum and nothing to the values."""
+    sink = tl.load(sinks_ptr + heads, mask=row_valid, other=0.0).to(tl.float32) * 1.4426950408889634
+    m_new = tl.maximum(m_i, sink)
+    alpha = tl.exp2(m_i - m_new)
+    return acc * alpha[:, None], m_new, l_i * alpha + tl.exp2(sink - m_new)
+
+
+@triton.jit
 def _paged_attention_kernel(
     out_ptr,
     q_ptr,
@@ -93,6 +104,7 @@ def _paged_attention_kernel(
     block_tables_ptr,
     query_start_loc_ptr,
     seq_lens_ptr,
+    sinks_ptr,
     qk_scale,
     stride_q_tok,
     stride_q_head,
@@ -114,6 +126,7 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -171,6 +184,8 @@ def _paged_attention_kernel(
         HAS_WINDOW,
         HAS_SOFTCAP,
     )
+    if HAS_SINKS:
+        acc, m_i, l_i = fold_sinks(acc, m_i, l_i, sinks_ptr, heads, row_valid)
     out = acc / tl.where(row_valid, l_i, 1.0)[:, None]
     o_rows = (q_begin + q_idx).to(tl.int64) * stride_o_tok + heads * stride_o_head
     tl.store(
@@ -209,6 +224,7 @@ def paged_attention_triton(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
     block_m: int = 64,
     block_n: int = 64,
 ) -> torch.Tensor:
@@ -216,7 +232,7 @@ def paged_attention_triton(
 
     `query_start_loc` [B + 1] and `seq_lens` [B] are int32 tensors on q's device;
     `max_query_len` sizes the grid. A tile holds `block_m` rows (query tokens x group heads).
-    `window` and `softcap` as `paged_attention_ref`'s.
+    `window`, `softcap` and `sinks` ([Hq] on q's device) as `paged_attention_ref`'s.
     """
     group, block_size, head_dim = check_layouts(q, kv_cache)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -234,6 +250,7 @@ def paged_attention_triton(
         block_tables,
         query_start_loc,
         seq_lens,
+        q if sinks is None else sinks,  # never read without sinks
         scale if softcap is not None else scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -255,5 +272,6 @@ def paged_attention_triton(
         DOT_PRECISION=dot_precision(q.dtype),
         HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None,
+        HAS_SINKS=sinks is not None,
     )
     return out

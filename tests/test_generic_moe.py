@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from baton.app.llm import LLM
-from baton.core.checkpoint.model_config import UnsupportedModelError
 from baton.core.sampling_params import SamplingParams
 from tests.test_greedy_vs_transformers import transformers_greedy
 
@@ -115,11 +114,19 @@ def test_llama4_equals_transformers_past_its_attention_chunks(checkpoint):
     assert llm.engine.make_stats().kv_blocks_freed_by_window == 0
 
 
-def test_attention_sinks_are_refused_on_the_generic_path(checkpoint):
+def test_gpt_oss_sinks_on_the_generic_path_equal_transformers(checkpoint):
+    from safetensors.torch import load_file, save_file
+
     path = checkpoint(
         "gpt_oss",
         "GptOssConfig",
         dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
     )
-    with pytest.raises(UnsupportedModelError, match="GptOssForCausalLM adds attention sinks"):
-        LLM(path, device="cpu", model_impl="transformers", num_kv_blocks=16)
+    # Random sinks sit near 0, where dropping them barely moves a token: spread them so a
+    # kernel that ignored them diverges at once.
+    weights = load_file(path / "model.safetensors")
+    for name in [n for n in weights if n.endswith(".self_attn.sinks")]:
+        weights[name] = torch.linspace(-1.0, 3.0, weights[name].numel())
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    llm = assert_alone_and_batched_equal_transformers(path, random_prompts((29, 6, 17), seed=2))
+    assert llm.engine.executor.model_config.model_impl == "transformers"

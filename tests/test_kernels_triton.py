@@ -195,6 +195,53 @@ def test_paged_attention_window_and_softcap_match_reference(window, softcap):
     close(actual, expected, torch.float32)
 
 
+# Per query head, from far below every score to far above it (gpt-oss's attention sinks).
+SINKS = [-30.0, -1.0, 0.0, 0.5, 2.0, 4.0, 8.0, 30.0]
+
+
+@pytest.mark.parametrize(("window", "num_kv_heads"), [(None, 2), (3, 2), (5, 8), (None, 1)])
+def test_paged_attention_sinks_match_reference_with_windows_and_gqa(window, num_kv_heads):
+    torch.manual_seed(2)
+    q, kv_cache, tables, query_start_loc = packed_batch(
+        MIXED_QUERY_LENS, MIXED_SEQ_LENS, 8, (num_kv_heads, 16), torch.float32
+    )
+    sinks = torch.tensor(SINKS, device=DEVICE)
+    expected = paged_attention_ref(
+        q, kv_cache, tables, query_start_loc, MIXED_SEQ_LENS, 0.25, window, None, sinks
+    )
+    actual = paged_attention_triton(
+        q,
+        kv_cache,
+        tables,
+        int32(query_start_loc),
+        int32(MIXED_SEQ_LENS),
+        max(MIXED_QUERY_LENS),
+        0.25,
+        window=window,
+        sinks=sinks,
+        block_m=16,
+        block_n=16,
+    )
+    close(actual, expected, torch.float32)
+
+
+@pytest.mark.parametrize("num_kv_heads", [2, 8])
+def test_split_kv_decode_with_sinks_matches_reference(num_kv_heads):
+    torch.manual_seed(3)
+    seq_lens = [37, 17, 1]
+    q, kv_cache, tables, query_start_loc = packed_batch(
+        [1] * 3, seq_lens, 8, (num_kv_heads, 16), torch.float32
+    )
+    sinks = torch.tensor(SINKS, device=DEVICE)
+    expected = paged_attention_ref(
+        q, kv_cache, tables, query_start_loc, seq_lens, 0.25, None, None, sinks
+    )
+    actual = paged_decode_split_kv_triton(
+        q, kv_cache, tables, int32(seq_lens), 60, 0.25, max_partitions=4, sinks=sinks, block_n=16
+    )
+    close(actual, expected, torch.float32)
+
+
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32])
 def test_paged_attention_in_half_precision_matches_reference(dtype):
     torch.manual_seed(0)

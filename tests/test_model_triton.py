@@ -71,21 +71,56 @@ CONFIGS = {
     ),
     # q/k norm, GQA 4, a head dim apart from hidden_size / heads.
     "qwen3": tiny_config("Qwen3ForCausalLM", num_key_value_heads=1, head_dim=32, qk_norm=True),
+    # Sinks, biases, YaRN, a 5-token window on the first layer and gpt-oss's experts.
+    "gpt_oss": tiny_config(
+        "GptOssForCausalLM",
+        rope=RopeConfig(
+            theta=150000.0,
+            rope_type="yarn",
+            factor=32.0,
+            original_max_position_embeddings=4096,
+            truncate=False,
+        ),
+        qkv_bias=True,
+        o_proj_bias=True,
+        attention_sinks=True,
+        layer_windows=[5, None],
+        moe="gpt_oss",
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+    ),
 }
 
 
 def build_model(config: ModelConfig) -> CausalLM:
+    """Every parameter drawn here: some modules leave theirs as allocated (the embedding table,
+    the experts, the sinks), and memory as allocated may hold NaN."""
     torch.manual_seed(0)
     model = CausalLM(config, device=DEVICE).to(DEVICE).eval().requires_grad_(False)
     with torch.no_grad():
-        # The embedding table is left uninitialised by design (a checkpoint fills it): draw it,
-        # or stale memory (now and then NaN) decides the test.
-        model.embed_tokens.weight.normal_()
-        # Norm weights away from one, so a kernel that skipped them would show.
         for name, param in model.named_parameters():
             if "norm" in name:
+                # Away from one, so a kernel that skipped them would show.
                 param.uniform_(0.5, 1.5)
+            else:
+                param.uniform_(-0.2, 0.2)
     return model
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_model_under_test_keeps_no_memory_as_allocated(name, monkeypatch):
+    # Memory as allocated may hold anything, NaN included; here it always does.
+    allocate = torch.empty
+
+    def allocate_nan(*args, **kwargs) -> torch.Tensor:
+        tensor = allocate(*args, **kwargs)
+        return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+    monkeypatch.setattr(torch, "empty", allocate_nan)
+    model = build_model(CONFIGS[name])
+    for param_name, param in model.named_parameters():
+        assert torch.isfinite(param).all(), f"{param_name} was left as allocated"
 
 
 class Sequences:

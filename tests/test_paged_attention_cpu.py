@@ -232,9 +232,12 @@ def test_kernel_refuses_a_length_past_its_block_table_with_a_clear_error() -> No
             )
 
 
-def dense_attention(q, kv_cache, block_tables, query_start_loc, seq_lens, scale, window, softcap):
+def dense_attention(
+    q, kv_cache, block_tables, query_start_loc, seq_lens, scale, window, softcap, sinks=None
+):
     """The definition, one query at a time over each sequence's keys laid out contiguously:
-    key j is seen from position p when j <= p and (no window or j > p - window)."""
+    key j is seen from position p when j <= p and (no window or j > p - window); a head's sink
+    adds exp(sink) to its softmax's denominator."""
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     out = torch.zeros_like(q)
     for i, seq_len in enumerate(seq_lens):
@@ -250,7 +253,10 @@ def dense_attention(q, kv_cache, block_tables, query_start_loc, seq_lens, scale,
             scores = torch.einsum("hd,khd->hk", q[row], keys[first : position + 1]) * scale
             if softcap is not None:
                 scores = softcap * torch.tanh(scores / softcap)
-            out[row] = torch.einsum("hk,khd->hd", scores.softmax(-1), values[first : position + 1])
+            weights = scores.softmax(-1)
+            if sinks is not None:
+                weights = scores.exp() / (scores.exp().sum(-1, keepdim=True) + sinks.exp()[:, None])
+            out[row] = torch.einsum("hk,khd->hd", weights, values[first : position + 1])
     return out
 
 
@@ -275,3 +281,55 @@ def test_a_window_reads_no_block_behind_it() -> None:
     kv_cache[:, block_tables[1, :2].long()] = float("nan")
     torch.testing.assert_close(paged_attention_ref(*batch, 0.25, 20), expected)
     torch.testing.assert_close(paged_attention_cpu(*batch, 0.25, None, 20), expected)
+
+
+# Sinks from far below every score (no effect) to far above (most of the weight), per head.
+SINKS = torch.tensor([-30.0, -1.0, 0.0, 0.5, 2.0, 4.0, 8.0, 30.0])
+
+
+@pytest.mark.parametrize(
+    ("window", "softcap", "block_size", "num_kv_heads", "head_dim"),
+    [(None, None, 4, 2, 32), (5, None, 16, 8, 32), (16, 2.0, 16, 1, 20), (None, None, 16, 1, 20)],
+)
+def test_sinks_match_their_definition_with_windows_and_gqa(
+    window, softcap, block_size, num_kv_heads, head_dim
+) -> None:
+    # A head_dim that is no multiple of 8 runs the kernel's plain loops, not its vector code.
+    batch = packed_batch(MIXED, block_size, 8, num_kv_heads, seed=13, head_dim=head_dim)
+    expected = dense_attention(*batch, HEAD_DIM**-0.5, window, softcap, SINKS)
+    reference = paged_attention_ref(*batch, HEAD_DIM**-0.5, window, softcap, SINKS)
+    actual = paged_attention_cpu(*batch, HEAD_DIM**-0.5, None, window, softcap, SINKS)
+    torch.testing.assert_close(reference, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_sinks_far_above_every_score_stay_finite() -> None:
+    # A sink beyond exp's float range against small scores: the sink must not be exponentiated
+    # against the scores' maximum alone.
+    batch = packed_batch([(40, 1), (9, 4)], 16, 4, 2, seed=14)
+    sinks = torch.tensor([200.0, 100.0, -200.0, 0.0])
+    q, kv_cache, *rest = batch
+    expected = dense_attention(q.double(), kv_cache.double(), *rest, 0.25, None, None, sinks)
+    actual = paged_attention_cpu(*batch, 0.25, None, None, None, sinks)
+    assert torch.isfinite(actual).all()
+    torch.testing.assert_close(actual, expected.float(), atol=1e-6, rtol=1e-5)
+
+
+def test_a_sink_per_head_of_the_wrong_size_is_refused() -> None:
+    assert cpu_kernels_available()
+    q, kv_cache, block_tables, _, seq_lens = packed_batch([(40, 1)], 16, 4, 2, seed=2)
+    rows = torch.tensor([0])
+    with pytest.raises(RuntimeError, match="one logit per query head"):
+        torch.ops.baton_cpu.paged_attention(
+            torch.empty_like(q),
+            q,
+            kv_cache,
+            block_tables,
+            torch.tensor(seq_lens),
+            rows,
+            rows,
+            0.25,
+            0,
+            0.0,
+            torch.zeros(2),
+        )

@@ -52,10 +52,11 @@ FAMILIES = (
     "phi3",
     "mixtral",
     "qwen3_moe",
+    "gpt_oss",
 )
 
-# What each family's tiny checkpoint sets beyond the shape: Gemma's head size (its default is
-# 256) and window, the experts of the MoE families.
+# What each family's tiny checkpoint sets beyond the shape: Gemma's and gpt-oss's head size
+# (their defaults are 256 and 64) and window, the experts of the MoE families.
 FAMILY_DEFAULTS = {
     "gemma2": dict(head_dim=16, sliding_window=16),
     "gemma3": dict(head_dim=16, sliding_window=16, query_pre_attn_scalar=16),
@@ -63,13 +64,22 @@ FAMILY_DEFAULTS = {
     "qwen3_moe": dict(
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True
     ),
+    "gpt_oss": dict(head_dim=16, sliding_window=16, num_local_experts=4, num_experts_per_tok=2),
 }
 # The bench shape's head size (hidden / heads) where a family's default or tiny one differs,
-# and experts a quarter of the dense MLP's width.
+# and experts a quarter of the dense MLP's width; gpt-oss's in its own proportions (top-4 of its
+# experts, each as wide as the hidden size, a 128-token window on every other layer).
 BENCH_FAMILY_DEFAULTS = {
     "gemma2": dict(head_dim=64, query_pre_attn_scalar=64),
     "gemma3": dict(head_dim=64, query_pre_attn_scalar=64),
     "qwen3_moe": dict(head_dim=64, moe_intermediate_size=352),
+    "gpt_oss": dict(
+        head_dim=64,
+        intermediate_size=512,
+        num_local_experts=16,
+        num_experts_per_tok=4,
+        sliding_window=128,
+    ),
 }
 
 
@@ -87,6 +97,7 @@ def model_config(family: str, vocab_size: int, bos: int, eos: int, **overrides):
         "phi3": transformers.Phi3Config,
         "mixtral": transformers.MixtralConfig,
         "qwen3_moe": transformers.Qwen3MoeConfig,
+        "gpt_oss": transformers.GptOssConfig,
     }
     if family not in classes:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")

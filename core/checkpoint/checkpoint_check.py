@@ -41,6 +41,12 @@ CONVERT_BIN = (
     "M.from_pretrained('{src}').save_pretrained('{dst}')\" and copy the tokenizer files beside it"
 )
 
+DEQUANTIZE_MXFP4 = (
+    'python -c "import torch, transformers as t; t.AutoModelForCausalLM.from_pretrained('
+    "'{src}', quantization_config=t.Mxfp4Config(dequantize=True), dtype=torch.bfloat16)"
+    ".save_pretrained('{src}-bf16')\""
+)
+
 
 class CheckpointFormatError(ValueError):
     """A `--model` Baton cannot load; the message says what was found and what to do, `reason`
@@ -151,6 +157,14 @@ def _check_not_quantized(path: Path, raw: dict) -> None:
     if not method and (quantization.get("load_in_4bit") or quantization.get("load_in_8bit")):
         method = "bitsandbytes"
     detected = QUANT_METHODS.get(method, method or "an unnamed format")
+    if method == "mxfp4":
+        # gpt-oss ships only in MXFP4: there is no unquantized original to point at.
+        dequantize = DEQUANTIZE_MXFP4.format(src=path)
+        raise CheckpointFormatError(
+            f"{path} is quantized (MXFP4, from config.json's quantization_config); Baton serves "
+            f"{SUPPORTED_DTYPES} weights: dequantize it to bfloat16 once with {dequantize} and "
+            "copy the tokenizer files beside it"
+        )
     raise CheckpointFormatError(
         f"{path} is quantized ({detected}, from config.json's quantization_config); Baton serves "
         f"unquantized weights in {SUPPORTED_DTYPES} only: use the original, unquantized "

@@ -32,8 +32,10 @@ class FamilyTraits:
     gemma: bool = False
     # The checkpoint saves q/k/v and gate/up already fused (Phi-3).
     fused_checkpoint: bool = False
-    # Mixture-of-experts layout: "mixtral" or "qwen3_moe"; None for a dense MLP.
+    # Mixture-of-experts layout: "mixtral", "qwen3_moe" or "gpt_oss"; None for a dense MLP.
     moe: str | None = None
+    # A learned logit per query head joins each softmax's denominator (gpt-oss's sinks).
+    attention_sinks: bool = False
 
 
 # The architectures with a native Baton model; anything else is not served natively.
@@ -47,6 +49,7 @@ NATIVE_ARCHITECTURES: dict[str, FamilyTraits] = {
     "Phi3ForCausalLM": FamilyTraits(sliding_by_default=True, fused_checkpoint=True),
     "MixtralForCausalLM": FamilyTraits(sliding_by_default=True, moe="mixtral"),
     "Qwen3MoeForCausalLM": FamilyTraits(attention_bias=True, qk_norm=True, moe="qwen3_moe"),
+    "GptOssForCausalLM": FamilyTraits(attention_bias=True, moe="gpt_oss", attention_sinks=True),
 }
 
 
@@ -92,6 +95,10 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     moe_layers: list[bool] = field(default_factory=list)
+    # gpt-oss's experts: the sigmoid's gain in their SwiGLU and the clamp of its inputs.
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    attention_sinks: bool = False
     # Which model runs it: "native" (baton.gpu.models.model) or "transformers"
     # (baton.gpu.models.transformers_model).
     model_impl: str = "native"
@@ -165,6 +172,7 @@ class ModelConfig:
             hidden_act=raw.get("hidden_activation") or raw.get("hidden_act") or "silu",
             gemma=traits.gemma,
             fused_checkpoint=traits.fused_checkpoint,
+            attention_sinks=traits.attention_sinks,
             attn_logit_softcap=raw.get("attn_logit_softcapping") if traits.gemma else None,
             final_logit_softcap=raw.get("final_logit_softcapping") if traits.gemma else None,
         )
@@ -207,13 +215,18 @@ def _layer_windows(raw: dict, traits: FamilyTraits, num_layers: int) -> list[int
 
 
 def _read_moe(config: ModelConfig, raw: dict, layout: str) -> None:
-    """The router and experts' sizes; Qwen3-MoE may keep some layers dense."""
+    """The router and experts' sizes (and gpt-oss's SwiGLU); Qwen3-MoE may keep some layers
+    dense."""
     config.moe = layout
     config.num_experts = raw.get("num_experts") or raw["num_local_experts"]
     config.num_experts_per_tok = raw["num_experts_per_tok"]
-    if layout == "mixtral":
+    if layout in ("mixtral", "gpt_oss"):
         config.moe_intermediate_size = config.intermediate_size
+        # gpt-oss's softmax over the chosen logits is the renormalized top-k of a full softmax.
         config.norm_topk_prob = True
+        if layout == "gpt_oss":
+            config.swiglu_alpha = float(raw.get("swiglu_alpha", config.swiglu_alpha))
+            config.swiglu_limit = float(raw.get("swiglu_limit", config.swiglu_limit))
         return
     config.moe_intermediate_size = raw["moe_intermediate_size"]
     config.norm_topk_prob = bool(raw.get("norm_topk_prob", False))

@@ -39,7 +39,6 @@ class RefusalReason(Enum):
     # Attention restricted to fixed chunks or a window the generic path does not apply (issue 42).
     WINDOWED_ATTENTION = "windowed_attention"
     # Attention with learned sink logits, which the paged kernels do not add yet (issue 42).
-    ATTENTION_SINKS = "attention_sinks"
     # Attention that reads a learned index or compressed cache beside the keys and values.
     SPARSE_ATTENTION = "sparse_attention"
     # Positions numbered from the padding id on (RoBERTa), not from the sequence's start.

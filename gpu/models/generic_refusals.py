@@ -83,12 +83,11 @@ def check_probe(
     kv_shapes: list[tuple[int, int, int]],
     *,
     softcapped: bool,
-    sinks: bool,
     causal: bool,
     masked: bool,
 ) -> None:
     """Refuse from what a one-token forward handed the attention interface: each call's
-    (KV heads, key size, value size) and whether any soft-capped, had sinks, was not causal or
+    (KV heads, key size, value size) and whether any soft-capped, was not causal or
     came with a mask the model built itself (transformers builds none for Baton's
     implementation, so a mask there is the model's own bias on the scores)."""
     if not kv_shapes:
@@ -97,8 +96,6 @@ def check_probe(
         raise _refusal(name, RefusalReason.NOT_CAUSAL)
     if masked:
         raise _refusal(name, RefusalReason.ATTENTION_BIAS)
-    if sinks:
-        raise _refusal(name, RefusalReason.ATTENTION_SINKS)
     if softcapped:
         raise _refusal(name, RefusalReason.ATTENTION_SOFTCAP)
     if len(set(kv_shapes)) > 1:
@@ -159,9 +156,6 @@ EXPLANATIONS = {
     ),
     RefusalReason.WINDOWED_ATTENTION: (
         "attends within fixed chunks, which the generic path does not apply yet (issue 42)"
-    ),
-    RefusalReason.ATTENTION_SINKS: (
-        "adds learned attention sinks, which the paged attention does not yet (issue 42)"
     ),
     RefusalReason.POSITIONS_AFTER_PADDING: (
         "numbers positions from its padding token id on (RoBERTa's embeddings), where Baton "

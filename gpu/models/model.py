@@ -2,8 +2,8 @@
 
 Llama is the base; the config's switches add what other families change: q/k norm (Qwen3,
 Gemma 3), Gemma's norms after attention and around the MLP, scaled embeddings, GeGLU and logit
-soft-capping, per-layer sliding windows (Mistral, Gemma), and mixture-of-experts MLPs
-(gpu/models/moe.py: Mixtral, Qwen3-MoE).
+soft-capping, per-layer sliding windows (Mistral, Gemma, gpt-oss), attention sinks (gpt-oss),
+and mixture-of-experts MLPs (gpu/models/moe.py: Mixtral, Qwen3-MoE; gpu/models/gpt_oss.py).
 
 Every scheduled token of every sequence runs as one [T, hidden] tensor. Each attention layer
 writes its new K/V into the paged cache by slot mapping and then reads all K/V back from the
@@ -19,6 +19,7 @@ from torch import nn
 
 from baton.core.checkpoint.model_config import ModelConfig
 from baton.gpu.model_inputs import AttentionMetadata
+from baton.gpu.models.gpt_oss import GptOssMoE
 from baton.gpu.models.moe import SparseMoE
 from baton.kernels import ops
 from baton.kernels.f32_linear import (
@@ -135,6 +136,7 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.sinks = nn.Parameter(torch.empty(self.num_heads)) if config.attention_sinks else None
         # Shared by all layers and kept in float32: not a parameter, so never cast or reloaded.
         self.cos_sin_cache = cos_sin_cache
 
@@ -166,7 +168,13 @@ class Attention(nn.Module):
             v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
             ops.write_kv_cache(k, v, kv_cache, attn_metadata.slot_mapping)
         out = ops.paged_attention(
-            q, kv_cache, attn_metadata, self.scale, window=self.window, softcap=self.softcap
+            q,
+            kv_cache,
+            attn_metadata,
+            self.scale,
+            window=self.window,
+            softcap=self.softcap,
+            sinks=self.sinks,
         )
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -226,7 +234,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(size, eps)
         self.pre_feedforward_layernorm = RMSNorm(size, eps) if config.gemma else None
         self.post_feedforward_layernorm = RMSNorm(size, eps) if config.gemma else None
-        self.mlp: nn.Module = SparseMoE(config) if config.is_moe_layer(layer) else MLP(config)
+        self.mlp = feed_forward(config, layer)
 
     def forward(
         self,
@@ -247,6 +255,13 @@ class DecoderLayer(nn.Module):
         hidden = self.post_attention_layernorm(hidden)
         hidden, residual = self.pre_feedforward_layernorm.add_and_norm(hidden, residual)
         return self.post_feedforward_layernorm(self.mlp(hidden)), residual
+
+
+def feed_forward(config: ModelConfig, layer: int) -> nn.Module:
+    """Layer `layer`'s MLP: dense, or the experts of the config's MoE layout."""
+    if not config.is_moe_layer(layer):
+        return MLP(config)
+    return GptOssMoE(config) if config.moe == "gpt_oss" else SparseMoE(config)
 
 
 class CausalLM(nn.Module):
@@ -348,7 +363,7 @@ class CausalLM(nn.Module):
         if embed.dtype != torch.float32 and not native_bf16:
             return False
         for module in self.modules():
-            if isinstance(module, (MLP, Linear, SparseMoE)):
+            if isinstance(module, (MLP, Linear, SparseMoE, GptOssMoE)):
                 module.pack(rows_hint)
         if self.lm_head is None:
             self.packed_logits_weight = pack_cpu_weight(embed, rows_hint)

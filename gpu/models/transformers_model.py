@@ -23,8 +23,8 @@ from torch import nn
 from baton.core.checkpoint.model_config import ModelConfig
 from baton.core.checkpoint.unsupported_model import RefusalReason, UnsupportedModelError
 from baton.gpu.model_inputs import AttentionMetadata
-from baton.gpu.models.model import pack_cpu_weight, packed_linear, uses_f32_kernel
 from baton.gpu.models import generic_refusals
+from baton.gpu.models.model import pack_cpu_weight, packed_linear, uses_f32_kernel
 from baton.kernels import ops
 from baton.kernels.linear import onednn_linear_available
 
@@ -60,7 +60,6 @@ class _PagedStep:
     kv_shapes: list[tuple[int, int, int]] = field(default_factory=list)
     num_query_heads: int = 0
     softcapped: bool = False
-    sinks: bool = False
     causal: bool = True
     masked: bool = False
 
@@ -95,7 +94,6 @@ def paged_attention_forward(
         step.num_query_heads = num_heads
         step.layers.append(_layer_attention(module, kwargs.get("sliding_window")))
         step.softcapped |= kwargs.get("softcap") is not None
-        step.sinks |= kwargs.get("s_aux") is not None
         step.causal &= bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
         step.masked |= attention_mask is not None
         return query.new_zeros(1, num_tokens, num_heads, head_dim), None
@@ -111,8 +109,15 @@ def paged_attention_forward(
     kv_cache = step.kv_caches[layer]
     ops.write_kv_cache(k, v, kv_cache, step.metadata.slot_mapping)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    # gpt-oss-style sinks reach attention as `s_aux`, one logit per query head.
     out = ops.paged_attention(
-        q, kv_cache, step.metadata, scale, window=kind.window, chunk=kind.chunk
+        q,
+        kv_cache,
+        step.metadata,
+        scale,
+        window=kind.window,
+        chunk=kind.chunk,
+        sinks=kwargs.get("s_aux"),
     )
     return out.unsqueeze(0), None
 
@@ -269,7 +274,6 @@ class TransformersCausalLM(nn.Module):
             config.architecture,
             step.kv_shapes,
             softcapped=step.softcapped,
-            sinks=step.sinks,
             causal=step.causal,
             masked=step.masked,
         )

@@ -91,7 +91,8 @@ at::Tensor decoder_layers(const at::Tensor& hidden_in, const at::Tensor& positio
       find("baton_cpu::paged_attention")
           .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                       const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      const at::Tensor&, double, int64_t, double)>();
+                      const at::Tensor&, double, int64_t, double,
+                      const std::optional<at::Tensor>&)>();
   static const auto silu = find("baton_cpu::silu_and_mul").typed<at::Tensor(const at::Tensor&)>();
   static const auto gelu_tanh =
       find("baton_cpu::gelu_tanh_and_mul").typed<at::Tensor(const at::Tensor&)>();
@@ -126,7 +127,8 @@ at::Tensor decoder_layers(const at::Tensor& hidden_in, const at::Tensor& positio
     const at::Tensor q = rotary.call(qkv, positions, cos_sin, kv_cache, slot_mapping, num_heads,
                                      num_kv_heads);
     const at::Tensor attended = at::empty(q.sizes(), q.options());
-    attend.call(attended, q, kv_cache, block_tables, lens, rows, seqs, scale, 0, 0.0);
+    attend.call(attended, q, kv_cache, block_tables, lens, rows, seqs, scale, 0, 0.0,
+                std::nullopt);
     const at::Tensor o = linear(attended.view({num_tokens, -1}), weights, base + kO,
                                 base + kOScales, weights.get(base + kOBias), hidden_size);
     std::tie(normed, residual) = add_norm.call(o, residual, *weights.get(base + kPostNorm), eps);

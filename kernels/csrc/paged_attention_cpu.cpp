@@ -20,7 +20,9 @@
 // row of q (and of out) of sequence `seqs[i]`, at position lens[i] - 1: it attends to the first
 // lens[i] tokens of its blocks, or with `window` > 0 to the last `window` of them (blocks wholly
 // before the window are not read). With `softcap` > 0 each scaled score s becomes
-// softcap * tanh(s / softcap) (Gemma 2). The cache is float32, or float16
+// softcap * tanh(s / softcap) (Gemma 2). With `sinks` ([Hq] float32, gpt-oss), each query head's
+// sink logit joins its softmax's denominator as one more score with no value: it is folded in
+// once the row's keys are done, so it changes nothing else. The cache is float32, or float16
 // (`--kv-cache-dtype float16`): then each cached value is widened to float32 as it is loaded
 // (a tile of several rows widens a block's head once, into L1), and the arithmetic is the
 // float32 cache's on the same values.
@@ -39,6 +41,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -243,11 +246,12 @@ struct TileRow {
 // The rows of a tile, KV heads [first_head, end_head): each head's `group` query heads at
 // q + head * group * D, results to out at the same offsets. Block by block, every head of the
 // block in turn, so each block is read once, front to back; each row takes the keys it attends
-// to from the block with the same arithmetic, in the same order, as it would alone.
+// to from the block with the same arithmetic, in the same order, as it would alone. `sinks`
+// holds a logit per query head, or is null.
 template <typename Index, typename Elem>
 void attend_tile(const CacheView<Elem>& cache, const Index* table, const TileRow* rows,
                  int64_t count, int64_t group, int64_t first_head, int64_t end_head, float scale,
-                 int64_t window, float softcap) {
+                 int64_t window, float softcap, const float* sinks) {
   const int64_t D = cache.head_dim;
   const int64_t bs = cache.block_size;
   const int64_t stride = cache.num_kv_heads * D;  // from one token to the next in a block
@@ -355,7 +359,15 @@ void attend_tile(const CacheView<Elem>& cache, const Index* table, const TileRow
   for (int64_t r = 0; r < count; ++r) {
     for (int64_t j = 0; j < heads_per_row; ++j) {
       const int64_t row = r * heads_per_row + j;
-      const float inverse = 1.0f / state[row].sum;
+      float inverse = 1.0f / state[row].sum;
+      if (sinks != nullptr) {
+        // The sink as one more score: both terms rescaled to the larger maximum, so neither
+        // exponent is positive.
+        const float sink = sinks[first_head * group + j];
+        const float top = std::max(state[row].max, sink);
+        const float kept = baton::exp_nonpositive(state[row].max - top);
+        inverse = kept / (state[row].sum * kept + baton::exp_nonpositive(sink - top));
+      }
       float* o = rows[r].out + (first_head * group + j) * D;
       for (int64_t d = 0; d < D; ++d) o[d] = acc[row * D + d] * inverse;
     }
@@ -383,7 +395,8 @@ void check_block_ids(const at::Tensor& block_tables, const std::vector<int64_t>&
 template <typename Index, typename Elem>
 void run(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
          const at::Tensor& block_tables, const int64_t* lens, const at::Tensor& rows,
-         const at::Tensor& seqs, double scale, int64_t window, double softcap) {
+         const at::Tensor& seqs, double scale, int64_t window, double softcap,
+         const float* sinks) {
   const int64_t num_blocks = kv_cache.size(1);
   const int64_t num_heads = q.size(1);
   CacheView<Elem> cache{kv_cache.data_ptr<Elem>(), nullptr, kv_cache.size(2), kv_cache.size(3),
@@ -430,15 +443,21 @@ void run(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
       attend_tile<Index, Elem>(cache, tables + seq_ids[i] * width, tile_rows.data() + i,
                                tile_start[tile + 1] - i, group, first_head,
                                first_head + heads_per_task, static_cast<float>(scale), window,
-                               static_cast<float>(softcap));
+                               static_cast<float>(softcap), sinks);
     }
   });
 }
 
 void paged_attention(const at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
                   const at::Tensor& block_tables, const at::Tensor& lens, const at::Tensor& rows,
-                  const at::Tensor& seqs, double scale, int64_t window, double softcap) {
+                  const at::Tensor& seqs, double scale, int64_t window, double softcap,
+                  const std::optional<at::Tensor>& sinks) {
   TORCH_CHECK(window >= 0 && softcap >= 0.0, "window and softcap are >= 0 (0: none)");
+  TORCH_CHECK(!sinks.has_value() ||
+                  (sinks->scalar_type() == at::kFloat && sinks->device().is_cpu() &&
+                   sinks->is_contiguous() && sinks->dim() == 1 && sinks->size(0) == q.size(1)),
+              "sinks are a contiguous float32 CPU tensor [Hq], one logit per query head");
+  const float* sink_data = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   TORCH_CHECK(q.device().is_cpu() && kv_cache.device().is_cpu(), "CPU tensors only");
   TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
               "q and out are float32");
@@ -476,12 +495,12 @@ void paged_attention(const at::Tensor& out, const at::Tensor& q, const at::Tenso
   if (block_tables.scalar_type() == at::kInt) {
     check_block_ids<int32_t>(block_tables, reach, kv_cache.size(1), kv_cache.size(2));
     (half ? run<int32_t, c10::Half> : run<int32_t, float>)(
-        out, q, kv_cache, block_tables, len_data, rows, seqs, scale, window, softcap);
+        out, q, kv_cache, block_tables, len_data, rows, seqs, scale, window, softcap, sink_data);
   } else {
     TORCH_CHECK(block_tables.scalar_type() == at::kLong, "block_tables are int32 or int64");
     check_block_ids<int64_t>(block_tables, reach, kv_cache.size(1), kv_cache.size(2));
     (half ? run<int64_t, c10::Half> : run<int64_t, float>)(
-        out, q, kv_cache, block_tables, len_data, rows, seqs, scale, window, softcap);
+        out, q, kv_cache, block_tables, len_data, rows, seqs, scale, window, softcap, sink_data);
   }
 }
 
@@ -491,7 +510,7 @@ TORCH_LIBRARY(baton_cpu, m) {
   m.def(
       "paged_attention(Tensor(a!) out, Tensor q, Tensor kv_cache, Tensor block_tables, "
       "Tensor lens, Tensor rows, Tensor seqs, float scale, int window=0, "
-      "float softcap=0.0) -> ()");
+      "float softcap=0.0, Tensor? sinks=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(baton_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }
