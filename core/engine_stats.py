@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from baton.core.scheduling.step_cost import CostCoefficients
+from baton.core.speculative.acceptance import SpecDecodeStats
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,6 +29,8 @@ class EngineStats:
     step_cost_observations: int = 0
     # Mean seconds from a request's first token to its finish (core/scheduling/lifetime.py).
     mean_lifetime_s: float = 0.0
+    # Speculative decoding's totals; None when the engine does not speculate.
+    spec_decode: SpecDecodeStats | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,0 +1,63 @@
+"""Speculative decoding's side of a step: which running decodes carry draft tokens and which,
+and what their verification taught about each request's acceptance rate."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from baton.core.request import Request
+from baton.core.scheduling.speculation import plan_drafts
+from baton.core.scheduling.step_cost import StepCost
+from baton.core.speculative.acceptance import SpecDecodeCounters
+from baton.core.speculative.ngram_proposer import NgramProposer
+
+
+class Speculator:
+    """Proposes drafts by prompt lookup for the decodes the planner gives draft tokens."""
+
+    def __init__(self, proposer: NgramProposer, max_drafts: int, cost: StepCost) -> None:
+        self.proposer = proposer
+        self.max_drafts = max_drafts
+        self.cost = cost
+        self.counters = SpecDecodeCounters()
+
+    def drafts(
+        self, decodes: Sequence[Request], token_budget: int, num_prefill_tokens: int
+    ) -> list[list[int]]:
+        """Draft tokens for each of `decodes` (aligned; [] for none) within `token_budget`
+        beside them, in a step also carrying about `num_prefill_tokens` of prefill."""
+        prior = self.counters.prior_rate
+        plan = plan_drafts(
+            [request.drafts.rate(prior) for request in decodes],
+            [_tpot_target_s(request) for request in decodes],
+            [self._room(request) for request in decodes],
+            self.cost,
+            num_prefill_tokens=num_prefill_tokens,
+            num_context_tokens=sum(request.num_tokens for request in decodes),
+            token_budget=token_budget,
+        )
+        proposals = []
+        for request, num_drafts in zip(decodes, plan, strict=True):
+            proposal = self.proposer.propose(request.token_ids, num_drafts) if num_drafts else []
+            if not proposal:
+                request.drafts.fade()
+            proposals.append(proposal)
+        return proposals
+
+    def observe(self, request: Request, num_drafted: int, num_accepted: int) -> None:
+        request.drafts.record(num_drafted, num_accepted)
+        self.counters.record(num_drafted, num_accepted)
+
+    def _room(self, request: Request) -> int:
+        """Drafts the request may verify: none past its last output token (the token sampled
+        after the drafts counts too), none under a grammar or while it pools."""
+        params = request.sampling_params
+        if params.structured_output is not None or params.pooling is not None:
+            return 0
+        left = (params.max_tokens or 0) - request.num_output_tokens - 1
+        return max(0, min(self.max_drafts, left))
+
+
+def _tpot_target_s(request: Request) -> float | None:
+    tpot_ms = request.slo.tpot_ms
+    return None if tpot_ms is None else tpot_ms / 1000
