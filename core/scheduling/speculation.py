@@ -42,7 +42,8 @@ def plan_drafts(
     if not heap or token_budget <= 0:
         return drafts
     heapq.heapify(heap)
-    base_s = cost.predict_step(num_prefill_tokens, num_decodes, num_context_tokens)
+    # A fit with nothing learnt yet may predict a free step; a nanosecond keeps the rates finite.
+    base_s = max(cost.predict_step(num_prefill_tokens, num_decodes, num_context_tokens), 1e-9)
     draft_s = cost.prefill_token_s()
     yields = [1.0] * num_decodes
     total_yield = float(num_decodes)
