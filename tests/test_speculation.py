@@ -4,6 +4,8 @@ step is memory-bound or a TPOT target needs them, never where the batch is compu
 
 from __future__ import annotations
 
+from baton.app.observability.prometheus import SERIES, Sources
+from baton.app.observability.stats_endpoint import spec_decode
 from baton.core.kv_cache.kv_cache_manager import blocks_needed
 from baton.core.scheduling.speculation import expected_tokens, plan_drafts
 from baton.core.scheduling.step_cost import CostCoefficients
@@ -154,3 +156,31 @@ def test_speculation_stays_out_of_the_budget_owed_to_prefill():
     ):
         engine.step()
     assert all(batch.num_draft_tokens == 0 for batch in seen if batch.num_prefill_tokens)
+
+
+def test_spec_decode_totals_reach_vllms_series_and_the_stats_endpoint():
+    engine = make_engine(draft_acceptance=0.5, **SPECULATIVE)
+    add_scripted(engine, "r", max_tokens=40)
+    run(engine)
+    stats = engine.make_stats()
+    spec = stats.spec_decode
+    assert spec.num_drafts > 0
+    assert sum(spec.accepted_per_position) == spec.num_accepted_tokens
+    sources = Sources(stats, None, 0, [])
+    series = {s.name: s for s in SERIES if s.name.startswith("spec_decode")}
+    assert {name for s in series.values() for name in s.vllm} == {
+        "spec_decode_num_drafts",
+        "spec_decode_num_draft_tokens",
+        "spec_decode_num_accepted_tokens",
+        "spec_decode_num_accepted_tokens_per_pos",
+    }
+    assert series["spec_decode_num_draft_tokens"].read(sources) == spec.num_draft_tokens
+    assert series["spec_decode_num_accepted_tokens"].read(sources) == spec.num_accepted_tokens
+    per_position = series["spec_decode_num_accepted_tokens_per_pos"].read(sources)
+    assert per_position[("0",)] == spec.accepted_per_position[0]
+    shown = spec_decode(stats)
+    assert shown["acceptance_rate"] == spec.num_accepted_tokens / spec.num_draft_tokens
+    # An engine that does not speculate exports none of them.
+    plain = Sources(make_engine().make_stats(), None, 0, [])
+    assert all(s.read(plain) is None for s in series.values())
+    assert spec_decode(plain.stats) is None
