@@ -239,7 +239,7 @@ class TorchExecutor:
         to_sample = [seq for seq in batch.sequences if seq.sample]
         # With draft tokens, a row per position sampled (rejection_sampler.py).
         rows = verification_rows(to_sample) if batch.num_draft_tokens else to_sample
-        mask = self._start_grammar_mask(rows)
+        mask = self._start_grammar_mask(rows, drafted=rows is not to_sample)
         padded_size = self.graphs.padded_size(batch) if self.graphs is not None else None
         inputs = self.buffers.prepare(batch, pad_to=padded_size)
         self.host_time_s += time.perf_counter() - start
@@ -288,15 +288,18 @@ class TorchExecutor:
             return self._grammar_compiler
 
     def _start_grammar_mask(
-        self, to_sample: list[ScheduledSequence]
+        self, to_sample: list[ScheduledSequence], drafted: bool = False
     ) -> Future[GrammarMask | None] | None:
+        """`drafted`: `to_sample` are verification rows, several to a request."""
         if not any(seq.sampling_params.structured_output is not None for seq in to_sample):
             return None
         if self._grammar_matchers is None:
             from baton.gpu.structured_output import GrammarMatchers
 
             self._grammar_matchers = GrammarMatchers(self.model_config.vocab_size)
-        return self._mask_worker.submit(self._grammar_matchers.fill_mask, to_sample)
+        matchers = self._grammar_matchers
+        fill = matchers.fill_draft_mask if drafted else matchers.fill_mask
+        return self._mask_worker.submit(fill, to_sample)
 
     def _sample(
         self,
@@ -313,13 +316,12 @@ class TorchExecutor:
         sampled = hidden if logits_indices.shape[0] == hidden.shape[0] else hidden[logits_indices]
         logits = self.model.compute_logits(sampled).float()
         grammar_mask = mask.result() if mask is not None else None
-        if rows is to_sample:
-            output = self.sampler(logits, to_sample, grammar_mask)
-            row_tokens = output.sampled_token_ids
-        else:
-            output, row_tokens = verify(self.sampler, logits, to_sample, rows, grammar_mask)
+        if rows is not to_sample:
+            # The matchers catch up with the accepted tokens as the next mask levels them.
+            return verify(self.sampler, logits, to_sample, rows, grammar_mask)
+        output = self.sampler(logits, to_sample, grammar_mask)
         if grammar_mask is not None and self._grammar_matchers is not None:
-            self._grammar_matchers.accept(rows, row_tokens)
+            self._grammar_matchers.accept(to_sample, output.sampled_token_ids)
         return output
 
     def _log_kv_capacity(self) -> None:

@@ -45,9 +45,9 @@ def verify(
     sequences: list[ScheduledSequence],
     rows: list[ScheduledSequence],
     grammar_mask: GrammarMask | None = None,
-) -> tuple[ExecutorOutput, list[int]]:
+) -> ExecutorOutput:
     """The step's output for `sequences` (some with drafts) from `logits` [len(rows), vocab]
-    over their `verification_rows`, and each row's draw (for the grammar matchers)."""
+    over their `verification_rows`."""
     drawn = sampler(logits, rows, grammar_mask)
     row_tokens = drawn.sampled_token_ids
     output = ExecutorOutput([], [])
@@ -65,4 +65,4 @@ def verify(
             if seq.sampling_params.logprobs is not None:
                 output.draft_logprobs[seq.request_id] = drawn.logprobs[row:last]
         row += len(drafts) + 1
-    return output, row_tokens
+    return output

@@ -56,7 +56,7 @@ def test_verified_tokens_follow_the_target_distribution_at_each_position():
     seqs = sequences(SamplingParams(temperature=TEMPERATURE, max_tokens=8))
     rows = verification_rows(seqs)
     logits = LOGITS.repeat(NUM_DRAWS, 1)
-    output, _ = verify(Sampler(VOCAB, []), logits, seqs, rows)
+    output = verify(Sampler(VOCAB, []), logits, seqs, rows)
     runs = emitted(output, seqs)
     target = (LOGITS / TEMPERATURE).softmax(dim=-1)
 
@@ -74,5 +74,5 @@ def test_greedy_verification_accepts_exactly_the_argmax_prefix():
     seqs = sequences(SamplingParams(temperature=0.0, max_tokens=8))[:2]
     logits = LOGITS.clone()
     logits[0, DRAFTS[0]] = 5.0  # the first draft is the argmax; the second is not (row 1: 0)
-    output, _ = verify(Sampler(VOCAB, []), logits.repeat(2, 1), seqs, verification_rows(seqs))
+    output = verify(Sampler(VOCAB, []), logits.repeat(2, 1), seqs, verification_rows(seqs))
     assert emitted(output, seqs) == [[DRAFTS[0], 0], [DRAFTS[0], 0]]

@@ -6,16 +6,27 @@ request repeats itself."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 
 import pytest
 
 from baton.app.llm import LLM
 from baton.core.sampling_params import SamplingParams
+from baton.core.structured_output import GuideKind, StructuredOutput
 from tests import test_batch_invariance
 
 SPECULATIVE = dict(speculative_method="ngram", num_speculative_tokens=4)
 NUM_REQUESTS = 16
+# Arrays of one repeated object shape: output a lookup predicts, under a grammar.
+ITEMS = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}, "tag": {"enum": ["red", "green", "blue"]}},
+        "required": ["id", "tag"],
+    },
+}
 
 
 def workload(vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:
@@ -137,3 +148,23 @@ def test_seeded_sampling_gives_the_same_tokens_with_speculation(checkpoint):
     assert batched == token_ids(plain_llm.generate(prompts, params))
     assert llm.generate([prompts[3]], params[3])[0].token_ids == batched[3]
     assert_drafts_accepted_and_rejected(llm)
+
+
+def test_the_grammar_checks_every_draft_token(checkpoint):
+    # A repetitive grammar, so lookups propose runs; some drafts it refuses (the model's own
+    # preference between the alternatives decides), which ends their run.
+    regex = StructuredOutput(GuideKind.REGEX, "(ab|abc|bca)+ end")
+    schema = StructuredOutput(GuideKind.JSON_SCHEMA, json.dumps(ITEMS))
+    prompts = ["list: a b c", "some items", "abc abc", "x y z"]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=48, structured_output=regex),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=64, structured_output=schema),
+    ] * 2
+    plain = LLM(checkpoint, device="cpu", num_kv_blocks=256).generate(prompts, params)
+    llm = LLM(checkpoint, device="cpu", num_kv_blocks=256, **SPECULATIVE)
+    results = llm.generate(prompts, params)
+    assert token_ids(results) == token_ids(plain)
+    assert_drafts_accepted_and_rejected(llm)
+    for result in results[1::2]:
+        if result.finish_reason == "stop":
+            json.loads(result.text)

@@ -50,9 +50,13 @@ class Speculator:
 
     def _room(self, request: Request) -> int:
         """Drafts the request may verify: none past its last output token (the token sampled
-        after the drafts counts too), none under a grammar or while it pools."""
+        after the drafts counts too), none while it pools, and none under a grammar that starts
+        after a reasoning model's thinking (where it starts must come from committed tokens)."""
         params = request.sampling_params
-        if params.structured_output is not None or params.pooling is not None:
+        constraint = params.structured_output
+        if params.pooling is not None or (
+            constraint is not None and constraint.after_token_id is not None
+        ):
             return 0
         left = (params.max_tokens or 0) - request.num_output_tokens - 1
         return max(0, min(self.max_drafts, left))
