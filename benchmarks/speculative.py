@@ -13,7 +13,8 @@ the repetitive workload it has); and `sampled`, the same at temperature 1, whose
 repeats, so drafts are mostly rejected and the figure is speculation's overhead. Every side's
 server starts afresh each round, one at a time, sides in reverse order on odd rounds; a figure
 is the median over rounds of output tokens per second (completion tokens over the request's
-wall time), each ratio against plain Baton's median of the same workload. The JSON report goes
+wall time) and of the server's CPU time per output token (steadier on a busy machine), each
+ratio (×) against plain Baton's median of the same workload, higher better. The JSON report goes
 to stdout, progress and the markdown table to stderr.
 """
 
@@ -80,8 +81,16 @@ def server_command(side: Side, args: argparse.Namespace, gguf: Path | None) -> l
     ]
 
 
-def one_stream(port: int, prompt: str, temperature: float, args: argparse.Namespace) -> float:
-    """Output tokens per second of one request alone."""
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used (user and system, all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_stream(
+    port: int, prompt: str, temperature: float, args: argparse.Namespace
+) -> tuple[int, float]:
+    """Output tokens of one request alone, and its wall time."""
     base = f"http://127.0.0.1:{port}"
     model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
     body = {
@@ -96,7 +105,7 @@ def one_stream(port: int, prompt: str, temperature: float, args: argparse.Namesp
     reply = httpx.post(f"{base}/v1/completions", json=body, timeout=600)
     elapsed = time.perf_counter() - started
     reply.raise_for_status()
-    return reply.json()["usage"]["completion_tokens"] / elapsed
+    return reply.json()["usage"]["completion_tokens"], elapsed
 
 
 def measure(side: Side, round_: int, args: argparse.Namespace, gguf: Path | None) -> dict:
@@ -106,7 +115,7 @@ def measure(side: Side, round_: int, args: argparse.Namespace, gguf: Path | None
             raise RuntimeError(f"port {args.port} is taken: choose another with --port")
     log_path = args.log_dir / f"{side.name.replace('+', '_')}-{round_}.log"
     load = load_1min()
-    figures = {}
+    figures, cpu_ms = {}, {}
     with log_path.open("w") as log:
         server = subprocess.Popen(
             server_command(side, args, gguf),
@@ -119,12 +128,21 @@ def measure(side: Side, round_: int, args: argparse.Namespace, gguf: Path | None
         try:
             first_answer(server, args.port, time.perf_counter(), args.start_timeout)
             for workload, temperature in WORKLOADS.items():
-                rates = [one_stream(args.port, p, temperature, args) for p in PROMPTS]
-                figures[workload] = statistics.median(rates)
+                cpu_before = cpu_seconds(server.pid)
+                runs = [one_stream(args.port, p, temperature, args) for p in PROMPTS]
+                used = cpu_seconds(server.pid) - cpu_before
+                figures[workload] = statistics.median(tokens / wall for tokens, wall in runs)
+                cpu_ms[workload] = used * 1e3 / sum(tokens for tokens, _ in runs)
         finally:
             server.terminate()
             server.wait(timeout=60)
-    return {"side": side.name, "round": round_, "load_1min": load, "tok_s": figures}
+    return {
+        "side": side.name,
+        "round": round_,
+        "load_1min": load,
+        "tok_s": figures,
+        "cpu_ms_per_token": cpu_ms,
+    }
 
 
 def report(measurements: list[dict], names: list[str]) -> tuple[dict, str]:

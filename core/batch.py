@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from baton.core.pooling import Pooling
@@ -36,7 +37,8 @@ class ScheduledSequence:
     all_token_ids: list[int]
     num_prompt_tokens: int
     prompt_logprob_positions: range = range(0)
-    draft_token_ids: list[int] = field(default_factory=list)
+    # A tuple by default: a list per sequence would cost every plain step an allocation.
+    draft_token_ids: Sequence[int] = ()
 
     @property
     def seq_len(self) -> int:

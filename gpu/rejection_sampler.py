@@ -34,8 +34,8 @@ def verification_rows(sequences: list[ScheduledSequence]) -> list[ScheduledSeque
     for seq in sequences:
         rows.append(seq)
         for j in range(1, len(seq.draft_token_ids) + 1):
-            history = seq.all_token_ids + seq.draft_token_ids[:j]
-            rows.append(dataclasses.replace(seq, all_token_ids=history, draft_token_ids=[]))
+            history = [*seq.all_token_ids, *seq.draft_token_ids[:j]]
+            rows.append(dataclasses.replace(seq, all_token_ids=history, draft_token_ids=()))
     return rows
 
 
@@ -61,7 +61,7 @@ def verify(
         output.sampled_token_ids.append(row_tokens[last])
         output.logprobs.append(drawn.logprobs[last])
         if drafts:
-            output.accepted_draft_ids[seq.request_id] = drafts[:num_accepted]
+            output.accepted_draft_ids[seq.request_id] = list(drafts[:num_accepted])
             if seq.sampling_params.logprobs is not None:
                 output.draft_logprobs[seq.request_id] = drawn.logprobs[row:last]
         row += len(drafts) + 1

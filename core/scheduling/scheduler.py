@@ -14,6 +14,7 @@ import bisect
 import heapq
 import itertools
 import math
+from collections.abc import Iterable
 
 from baton.core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
 from baton.core.kv_cache.kv_cache_manager import KVCacheManager
@@ -25,6 +26,8 @@ from baton.core.scheduling.static_batch import StaticBatch, reserved_tokens
 from baton.core.speculative.speculator import Speculator
 
 NO_POSITIONS = range(0)
+# No draft tokens, and none accepted: shared, never appended to.
+NO_TOKENS: list[int] = []
 
 
 class Scheduler:
@@ -104,7 +107,8 @@ class Scheduler:
             (decodes if is_decode else prefills).append(request)
 
         drafts = self._drafts(decodes, prefills, token_budget)
-        for request, draft in zip(decodes, drafts, strict=True):
+        # Without speculation `drafts` repeats "none" endlessly: no list per decode.
+        for request, draft in zip(decodes, drafts, strict=False):
             if token_budget == 0:
                 break
             if request.status is not RequestStatus.RUNNING:
@@ -144,17 +148,17 @@ class Scheduler:
 
     def _drafts(
         self, decodes: list[Request], prefills: list[Request], token_budget: int
-    ) -> list[list[int]]:
+    ) -> Iterable[list[int]]:
         """Each decode's draft tokens: only in the budget that the prefill owed would leave,
         so speculation never delays a first token."""
         if self.speculator is None or not decodes:
-            return [[]] * len(decodes)
+            return itertools.repeat(NO_TOKENS)
         spare = token_budget - len(decodes)
         owed = 0
         for request in itertools.chain(prefills, self.waiting):
             owed += request.num_uncomputed_tokens
             if owed >= spare:
-                return [[]] * len(decodes)
+                return itertools.repeat(NO_TOKENS)
         return self.speculator.drafts(decodes, spare - owed, owed)
 
     def _schedule_prefills(
@@ -286,16 +290,11 @@ class Scheduler:
         index = 0
         for seq in batch.sequences:
             request = self.requests[seq.request_id]
-            accepted: list[int] = []
             if seq.draft_token_ids:
-                # Rejected drafts' keys and values stay behind in slots the next tokens overwrite.
-                accepted = output.accepted_draft_ids[seq.request_id]
-                request.num_computed_tokens += 1 + len(accepted)
-                request.token_ids.extend(accepted)
-                assert self.speculator is not None
-                self.speculator.observe(request, len(seq.draft_token_ids), len(accepted))
-            else:
-                request.num_computed_tokens += len(seq.token_ids)
+                sampled.append(self._update_drafted(seq, request, output, index))
+                index += 1
+                continue
+            request.num_computed_tokens += len(seq.token_ids)
             self.kv_cache.cache_computed_blocks(request)
             if seq.prompt_logprob_positions:
                 assert request.prompt_logprobs is not None
@@ -307,16 +306,30 @@ class Scheduler:
                 logprobs = output.logprobs[index] if output.logprobs else None
                 index += 1
                 request.append_token(token_id)
-                if seq.draft_token_ids:
-                    self.kv_cache.free_unused_tail(request)
-                    drafted = output.draft_logprobs.get(seq.request_id, [None] * len(accepted))
-                    run_logprobs = [*drafted, logprobs] if logprobs is not None else None
-                    sampled.append((request, [*accepted, token_id], run_logprobs))
-                else:
-                    sampled.append((request, [token_id], None if logprobs is None else [logprobs]))
+                sampled.append((request, [token_id], None if logprobs is None else [logprobs]))
             elif request.num_uncomputed_tokens == 0:
                 sampled.append((request, [], None))  # max_tokens 0: the prompt is scored
         return sampled
+
+    def _update_drafted(
+        self, seq: ScheduledSequence, request: Request, output: ExecutorOutput, index: int
+    ) -> tuple[Request, list[int], list[TokenLogprobs | None] | None]:
+        """`update` for a decode that carried draft tokens (the `index`-th sampled sequence):
+        its accepted drafts and the token after them join it; the rejected drafts' keys and
+        values stay behind in slots the next tokens overwrite, and blocks past its tokens go."""
+        accepted = output.accepted_draft_ids[seq.request_id]
+        request.num_computed_tokens += 1 + len(accepted)
+        request.token_ids.extend(accepted)
+        assert self.speculator is not None
+        self.speculator.observe(request, len(seq.draft_token_ids), len(accepted))
+        self.kv_cache.cache_computed_blocks(request)
+        token_id = output.sampled_token_ids[index]
+        request.append_token(token_id)
+        self.kv_cache.free_unused_tail(request)
+        logprobs = output.logprobs[index] if output.logprobs else None
+        if logprobs is None:
+            return request, [*accepted, token_id], None
+        return request, [*accepted, token_id], [*output.draft_logprobs[seq.request_id], logprobs]
 
     def _admit(
         self,
