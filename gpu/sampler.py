@@ -45,25 +45,6 @@ class Sampler:
         if grammar_mask is None and all(map(_takes_argmax, sequences)):
             # The usual greedy decode: nothing to set up per row, one argmax (exact in any dtype).
             return ExecutorOutput(ops.argmax(logits).tolist(), [None] * len(sequences))
-        raw, processed = self.process(logits, sequences, grammar_mask)
-        params = [seq.sampling_params for seq in sequences]
-        if all(p.greedy for p in params):
-            token_ids = ops.argmax(processed)
-        else:
-            token_ids = self._sample(processed, sequences)
-        sampled = token_ids.tolist()
-        return ExecutorOutput(sampled, gather_logprobs(raw, sampled, params))
-
-    def process(
-        self,
-        logits: torch.Tensor,
-        sequences: Sequence[ScheduledSequence],
-        grammar_mask: GrammarMask | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The raw logits in float32 (what logprobs describe) and the processed ones: penalties,
-        logit bias, the stop-token mask and the grammar's, in that order."""
-        if logits.shape[1] != self.vocab_size:
-            logits = logits[:, : self.vocab_size]
         raw = logits.float()
         params = [seq.sampling_params for seq in sequences]
         processed = raw
@@ -73,21 +54,23 @@ class Sampler:
             processed = apply_logit_bias(processed, params)
         processed = mask_stop_tokens(processed, sequences, self.eos_token_ids)
         # Structured output: the grammar's disallowed tokens go last, after every other
-        # processor, and the logprobs still describe the raw model distribution.
+        # processor, and the logprobs below still describe the raw model distribution.
         if grammar_mask is not None:
             processed = grammar_mask.apply(processed)
-        return raw, processed
+        if all(p.greedy for p in params):
+            token_ids = ops.argmax(processed)
+        else:
+            token_ids = self._sample(processed, sequences)
+        sampled = token_ids.tolist()
+        return ExecutorOutput(sampled, gather_logprobs(raw, sampled, params))
 
-    def probabilities(
-        self, processed: torch.Tensor, sequences: Sequence[ScheduledSequence]
-    ) -> torch.Tensor:
-        """Each row's sampling distribution: temperature, min_p, top_k and top_p over the
-        processed logits. Greedy rows get temperature 1, so the division stays finite; what is
-        drawn for them is discarded."""
+    def _sample(self, logits: torch.Tensor, sequences: list[ScheduledSequence]) -> torch.Tensor:
         params = [seq.sampling_params for seq in sequences]
-        vocab, device = processed.shape[1], processed.device
+        vocab, device = logits.shape[1], logits.device
+        greedy = torch.tensor([p.greedy for p in params], device=device)
+        # Greedy rows get temperature 1 so the division stays finite; their draw is discarded.
         temperature = _column([1.0 if p.greedy else p.temperature for p in params], device)
-        scaled = processed / temperature
+        scaled = logits / temperature
         if any(p.min_p > 0.0 for p in params):
             scaled = apply_min_p(scaled, _column([p.min_p for p in params], device))
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
@@ -97,28 +80,16 @@ class Sampler:
             scaled = apply_top_k_top_p(
                 scaled, _column(top_k, device, torch.long), _column(top_p, device)
             )
-        return scaled.softmax(dim=-1)
-
-    def _sample(self, logits: torch.Tensor, sequences: list[ScheduledSequence]) -> torch.Tensor:
-        params = [seq.sampling_params for seq in sequences]
-        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-        probs = self.probabilities(logits, sequences)
+        probs = scaled.softmax(dim=-1)
         # Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p, and the noise of a
         # row can come from that row's own generator without touching the others.
-        drawn = ops.argmax(probs / self.exponential_noise(probs, sequences))
+        drawn = ops.argmax(probs / self._exponential_noise(probs, sequences))
         return torch.where(greedy, ops.argmax(logits), drawn)
 
-    def exponential_noise(
-        self,
-        probs: torch.Tensor,
-        sequences: Sequence[ScheduledSequence],
-        uniform: torch.Tensor | None = None,
+    def _exponential_noise(
+        self, probs: torch.Tensor, sequences: list[ScheduledSequence]
     ) -> torch.Tensor:
-        """Exp(1) noise shaped as `probs`; with `uniform` ([rows]), also fills it with U[0, 1)
-        draws, each drawn just before its row's noise from the same generator."""
         noise = torch.empty_like(probs).exponential_()
-        if uniform is not None:
-            uniform.uniform_()
         for row, seq in enumerate(sequences):
             params = seq.sampling_params
             if params.seed is None or params.greedy:
@@ -127,8 +98,6 @@ class Sampler:
             # around it and repeatable after a preemption recomputes the sequence.
             generator = self._generator(probs.device)
             generator.manual_seed(_step_seed(params.seed, seq.num_output_tokens))
-            if uniform is not None:
-                uniform[row : row + 1].uniform_(generator=generator)
             noise[row].exponential_(generator=generator)
         # exponential_ may return exactly 0, and 0/0 is NaN, which argmax would pick.
         return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
