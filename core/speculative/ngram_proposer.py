@@ -25,17 +25,28 @@ class NgramProposer:
         if max_tokens <= 0 or len(token_ids) <= self.ngram_min:
             return []
         haystack = array(_ITEM, token_ids).tobytes()
-        num_tokens = len(token_ids)
-        for n in range(min(self.ngram_max, num_tokens - 1), self.ngram_min - 1, -1):
-            suffix = haystack[(num_tokens - n) * _ITEM_SIZE :]
-            # A match must end before the suffix itself does, so something follows it.
-            end = (num_tokens - 1) * _ITEM_SIZE
-            while (found := haystack.rfind(suffix, 0, end)) >= 0:
-                if found % _ITEM_SIZE == 0:
-                    return _copy_on(token_ids, found // _ITEM_SIZE + n, max_tokens)
-                # A byte-level hit across token boundaries: look further back.
-                end = found + len(suffix) - 1
+        longest = min(self.ngram_max, len(token_ids) - 1)
+        # Every longer match contains the shortest: without that one, nothing recurs.
+        if _latest_match(haystack, self.ngram_min) is None:
+            return []
+        for n in range(longest, self.ngram_min - 1, -1):
+            start = _latest_match(haystack, n)
+            if start is not None:
+                return _copy_on(token_ids, start + n, max_tokens)
         return []
+
+
+def _latest_match(haystack: bytes, n: int) -> int | None:
+    """Where the latest earlier occurrence of the last `n` tokens starts (in tokens); it must
+    end before the suffix itself does, so something follows it."""
+    suffix = haystack[len(haystack) - n * _ITEM_SIZE :]
+    end = len(haystack) - _ITEM_SIZE
+    while (found := haystack.rfind(suffix, 0, end)) >= 0:
+        if found % _ITEM_SIZE == 0:
+            return found // _ITEM_SIZE
+        # A byte-level hit across token boundaries: look further back.
+        end = found + len(suffix) - 1
+    return None
 
 
 def _copy_on(token_ids: list[int], start: int, count: int) -> list[int]:
