@@ -9,6 +9,7 @@ from baton.app.observability.stats_endpoint import spec_decode
 from baton.core.kv_cache.kv_cache_manager import blocks_needed
 from baton.core.scheduling.speculation import expected_tokens, plan_drafts
 from baton.core.scheduling.step_cost import CostCoefficients
+from baton.core.speculative.acceptance import DraftRecord, SpecDecodeCounters
 from baton.core.speculative.ngram_proposer import NgramProposer
 from tests.factory import add_request, make_engine, make_request
 
@@ -184,3 +185,19 @@ def test_spec_decode_totals_reach_vllms_series_and_the_stats_endpoint():
     plain = Sources(make_engine().make_stats(), None, 0, [])
     assert all(s.read(plain) is None for s in series.values())
     assert spec_decode(plain.stats) is None
+
+
+def test_sampled_requests_learn_their_own_acceptance_prior():
+    counters = SpecDecodeCounters()
+    for _ in range(10):
+        counters.record(4, 0, greedy=False)
+        counters.record(4, 4, greedy=True)
+    assert counters.prior_rate(False) < 0.1 < 0.9 < counters.prior_rate(True)
+    assert counters.snapshot().acceptance_rate == 0.5
+    # A request's own evidence outweighs the prior as it grows, and fades back toward it.
+    record = DraftRecord()
+    record.record(8, 0)
+    low = record.rate(0.5)
+    for _ in range(20):
+        record.fade()
+    assert low < 0.2 < record.rate(0.5) <= 0.5

@@ -65,23 +65,30 @@ class SpecDecodeStats:
 
 @dataclass(slots=True)
 class SpecDecodeCounters:
-    """The engine's running totals; `snapshot` is what it publishes."""
+    """The engine's running totals; `snapshot` is what it publishes. The prior is kept apart
+    for greedy and sampled requests: a sampled row accepts a right guess only with the
+    target's probability of it, so their rates differ by far more than requests' do."""
 
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    # (draft tokens, accepted) of greedy requests, then of sampled ones.
+    _by_greedy: dict[bool, list[int]] = field(default_factory=lambda: {True: [0, 0], False: [0, 0]})
 
-    @property
-    def prior_rate(self) -> float:
-        """The engine's acceptance rate so far, starting from INITIAL_RATE."""
-        accepted = self.num_accepted_tokens + PRIOR_WEIGHT * INITIAL_RATE
-        return accepted / (self.num_draft_tokens + PRIOR_WEIGHT)
+    def prior_rate(self, greedy: bool) -> float:
+        """The engine's acceptance rate so far for greedy (or sampled) requests, starting from
+        INITIAL_RATE."""
+        drafted, accepted = self._by_greedy[greedy]
+        return (accepted + PRIOR_WEIGHT * INITIAL_RATE) / (drafted + PRIOR_WEIGHT)
 
-    def record(self, num_drafted: int, num_accepted: int) -> None:
+    def record(self, num_drafted: int, num_accepted: int, greedy: bool) -> None:
         self.num_drafts += 1
         self.num_draft_tokens += num_drafted
         self.num_accepted_tokens += num_accepted
+        evidence = self._by_greedy[greedy]
+        evidence[0] += num_drafted
+        evidence[1] += num_accepted
         per_position = self.accepted_per_position
         if len(per_position) < num_drafted:
             per_position.extend([0] * (num_drafted - len(per_position)))

@@ -26,9 +26,9 @@ class Speculator:
     ) -> list[list[int]]:
         """Draft tokens for each of `decodes` (aligned; [] for none) within `token_budget`
         beside them, in a step also carrying about `num_prefill_tokens` of prefill."""
-        prior = self.counters.prior_rate
+        priors = {greedy: self.counters.prior_rate(greedy) for greedy in (True, False)}
         plan = plan_drafts(
-            [request.drafts.rate(prior) for request in decodes],
+            [request.drafts.rate(priors[request.sampling_params.greedy]) for request in decodes],
             [_tpot_target_s(request) for request in decodes],
             [self._room(request) for request in decodes],
             self.cost,
@@ -46,7 +46,7 @@ class Speculator:
 
     def observe(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         request.drafts.record(num_drafted, num_accepted)
-        self.counters.record(num_drafted, num_accepted)
+        self.counters.record(num_drafted, num_accepted, request.sampling_params.greedy)
 
     def _room(self, request: Request) -> int:
         """Drafts the request may verify: none past its last output token (the token sampled
