@@ -110,6 +110,9 @@ class Engine:
         # Called in the step thread: after every step that ran a batch, and for every request
         # as it finishes (with its final output). Listeners must be quick and must not raise.
         self.step_listeners: list[Callable[[StepStats], None]] = [self.step_cost_model.observe]
+        if self.speculator is not None:
+            # Before the fit learns the step: the drafts' cost is measured against its old self.
+            self.step_listeners.insert(0, self.speculator.observe_step)
         self.finish_listeners: list[Callable[[Request, RequestOutput], None]] = [
             lambda request, _output: self.length_predictor.observe(request),
             lambda request, _output: self.lifetime.observe(request),

@@ -13,6 +13,7 @@ import pytest
 
 from baton.app.llm import LLM
 from baton.core.sampling_params import SamplingParams
+from baton.core.scheduling.step_cost import CostCoefficients
 from baton.core.structured_output import GuideKind, StructuredOutput
 from tests import test_batch_invariance
 
@@ -39,6 +40,15 @@ def workload(vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:
         for _ in range(NUM_REQUESTS)
     ]
     return prompts[:NUM_REQUESTS], params
+
+
+def speculating(checkpoint, **config) -> LLM:
+    """An engine that speculates wherever a lookup finds drafts: its planner prices steps as a
+    memory-bound machine's (a draft costs nothing beside the step), not by the measured step
+    times, which on a busy machine would decide how many drafts the test exercises."""
+    llm = LLM(checkpoint, device="cpu", **SPECULATIVE, **config)
+    llm.engine.speculator.cost = CostCoefficients(base_s=1.0, per_prefill_token_s=0.0)
+    return llm
 
 
 def token_ids(results) -> list[list[int]]:
@@ -70,9 +80,7 @@ def test_greedy_output_is_the_same_with_speculation_in_chunks_and_a_warm_prefix_
     checkpoint, plain
 ):
     prompts, params = workload(512)
-    llm = LLM(
-        checkpoint, device="cpu", max_num_batched_tokens=16, num_kv_blocks=1024, **SPECULATIVE
-    )
+    llm = speculating(checkpoint, max_num_batched_tokens=16, num_kv_blocks=1024)
     cold = token_ids(llm.generate(prompts, params))
     assert_drafts_accepted_and_rejected(llm)
     hits_before = llm.engine.scheduler.prefix_cache_hits
@@ -84,14 +92,14 @@ def test_greedy_output_is_the_same_with_speculation_in_chunks_and_a_warm_prefix_
 
 def test_greedy_output_is_the_same_with_speculation_alone(checkpoint, plain):
     prompts, params = workload(512)
-    llm = LLM(checkpoint, device="cpu", num_kv_blocks=64, **SPECULATIVE)
+    llm = speculating(checkpoint, num_kv_blocks=64)
     for i in (0, 5, 11, 15):
         assert llm.generate([prompts[i]], params[i])[0].token_ids == plain[i]
 
 
 def test_greedy_output_is_the_same_with_speculation_through_preemption(checkpoint, plain):
     prompts, params = workload(512)
-    llm = LLM(checkpoint, device="cpu", max_num_batched_tokens=256, num_kv_blocks=40, **SPECULATIVE)
+    llm = speculating(checkpoint, max_num_batched_tokens=256, num_kv_blocks=40)
     assert token_ids(llm.generate(prompts, params)) == plain
     assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.kv_cache.pool.num_free_blocks == 40
@@ -120,7 +128,7 @@ def test_logprobs_penalties_bias_and_stops_hold_at_every_verified_position(check
     text = reference[1].text
     stopped = [params[0], dataclasses.replace(params[1], stop=[text[20:26]])]
     reference[:2] = plain_llm.generate(prompts[:2], stopped)
-    llm = LLM(checkpoint, device="cpu", num_kv_blocks=256, **SPECULATIVE)
+    llm = speculating(checkpoint, num_kv_blocks=256)
     results = llm.generate(prompts[:4], [*stopped, *params[2:]])
     assert_drafts_accepted_and_rejected(llm)
     assert reference[1].finish_reason == "stop"
@@ -143,7 +151,7 @@ def test_seeded_sampling_gives_the_same_tokens_with_speculation(checkpoint):
         for i in range(NUM_REQUESTS)
     ]
     plain_llm = LLM(checkpoint, device="cpu", num_kv_blocks=1024)
-    llm = LLM(checkpoint, device="cpu", num_kv_blocks=1024, **SPECULATIVE)
+    llm = speculating(checkpoint, num_kv_blocks=1024)
     batched = token_ids(llm.generate(prompts, params))
     assert batched == token_ids(plain_llm.generate(prompts, params))
     assert llm.generate([prompts[3]], params[3])[0].token_ids == batched[3]
@@ -161,7 +169,7 @@ def test_the_grammar_checks_every_draft_token(checkpoint):
         SamplingParams(temperature=0.8, seed=3, max_tokens=64, structured_output=schema),
     ] * 2
     plain = LLM(checkpoint, device="cpu", num_kv_blocks=256).generate(prompts, params)
-    llm = LLM(checkpoint, device="cpu", num_kv_blocks=256, **SPECULATIVE)
+    llm = speculating(checkpoint, num_kv_blocks=256)
     results = llm.generate(prompts, params)
     assert token_ids(results) == token_ids(plain)
     assert_drafts_accepted_and_rejected(llm)

@@ -30,12 +30,14 @@ def plan_drafts(
     num_prefill_tokens: int,
     num_context_tokens: int,
     token_budget: int,
+    draft_token_s: float | None = None,
 ) -> list[int]:
     """Draft tokens per decode (aligned with `rates`, each request's acceptance rate): at most
     its `max_drafts`, all of them within `token_budget`. Drafts are added greedily, the one most
     likely accepted first (a request's j-th draft yields `rate ** j` tokens), and the first that
     does not improve the step's (misses, -tokens per second) stops the search: later ones are
-    less likely accepted and cost the same."""
+    less likely accepted and cost the same. A draft costs `draft_token_s`, by default what the
+    fit charges a prompt token."""
     num_decodes = len(rates)
     drafts = [0] * num_decodes
     heap = [(-rate, i) for i, rate in enumerate(rates) if max_drafts[i] > 0 and rate > 0.0]
@@ -44,7 +46,7 @@ def plan_drafts(
     heapq.heapify(heap)
     # A fit with nothing learnt yet may predict a free step; a nanosecond keeps the rates finite.
     base_s = max(cost.predict_step(num_prefill_tokens, num_decodes, num_context_tokens), 1e-9)
-    draft_s = cost.prefill_token_s()
+    draft_s = cost.prefill_token_s() if draft_token_s is None else draft_token_s
     yields = [1.0] * num_decodes
     total_yield = float(num_decodes)
     # A request misses when the step outlasts its target times its yield: kept sorted, the

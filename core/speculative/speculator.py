@@ -10,6 +10,10 @@ from baton.core.scheduling.speculation import plan_drafts
 from baton.core.scheduling.step_cost import StepCost
 from baton.core.speculative.acceptance import SpecDecodeCounters
 from baton.core.speculative.ngram_proposer import NgramProposer
+from baton.core.step_stats import StepStats
+
+# Weight of the newest step in the running mean of a draft token's measured cost.
+DRAFT_COST_EMA_WEIGHT = 0.1
 
 
 class Speculator:
@@ -20,6 +24,10 @@ class Speculator:
         self.max_drafts = max_drafts
         self.cost = cost
         self.counters = SpecDecodeCounters()
+        # Seconds a draft token adds to a step, measured: the fit prices a verified row as a
+        # prompt token, but a few rows cost more each than a long prompt's (and a sampled
+        # row's sampling) do, which a linear fit over all steps cannot tell apart.
+        self.draft_token_s = 0.0
 
     def drafts(
         self, decodes: Sequence[Request], token_budget: int, num_prefill_tokens: int
@@ -35,6 +43,7 @@ class Speculator:
             num_prefill_tokens=num_prefill_tokens,
             num_context_tokens=sum(request.num_tokens for request in decodes),
             token_budget=token_budget,
+            draft_token_s=max(self.cost.prefill_token_s(), self.draft_token_s),
         )
         proposals = []
         for request, num_drafts in zip(decodes, plan, strict=True):
@@ -43,6 +52,17 @@ class Speculator:
                 request.drafts.fade()
             proposals.append(proposal)
         return proposals
+
+    def observe_step(self, stats: StepStats) -> None:
+        """A step listener: what the step's drafts added to it beyond the fit's prediction of
+        the same step without them."""
+        if not stats.num_draft_tokens:
+            return
+        without = self.cost.predict_step(
+            stats.num_prefill_tokens, stats.num_decode_tokens, stats.num_context_tokens
+        )
+        added = max(0.0, stats.duration_s - without) / stats.num_draft_tokens
+        self.draft_token_s += DRAFT_COST_EMA_WEIGHT * (added - self.draft_token_s)
 
     def observe(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         request.drafts.record(num_drafted, num_accepted)
