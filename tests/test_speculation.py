@@ -11,7 +11,9 @@ from baton.core.scheduling.speculation import expected_tokens, plan_drafts
 from baton.core.scheduling.step_cost import CostCoefficients
 from baton.core.speculative.acceptance import DraftRecord, SpecDecodeCounters
 from baton.core.speculative.ngram_proposer import NgramProposer
-from tests.factory import add_request, make_engine, make_request
+from baton.core.speculative.speculator import Speculator
+from baton.core.step_stats import StepStats
+from tests.factory import add_request, make_core_request, make_engine, make_request
 
 SPECULATIVE = dict(speculative_method="ngram", num_speculative_tokens=4)
 PROMPT = [5, 6, 7, 8] * 8
@@ -201,3 +203,19 @@ def test_sampled_requests_learn_their_own_acceptance_prior():
     for _ in range(20):
         record.fade()
     assert low < 0.2 < record.rate(0.5) <= 0.5
+
+
+def test_the_planner_charges_drafts_what_they_are_measured_to_add():
+    # The fit says a draft is free; the steps that carried four drafts took 40 ms past the
+    # fit's 10 ms: a draft costs a whole step, and a half-likely one no longer pays.
+    fit = CostCoefficients(base_s=0.01, per_prefill_token_s=0.0, per_decode_token_s=0.0)
+    speculator = Speculator(NgramProposer(2, 4), 4, fit)
+    drafted = StepStats(0.0, 0.05, 0.05, 1, 0, 1, 100, num_draft_tokens=4)
+    for _ in range(100):
+        speculator.observe_step(drafted)
+    assert abs(speculator.draft_token_s - 0.01) < 1e-4
+    request = make_core_request("r", PROMPT + PROMPT[:3], max_tokens=40)
+    request.drafts.record(8, 4)  # a rate of about one half
+    assert speculator.drafts([request], 64, 0) == [[]]
+    speculator.draft_token_s = 0.0
+    assert speculator.drafts([request], 64, 0) == [PROMPT[3:7]]
