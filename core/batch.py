@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from baton.core.pooling import Pooling
@@ -20,6 +21,11 @@ class ScheduledSequence:
     `prompt_logprob_positions` are positions of this chunk whose next prompt token's
     log-probability the request still needs (position p scores `all_token_ids[p + 1]`); empty
     for requests that did not ask, so only those pay for the extra logits.
+    `draft_token_ids` are speculative decoding's guesses at the tokens after the request's last
+    one: they end `token_ids` (a decode then computes `1 + len(draft_token_ids)` tokens), the
+    executor verifies them against the model's distribution at each of their positions and
+    reports the accepted prefix (`ExecutorOutput.accepted_draft_ids`); `all_token_ids` does not
+    hold them.
     """
 
     request_id: str
@@ -31,6 +37,8 @@ class ScheduledSequence:
     all_token_ids: list[int]
     num_prompt_tokens: int
     prompt_logprob_positions: range = range(0)
+    # A tuple by default: a list per sequence would cost every plain step an allocation.
+    draft_token_ids: Sequence[int] = ()
 
     @property
     def seq_len(self) -> int:
@@ -72,8 +80,10 @@ class Batch:
     `num_prompt_logprobs` counts the sequences' `prompt_logprob_positions`, so a step without any
     costs one test; `num_pooled` counts the sequences whose final hidden states are pooled this
     step (an embedding's every chunk under mean pooling, its last under last-token pooling).
-    `finished_request_ids` are requests that ended since the previous batch, so an
-    executor that keeps state per request (grammar matchers) can drop theirs. `padding` is a cost
+    `num_draft_tokens` counts the decodes' draft tokens (speculative decoding), which the step
+    computes like prefill tokens. `finished_request_ids` are requests that ended since the
+    previous batch, so an executor that keeps state per request (grammar matchers) can drop
+    theirs. `padding` is a cost
     only (static batching, core/scheduling/static_batch.py): an executor packs the sequences and
     never computes it, so it cannot change a token; a simulated one charges it.
     """
@@ -81,6 +91,7 @@ class Batch:
     sequences: list[ScheduledSequence] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    num_draft_tokens: int = 0
     num_prompt_logprobs: int = 0
     num_pooled: int = 0
     finished_request_ids: list[str] = field(default_factory=list)
@@ -88,7 +99,7 @@ class Batch:
 
     @property
     def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_draft_tokens
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -111,9 +122,14 @@ class ExecutorOutput:
     ask for log-probabilities. `prompt_logprobs` maps a request id to one entry per position of
     its `prompt_logprob_positions`, in order. `pooled` maps a pooling request's id to what this
     step's chunk adds to its embedding, in float32 (core/pooling.py `PooledState.add`).
+    A sequence that carried draft tokens has its accepted prefix of them (possibly empty) in
+    `accepted_draft_ids`, and their log-probabilities in `draft_logprobs` where it asked; its
+    `sampled_token_ids` entry is the token sampled after that prefix.
     """
 
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     pooled: dict[str, list[float]] = field(default_factory=dict)
+    accepted_draft_ids: dict[str, list[int]] = field(default_factory=dict)
+    draft_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)

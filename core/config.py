@@ -25,6 +25,9 @@ QUANTIZATIONS = ("none", "int8")
 # What the KV cache holds: the model's dtype (auto), or float16 on the CPU, where the cache read
 # is a decode step's largest cost at long contexts and llama.cpp's default is float16 too.
 KV_CACHE_DTYPES = ("auto", "float16")
+# Where speculative decoding's draft tokens come from (baton.core.speculative): none, or prompt
+# lookup over the request's own tokens.
+SPECULATIVE_METHODS = ("none", "ngram")
 
 
 @dataclass(slots=True)
@@ -132,6 +135,26 @@ class EngineConfig:
         "unit (64MiB)",
         default_text="256MiB",
     )
+    speculative_method: str = setting(
+        "none",
+        choices=SPECULATIVE_METHODS,
+        help="speculative decoding: ngram proposes the tokens that followed the latest earlier "
+        "match of the sequence's last tokens (prompt lookup), verified exactly in one forward; "
+        "the planner speculates per step and request only where it pays",
+    )
+    num_speculative_tokens: int = setting(
+        4, help="with --speculative-method, the most draft tokens a request verifies per step"
+    )
+    ngram_min: int = setting(
+        2, help="with --speculative-method ngram, the shortest suffix a lookup matches"
+    )
+    ngram_max: int = setting(
+        4, help="with --speculative-method ngram, the longest suffix a lookup matches"
+    )
+
+    @property
+    def speculates(self) -> bool:
+        return self.speculative_method != "none" and self.num_speculative_tokens > 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -172,6 +195,20 @@ class EngineConfig:
             raise ValueError(
                 f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                 f"got {self.kv_cache_dtype!r}"
+            )
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"--speculative-method must be one of {', '.join(SPECULATIVE_METHODS)}, "
+                f"got {self.speculative_method!r}"
+            )
+        if self.num_speculative_tokens < 0:
+            raise ValueError(
+                f"--num-speculative-tokens must be >= 0, got {self.num_speculative_tokens}"
+            )
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(
+                "--ngram-min must be >= 1 and at most --ngram-max, got "
+                f"--ngram-min {self.ngram_min} --ngram-max {self.ngram_max}"
             )
         if not self.slo_admission_factor >= 0:
             raise ValueError(

@@ -27,6 +27,8 @@ from baton.core.scheduling.policy import PolicyContext
 from baton.core.scheduling.policy_registry import make_policy
 from baton.core.scheduling.scheduler import Scheduler
 from baton.core.scheduling.step_cost import StepCostModel
+from baton.core.speculative.ngram_proposer import NgramProposer
+from baton.core.speculative.speculator import Speculator
 from baton.core.step_stats import StepStats
 from baton.core.structured_output import GrammarCompiler
 from baton.core.text.output_processor import OutputProcessor
@@ -87,6 +89,15 @@ class Engine:
             self.lifetime,
             config.slo_admission_factor,
         )
+        self.speculator = (
+            Speculator(
+                NgramProposer(config.ngram_min, config.ngram_max),
+                config.num_speculative_tokens,
+                self.step_cost_model,
+            )
+            if config.speculates
+            else None
+        )
         self.scheduler = Scheduler(
             self.kv_cache,
             make_policy(config.scheduling_policy, self.policy_context),
@@ -94,6 +105,7 @@ class Engine:
             config.max_num_batched_tokens,
             config.max_wait_ms / 1000,
             config.max_preemptions,
+            self.speculator,
         )
         self.outputs = OutputProcessor(tokenizer, eos_token_ids, max_model_len)
         self.num_steps = 0
@@ -106,6 +118,9 @@ class Engine:
         # Called in the step thread: after every step that ran a batch, and for every request
         # as it finishes (with its final output). Listeners must be quick and must not raise.
         self.step_listeners: list[Callable[[StepStats], None]] = [self.step_cost_model.observe]
+        if self.speculator is not None:
+            # Before the fit learns the step: the drafts' cost is measured against its old self.
+            self.step_listeners.insert(0, self.speculator.observe_step)
         self.finish_listeners: list[Callable[[Request, RequestOutput], None]] = [
             lambda request, _output: self.length_predictor.observe(request),
             lambda request, _output: self.lifetime.observe(request),
@@ -146,6 +161,7 @@ class Engine:
             mean_lifetime_s=self.lifetime.mean_s,
             grammar_cache_entries=grammars.num_cached if grammars is not None else 0,
             grammar_cache_bytes=grammars.cached_bytes if grammars is not None else 0,
+            spec_decode=None if self.speculator is None else self.speculator.counters.snapshot(),
         )
 
     def compile_structured_output(self, params: SamplingParams) -> SamplingParams:
@@ -244,9 +260,9 @@ class Engine:
         if batch.num_prefill_tokens:
             _record_prefill_chunks(batch, self.scheduler.requests, started, now)
         outputs = refused + failed
-        for request, token_id, logprobs in sampled:
+        for request, token_ids, logprobs in sampled:
             try:
-                outputs.append(self._process(request, token_id, logprobs, now))
+                outputs.append(self._process(request, token_ids, logprobs, now))
             except Exception as error:
                 logger.exception("output processing failed for request %s", request.request_id)
                 outputs.append(self._fail(request, error))
@@ -259,37 +275,53 @@ class Engine:
                 num_prefill_tokens=scheduled.num_prefill_tokens,
                 num_decode_tokens=scheduled.num_decode_tokens,
                 num_context_tokens=num_context_tokens,
+                num_draft_tokens=scheduled.num_draft_tokens,
             )
             for listener in self.step_listeners:
                 listener(stats)
         return outputs
 
     def _process(
-        self, request: Request, token_id: int | None, logprobs: TokenLogprobs | None, now: float
+        self,
+        request: Request,
+        token_ids: list[int],
+        logprobs: list[TokenLogprobs | None] | None,
+        now: float,
     ) -> RequestOutput:
-        """The output for a token just sampled, or (`token_id` None) for a request with
-        `max_tokens` 0 whose prompt has just been computed: it finishes with nothing generated.
-        """
+        """The output for the tokens a step just appended to `request` (more than one when
+        draft tokens were accepted), cut at the first that finishes it; or, with no tokens, for
+        a request with `max_tokens` 0 whose prompt has just been computed: it finishes with
+        nothing generated."""
         first = request.first_token_time is None
         if first:
             request.first_token_time = now
-        if token_id is None:
+        finish_reason: FinishReason | None = None
+        if not token_ids:
             output = RequestOutput(request.request_id, [], "", request.num_prompt_tokens, 0)
             if request.pooled is not None:
                 output.embedding = request.pooled.embedding()
-            finish_reason: FinishReason | None = FinishReason.LENGTH
+            finish_reason = FinishReason.LENGTH
         else:
-            request.token_times.append(now)
-            text, finish_reason = self.outputs.process(request, token_id)
+            # Stops are checked token by token, so the request holds each only as it is checked.
+            del request.token_ids[len(request.token_ids) - len(token_ids) :]
+            texts = []
+            for token_id in token_ids:
+                request.append_token(token_id)
+                request.token_times.append(now)
+                text, finish_reason = self.outputs.process(request, token_id)
+                texts.append(text)
+                if finish_reason is not None:
+                    break
+            kept = token_ids[: len(texts)]
             output = RequestOutput(
                 request.request_id,
-                [token_id],
-                text,
+                kept,
+                "".join(texts),
                 request.num_prompt_tokens,
                 request.num_output_tokens,
             )
             if logprobs is not None:
-                output.logprobs = [logprobs]
+                output.logprobs = logprobs[: len(kept)]
         if first:
             # Complete once the first token is sampled: the prompt is computed by then.
             output.prompt_logprobs = request.prompt_logprobs
@@ -330,6 +362,7 @@ class Engine:
                 [seq],
                 num_prompt_logprobs=len(seq.prompt_logprob_positions),
                 num_pooled=int(seq.pools),
+                num_draft_tokens=len(seq.draft_token_ids),
             )
             try:
                 result = self.executor.execute(alone)
@@ -339,10 +372,13 @@ class Engine:
             kept.sequences.append(seq)
             kept.num_prompt_logprobs += len(seq.prompt_logprob_positions)
             kept.num_pooled += seq.pools
+            kept.num_draft_tokens += len(seq.draft_token_ids)
             merged.sampled_token_ids.extend(result.sampled_token_ids)
             merged.logprobs.extend(result.logprobs or [None] * len(result.sampled_token_ids))
             merged.prompt_logprobs.update(result.prompt_logprobs)
             merged.pooled.update(result.pooled)
+            merged.accepted_draft_ids.update(result.accepted_draft_ids)
+            merged.draft_logprobs.update(result.draft_logprobs)
         return kept, merged, failed
 
     def _fail(self, request: Request, error: Exception) -> RequestOutput:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from baton.core.scheduling.step_cost import CostCoefficients
+from baton.core.speculative.acceptance import SpecDecodeStats
 
 
 @dataclass(slots=True, frozen=True)
@@ -31,6 +32,8 @@ class EngineStats:
     # Compiled output constraints kept for reuse, and the memory they hold.
     grammar_cache_entries: int = 0
     grammar_cache_bytes: int = 0
+    # Speculative decoding's totals; None when the engine does not speculate.
+    spec_decode: SpecDecodeStats | None = None
 
 
 @dataclass(slots=True, frozen=True)

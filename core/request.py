@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from baton.core.batch import TokenLogprobs
 from baton.core.pooling import PooledState
 from baton.core.sampling_params import InvalidRequestError, SamplingParams
+from baton.core.speculative.acceptance import DraftRecord
 
 
 class RequestStatus(enum.Enum):
@@ -91,6 +92,7 @@ class Request:
     __slots__ = (
         "arrival_time",
         "block_hashes",
+        "drafts",
         "finish_reason",
         "finish_time",
         "first_scheduled_time",
@@ -157,6 +159,8 @@ class Request:
         self.pooled: PooledState | None = (
             None if sampling_params.pooling is None else PooledState(sampling_params.pooling)
         )
+        # Speculative decoding's verified drafts: the planner reads the rate, tracing the counts.
+        self.drafts = DraftRecord()
         # Opaque to core: what the app's tracing needs to build this request's spans, if any.
         self.trace_context: object | None = None
 

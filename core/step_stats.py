@@ -13,6 +13,7 @@ class StepStats:
     `started` is when scheduling began, `executed` when the forward returned and `finished`
     when every request's output for the step was processed. `num_context_tokens` is the number
     of KV entries the step's attention read: the sum of every scheduled sequence's length.
+    `num_draft_tokens` are the decodes' speculative draft tokens, verified beside them.
     """
 
     started: float
@@ -22,6 +23,7 @@ class StepStats:
     num_prefill_tokens: int
     num_decode_tokens: int
     num_context_tokens: int
+    num_draft_tokens: int = 0
 
     @property
     def duration_s(self) -> float:
@@ -29,4 +31,4 @@ class StepStats:
 
     @property
     def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_draft_tokens

@@ -32,6 +32,7 @@ from baton.gpu.models.quantization import check_quantization, quantize_as_loaded
 from baton.gpu.models.transformers_model import load_transformers_model
 from baton.gpu.pooling import pooled_parts
 from baton.gpu.prompt_logprobs import prompt_logprobs
+from baton.gpu.rejection_sampler import verification_rows, verify
 from baton.gpu.sampler import Sampler
 from baton.kernels.cpu_extension import cpu_kernels_available
 from baton.kernels.cpu_threads import set_cpu_threads
@@ -243,7 +244,9 @@ class TorchExecutor:
             return ExecutorOutput(sampled_token_ids=[])
         start = time.perf_counter()
         to_sample = [seq for seq in batch.sequences if seq.sample]
-        mask = self._start_grammar_mask(to_sample)
+        # With draft tokens, a row per position sampled (rejection_sampler.py).
+        rows = verification_rows(to_sample) if batch.num_draft_tokens else to_sample
+        mask = self._start_grammar_mask(rows, drafted=rows is not to_sample)
         padded_size = self.graphs.padded_size(batch) if self.graphs is not None else None
         inputs = self.buffers.prepare(batch, pad_to=padded_size)
         self.host_time_s += time.perf_counter() - start
@@ -261,7 +264,7 @@ class TorchExecutor:
             hidden = self.model(
                 inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_caches
             )
-        output = self._sample(to_sample, hidden, inputs.logits_indices, mask)
+        output = self._sample(to_sample, rows, hidden, inputs.logits_indices, mask)
         if batch.num_prompt_logprobs:
             output.prompt_logprobs = prompt_logprobs(
                 batch,
@@ -298,29 +301,37 @@ class TorchExecutor:
         return self._grammar_compiler
 
     def _start_grammar_mask(
-        self, to_sample: list[ScheduledSequence]
+        self, to_sample: list[ScheduledSequence], drafted: bool = False
     ) -> Future[GrammarMask | None] | None:
+        """`drafted`: `to_sample` are verification rows, several to a request."""
         if not any(seq.sampling_params.structured_output is not None for seq in to_sample):
             return None
         if self._grammar_matchers is None:
             from baton.gpu.structured_output import GrammarMatchers
 
             self._grammar_matchers = GrammarMatchers(self.model_config.vocab_size)
-        return self._mask_worker.submit(self._grammar_matchers.fill_mask, to_sample)
+        matchers = self._grammar_matchers
+        fill = matchers.fill_draft_mask if drafted else matchers.fill_mask
+        return self._mask_worker.submit(fill, to_sample)
 
     def _sample(
         self,
         to_sample: list[ScheduledSequence],
+        rows: list[ScheduledSequence],
         hidden: torch.Tensor,
         logits_indices: torch.Tensor,
         mask: Future[GrammarMask | None] | None,
     ) -> ExecutorOutput:
+        """`rows` is `to_sample` unless some carry draft tokens: then one per verified position."""
         if not to_sample:
             return ExecutorOutput(sampled_token_ids=[])
         # As many rows sampled as there are means one token a sequence, each sampled, in order.
         sampled = hidden if logits_indices.shape[0] == hidden.shape[0] else hidden[logits_indices]
         logits = self.model.compute_logits(sampled).float()
         grammar_mask = mask.result() if mask is not None else None
+        if rows is not to_sample:
+            # The matchers catch up with the accepted tokens as the next mask levels them.
+            return verify(self.sampler, logits, to_sample, rows, grammar_mask)
         output = self.sampler(logits, to_sample, grammar_mask)
         if grammar_mask is not None and self._grammar_matchers is not None:
             self._grammar_matchers.accept(to_sample, output.sampled_token_ids)

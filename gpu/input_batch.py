@@ -67,7 +67,8 @@ class _FlatBuffers:
             block_tables=zeros(num_rows * table_width, torch.int32),
             query_start_loc=zeros(num_rows + 1, torch.int32),
             seq_lens=zeros(num_rows, torch.int32),
-            logits_indices=zeros(num_rows, torch.int64),
+            # A row per sampled sequence, and one more per draft token it verifies.
+            logits_indices=zeros(max(num_rows, num_tokens), torch.int64),
         )
 
     def used(self, packed: _Packed) -> _FlatBuffers:
@@ -166,7 +167,18 @@ def _pack(
 
     out.query_start_loc[: num_rows + 1] = query_start_loc
     out.seq_lens[:num_rows] = seq_lens
-    logits_indices = [query_start_loc[i + 1] - 1 for i, s in enumerate(seqs) if s.sample]
+    if batch.num_draft_tokens:
+        # A sequence verifying draft tokens is sampled after its last token and each draft's.
+        logits_indices = [
+            index
+            for i, s in enumerate(seqs)
+            if s.sample
+            for index in range(
+                query_start_loc[i + 1] - 1 - len(s.draft_token_ids), query_start_loc[i + 1]
+            )
+        ]
+    else:
+        logits_indices = [query_start_loc[i + 1] - 1 for i, s in enumerate(seqs) if s.sample]
     out.logits_indices[: len(logits_indices)] = logits_indices
     return _Packed(
         num_tokens=num_tokens,

@@ -214,6 +214,34 @@ class GrammarMatchers:
         self._batch.batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)
         return GrammarMask(bitmask, rows)
 
+    def fill_draft_mask(self, rows: Sequence[ScheduledSequence]) -> GrammarMask | None:
+        """As `fill_mask`, for speculative decoding's verification rows (rejection_sampler.py),
+        where one request has a row per draft, each seeing one more draft as output: each row is
+        filled on its own, its matcher levelled to that row's output first. Past a draft the
+        grammar refuses, the request's rows stay free (verification stops at that draft: its
+        logit is -inf). Each matcher is rolled back to its committed output afterwards, so the
+        next levelling starts from tokens the request really has."""
+        bitmask = xgrammar.allocate_token_bitmask(len(rows), self.vocab_size)
+        filled = []
+        committed: dict[str, int] = {}
+        for row, seq in enumerate(rows):
+            if seq.sampling_params.structured_output is None:
+                continue
+            matcher = self._level_with(seq)
+            # A request's first row holds no drafts: its count is the committed output's.
+            if seq.request_id not in committed and seq.request_id in self._matchers:
+                committed[seq.request_id] = self._matchers[seq.request_id].num_accepted
+            if matcher is None:
+                continue
+            matcher.fill_next_token_bitmask(bitmask, row)
+            filled.append(row)
+        for request_id, num_accepted in committed.items():
+            state = self._matchers[request_id]
+            if state.num_accepted > num_accepted:
+                state.matcher.rollback(state.num_accepted - num_accepted)
+                state.num_accepted = num_accepted
+        return GrammarMask(bitmask, filled) if filled else None
+
     def accept(self, sequences: Sequence[ScheduledSequence], token_ids: Sequence[int]) -> None:
         """Advance the constrained rows' matchers past this step's sampled tokens."""
         for seq, token_id in zip(sequences, token_ids, strict=True):
@@ -246,6 +274,7 @@ class GrammarMatchers:
             state.matcher.rollback(state.num_accepted - num_governed)
             state.num_accepted = num_governed
         while state.num_accepted < num_governed:
-            state.matcher.accept_token(outputs[state.start + state.num_accepted])
+            if not state.matcher.accept_token(outputs[state.start + state.num_accepted]):
+                return None  # a draft the grammar refuses: the row is not verified past it
             state.num_accepted += 1
         return state.matcher

@@ -28,6 +28,7 @@ def make_engine(
     cost: CostCoefficients | None = None,
     on_batch: Callable[[Batch], None] | None = None,
     clock: SimulatedClock | None = None,
+    draft_acceptance: float = 1.0,
     **config: Any,
 ) -> Engine:
     """An engine without a model or an EOS token: every answer runs to its max_tokens (or to
@@ -35,11 +36,18 @@ def make_engine(
 
     The executor charges each step `cost` (SimulatedExecutor's default when None) on `clock`,
     which the engine shares, so every timestamp is simulated time; `on_batch` sees each batch
-    before it runs. `config` are EngineConfig fields.
+    before it runs; `draft_acceptance` is the chance a right draft token is accepted (the
+    executor's). `config` are EngineConfig fields.
     """
     clock = SimulatedClock() if clock is None else clock
     executor = SimulatedExecutor(
-        num_kv_blocks, block_size, vocab_size, clock, cost, on_batch=on_batch
+        num_kv_blocks,
+        block_size,
+        vocab_size,
+        clock,
+        cost,
+        on_batch=on_batch,
+        draft_acceptance=draft_acceptance,
     )
     return Engine(
         EngineConfig(block_size=block_size, **config),

@@ -129,8 +129,10 @@ def test_a_flag_serve_and_simulate_share_is_the_same_field_with_the_same_help() 
         "--max-preemptions",
         "--max-wait-ms",
         "--num-kv-blocks",
+        "--num-speculative-tokens",
         "--replicas",
         "--slo-admission-factor",
+        "--speculative-method",
     ]
     for option in shared:
         assert serve[option].setting == simulated[option].setting

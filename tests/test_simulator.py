@@ -314,3 +314,16 @@ def test_a_stable_load_or_a_burst_at_time_zero_does_not_warn():
     trend = queue_trend(backlog.records)
     assert trend.waiting_at_midpoint == trend.waiting_at_last_arrival
     assert not trend.growing
+
+
+def test_speculation_in_the_simulator_lowers_tpot_and_keeps_every_slo():
+    workload = sample_requests("mixed", 120, 8.0, seed=1)
+    speculating = EngineConfig(
+        enable_prefix_caching=False, speculative_method="ngram", num_speculative_tokens=4
+    )
+    plain = summarize(simulate("slo", workload, SimulationConfig()).records)
+    config = SimulationConfig(engine=speculating, draft_acceptance=0.7)
+    result = simulate("slo", workload, config)
+    spec = summarize(result.records)
+    assert spec["slo_attainment"] >= plain["slo_attainment"]
+    assert spec["tpot_p50_ms"] < plain["tpot_p50_ms"]

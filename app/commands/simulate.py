@@ -67,6 +67,8 @@ ENGINE = FlagGroup(
         "max_wait_ms",
         "max_preemptions",
         "slo_admission_factor",
+        "speculative_method",
+        "num_speculative_tokens",
     ),
     defaults={"num_kv_blocks": SimulationConfig().num_kv_blocks},
 )
@@ -126,7 +128,12 @@ def run(args: argparse.Namespace) -> int:
         noise=settings.noise,
         seed=load.seed,
         slo_scale=load.slo_scale,
+        draft_acceptance=settings.draft_acceptance,
     )
+    if not 0.0 <= settings.draft_acceptance <= 1.0:
+        raise ValueError(
+            f"--draft-acceptance is a probability in [0, 1], got {settings.draft_acceptance}"
+        )
     if settings.workload_file:
         workload = load_trace(
             settings.workload_file,
@@ -163,6 +170,16 @@ def run(args: argparse.Namespace) -> int:
             for policy in policies
             for router in routers
         }
+    # Speculation's effect is the difference it makes: each run also without it, beside it.
+    configs = {name: config for name in runs}
+    if engine.speculates:
+        plain = dataclasses.replace(config, engine=_without_speculation(engine))
+        configs = {
+            variant: chosen
+            for name in runs
+            for variant, chosen in ((name, plain), (f"{name}+spec", config))
+        }
+        runs = {variant: runs[variant.removesuffix("+spec")] for variant in configs}
     workload = cap_max_tokens(workload, settings.max_tokens)
     report = {}
     for name in each(runs, "simulating", "run", quiet=load.json):
@@ -170,10 +187,10 @@ def run(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         result: SimulationResult
         if router is None:
-            result = simulate(policy, workload, config)
+            result = simulate(policy, workload, configs[name])
         else:
             result = simulate_replicas(
-                router, policy, workload, config, num_replicas, disaggregation
+                router, policy, workload, configs[name], num_replicas, disaggregation
             )
         summary = summarize(result.records)
         classes = sorted({r.class_name for r in result.records})
@@ -238,6 +255,10 @@ def transfer_summary(transfers: list[Transfer]) -> dict:
     }
 
 
+def _without_speculation(engine: EngineConfig) -> EngineConfig:
+    return dataclasses.replace(engine, speculative_method="none")
+
+
 def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
@@ -261,7 +282,8 @@ def saturation_rps(
     would pass it, and the preemptions that keep it would measure the bound, not the machine."""
     backlog = sample_requests(workload, num_requests, math.inf, seed, 1.0, length_scale)
     backlog = cap_max_tokens(backlog, max_tokens)
-    unbounded = dataclasses.replace(config.engine, max_wait_ms=math.inf)
+    # The plain machine's saturation: a load's share means the same with speculation or not.
+    unbounded = dataclasses.replace(_without_speculation(config.engine), max_wait_ms=math.inf)
     result = simulate("fcfs", backlog, dataclasses.replace(config, engine=unbounded))
     return summarize(result.records)["throughput_rps"]
 

@@ -83,3 +83,9 @@ class SimulateSettings:
     noise: float = setting(
         0.05, help="each simulated step's duration varies by up to ± this share (random noise)"
     )
+    draft_acceptance: float = setting(
+        0.7,
+        help="with --speculative-method, the chance the simulated model accepts each draft "
+        "token (the workload's acceptance rate); each policy then runs with and without "
+        "speculation",
+    )

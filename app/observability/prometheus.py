@@ -87,6 +87,12 @@ def _per_replica(read: Callable[[ReplicaStatus], float]) -> Callable[[Sources], 
     return points
 
 
+def _spec(sources: Sources, name: str) -> Points:
+    """A speculative-decoding total; not exported by an engine that does not speculate."""
+    spec = sources.stats.spec_decode
+    return None if spec is None else float(getattr(spec, name))
+
+
 SERIES: tuple[Series, ...] = (
     _gauge("num_requests_running", "Requests running.", lambda s: s.stats.num_running,
            "num_requests_running"),
@@ -110,6 +116,18 @@ SERIES: tuple[Series, ...] = (
            lambda s: s.stats.grammar_cache_entries),
     _gauge("grammar_cache_bytes", "Memory the compiled output constraints kept hold.",
            lambda s: s.stats.grammar_cache_bytes),
+    _counter("spec_decode_num_drafts",
+             "Speculative decoding: sequences that verified draft tokens in a step.",
+             lambda s: _spec(s, "num_drafts"), "spec_decode_num_drafts"),
+    _counter("spec_decode_num_draft_tokens", "Speculative decoding: draft tokens verified.",
+             lambda s: _spec(s, "num_draft_tokens"), "spec_decode_num_draft_tokens"),
+    _counter("spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens accepted.",
+             lambda s: _spec(s, "num_accepted_tokens"), "spec_decode_num_accepted_tokens"),
+    Series("spec_decode_num_accepted_tokens_per_pos", "counter",
+           "Speculative decoding: draft tokens accepted, by position in their draft.",
+           lambda s: None if s.stats.spec_decode is None else {
+               (str(i),): n for i, n in enumerate(s.stats.spec_decode.accepted_per_position)},
+           ("spec_decode_num_accepted_tokens_per_pos",), ("position",)),
     _counter("admission_rejections", "Requests refused with 429 before reaching the engine.",
              lambda s: s.admission_rejections),
     _counter("prompt_tokens", "Prompt tokens of finished requests.",

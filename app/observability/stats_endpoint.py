@@ -94,6 +94,7 @@ def snapshot(state: ServerState, summary: WindowSummary) -> dict[str, Any]:
         **window,
         "steps": {"total": stats.num_steps, **window["steps"]},
         "step_cost": step_cost(stats),
+        "spec_decode": spec_decode(stats),
         "totals": total,
         "replicas": [_replica(status) for status in engine.replica_status()],
     }
@@ -114,6 +115,21 @@ def _replica(status: ReplicaStatus) -> dict[str, Any]:
         "requests_finished": status.requests_finished,
         "prefix_cache_hits": stats.prefix_cache_hits,
         "prefix_cache_queries": stats.prefix_cache_queries,
+    }
+
+
+def spec_decode(stats: EngineStats) -> dict[str, Any] | None:
+    """Speculative decoding's totals and acceptance; None when the engine does not speculate."""
+    spec = stats.spec_decode
+    if spec is None:
+        return None
+    return {
+        "num_drafts": spec.num_drafts,
+        "num_draft_tokens": spec.num_draft_tokens,
+        "num_accepted_tokens": spec.num_accepted_tokens,
+        "accepted_per_position": list(spec.accepted_per_position),
+        "acceptance_rate": spec.acceptance_rate,
+        "mean_acceptance_length": spec.mean_acceptance_length,
     }
 
 

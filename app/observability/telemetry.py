@@ -216,4 +216,7 @@ class Tracing:
         met = slo_outcome(request, timing).met
         if met is not None:
             attributes["baton.slo.met"] = met
+        if request.drafts.num_draft_tokens:
+            attributes["baton.spec_decode.draft_tokens"] = request.drafts.num_draft_tokens
+            attributes["baton.spec_decode.accepted_tokens"] = request.drafts.num_accepted_tokens
         return attributes

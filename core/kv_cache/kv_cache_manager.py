@@ -150,6 +150,18 @@ class KVCacheManager:
         self._num_hashed[request.request_id] = num_hashed
         return True
 
+    def free_unused_tail(self, request: Request) -> None:
+        """Free the blocks past those the request's tokens fill: slots allocated for draft
+        tokens that verification rejected."""
+        blocks = self._blocks[request.request_id]
+        num_used = self.blocks_needed(request.num_tokens)
+        if len(blocks) <= num_used:
+            return
+        tail = blocks[num_used:]
+        del blocks[num_used:]
+        del self._block_tables[request.request_id][num_used:]
+        self.pool.free(reversed(tail))
+
     def cache_computed_blocks(self, request: Request) -> None:
         """Register the request's newly completed blocks so later requests can share them."""
         if not self.enable_prefix_caching:

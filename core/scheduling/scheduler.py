@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from baton.core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
 from baton.core.kv_cache.kv_cache_manager import KVCacheManager
@@ -22,8 +23,11 @@ from baton.core.request import FinishReason, Request, RequestStatus
 from baton.core.scheduling import feasibility
 from baton.core.scheduling.policy import UNLIMITED, SchedulerView, SchedulingPolicy, StepPlan
 from baton.core.scheduling.static_batch import StaticBatch, reserved_tokens
+from baton.core.speculative.speculator import Speculator
 
 NO_POSITIONS = range(0)
+# No draft tokens, and none accepted: shared, never appended to.
+NO_TOKENS: list[int] = []
 
 
 class Scheduler:
@@ -35,6 +39,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_wait_s: float = math.inf,
         max_preemptions: int = 3,
+        speculator: Speculator | None = None,
     ) -> None:
         self.kv_cache = kv_cache
         self.policy = policy
@@ -43,6 +48,8 @@ class Scheduler:
         # A static batch is closed, also to a request past the starvation bound.
         self.max_wait_s = math.inf if policy.static_batching else max_wait_s
         self.max_preemptions = max_preemptions
+        # Speculative decoding; never under static batching, whose slots step in lockstep.
+        self.speculator = None if policy.static_batching else speculator
         # In arrival order, so the requests nearest the starvation bound are at the front.
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -126,12 +133,18 @@ class Scheduler:
             is_decode = request.num_uncomputed_tokens == 1
             (decodes if is_decode else prefills).append(request)
 
-        for request in decodes:
+        drafts = self._drafts(decodes, prefills, token_budget)
+        # Without speculation `drafts` repeats "none" endlessly: no list per decode.
+        for request, draft in zip(decodes, drafts, strict=False):
             if token_budget == 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted to make room for an earlier decode
-            if self._reserve(request, 1, now):
+            # Draft tokens take only free blocks: no request is preempted for a guess.
+            if draft and self.kv_cache.allocate_slots(request, 1 + len(draft)):
+                self._add(batch, request, 1, draft)
+                token_budget -= 1 + len(draft)
+            elif self._reserve(request, 1, now):
                 self._add(batch, request, 1)
                 token_budget -= 1
             else:
@@ -159,6 +172,21 @@ class Scheduler:
             if self.policy.static_batching:
                 self._pad(batch)
         return batch
+
+    def _drafts(
+        self, decodes: list[Request], prefills: list[Request], token_budget: int
+    ) -> Iterable[list[int]]:
+        """Each decode's draft tokens: only in the budget that the prefill owed would leave,
+        so speculation never delays a first token."""
+        if self.speculator is None or not decodes:
+            return itertools.repeat(NO_TOKENS)
+        spare = token_budget - len(decodes)
+        owed = 0
+        for request in itertools.chain(prefills, self.waiting):
+            owed += request.num_uncomputed_tokens
+            if owed >= spare:
+                return itertools.repeat(NO_TOKENS)
+        return self.speculator.drafts(decodes, spare - owed, owed)
 
     def _schedule_prefills(
         self,
@@ -280,13 +308,19 @@ class Scheduler:
 
     def update(
         self, batch: Batch, output: ExecutorOutput
-    ) -> list[tuple[Request, int | None, TokenLogprobs | None]]:
-        """Advance each scheduled request past this step's tokens; return the sampled tokens,
-        and None for a request with `max_tokens` 0 whose prompt is now computed."""
+    ) -> list[tuple[Request, list[int], list[TokenLogprobs | None] | None]]:
+        """Advance each scheduled request past this step's tokens and append what it produced:
+        its accepted draft tokens, if it carried any, then the token sampled after them. Return
+        each request's new tokens with their log-probabilities where asked, and no tokens for a
+        request with `max_tokens` 0 whose prompt is now computed."""
         sampled = []
         index = 0
         for seq in batch.sequences:
             request = self.requests[seq.request_id]
+            if seq.draft_token_ids:
+                sampled.append(self._update_drafted(seq, request, output, index))
+                index += 1
+                continue
             request.num_computed_tokens += len(seq.token_ids)
             self.kv_cache.cache_computed_blocks(request)
             if seq.prompt_logprob_positions:
@@ -299,10 +333,30 @@ class Scheduler:
                 logprobs = output.logprobs[index] if output.logprobs else None
                 index += 1
                 request.append_token(token_id)
-                sampled.append((request, token_id, logprobs))
+                sampled.append((request, [token_id], None if logprobs is None else [logprobs]))
             elif request.num_uncomputed_tokens == 0:
-                sampled.append((request, None, None))  # max_tokens 0: the prompt is scored
+                sampled.append((request, [], None))  # max_tokens 0: the prompt is scored
         return sampled
+
+    def _update_drafted(
+        self, seq: ScheduledSequence, request: Request, output: ExecutorOutput, index: int
+    ) -> tuple[Request, list[int], list[TokenLogprobs | None] | None]:
+        """`update` for a decode that carried draft tokens (the `index`-th sampled sequence):
+        its accepted drafts and the token after them join it; the rejected drafts' keys and
+        values stay behind in slots the next tokens overwrite, and blocks past its tokens go."""
+        accepted = output.accepted_draft_ids[seq.request_id]
+        request.num_computed_tokens += 1 + len(accepted)
+        request.token_ids.extend(accepted)
+        assert self.speculator is not None
+        self.speculator.observe(request, len(seq.draft_token_ids), len(accepted))
+        self.kv_cache.cache_computed_blocks(request)
+        token_id = output.sampled_token_ids[index]
+        request.append_token(token_id)
+        self.kv_cache.free_unused_tail(request)
+        logprobs = output.logprobs[index] if output.logprobs else None
+        if logprobs is None:
+            return request, [*accepted, token_id], None
+        return request, [*accepted, token_id], [*output.draft_logprobs[seq.request_id], logprobs]
 
     def _admit(
         self,
@@ -395,7 +449,9 @@ class Scheduler:
     def _enqueue(self, request: Request) -> None:
         bisect.insort(self.waiting, request, key=lambda r: r.arrival_time)
 
-    def _add(self, batch: Batch, request: Request, num_new: int) -> None:
+    def _add(
+        self, batch: Batch, request: Request, num_new: int, draft: list[int] | None = None
+    ) -> None:
         start = request.num_computed_tokens
         end = start + num_new
         token_ids = request.token_ids
@@ -417,6 +473,10 @@ class Scheduler:
             request.num_prompt_tokens,
             scored,
         )
+        if draft:
+            seq.token_ids.extend(draft)
+            seq.draft_token_ids = draft
+            batch.num_draft_tokens += len(draft)
         batch.sequences.append(seq)
         batch.num_pooled += seq.pools
         self._scheduled.add(request.request_id)

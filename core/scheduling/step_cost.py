@@ -49,8 +49,9 @@ class StepShape:
 
     @classmethod
     def of(cls, stats: StepStats) -> StepShape:
+        # Verifying a draft token costs what computing a prompt token does: one more row.
         return cls(
-            stats.num_prefill_tokens,
+            stats.num_prefill_tokens + stats.num_draft_tokens,
             stats.num_decode_tokens,
             stats.num_context_tokens,
         )
@@ -61,7 +62,7 @@ class StepShape:
         counts as work: a machine that pads computes it (a simulated one charges it)."""
         padding = batch.padding
         return cls(
-            batch.num_prefill_tokens + padding.num_prefill_tokens,
+            batch.num_prefill_tokens + batch.num_draft_tokens + padding.num_prefill_tokens,
             batch.num_decode_tokens + padding.num_decode_tokens,
             sum(seq.seq_len for seq in batch.sequences) + padding.num_context_tokens,
         )

@@ -1,6 +1,7 @@
 """An executor without a model, for tests and the simulator: it "samples" a token that is a pure
-function of the sequence so far, ends an answer where a script says, and charges each step the
-duration a step-cost model gives it on a simulated clock."""
+function of the sequence so far, ends an answer where a script says, verifies draft tokens
+against those, and charges each step the duration a step-cost model gives it on a simulated
+clock."""
 
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ class SimulatedClock:
 class SimulatedExecutor:
     """`cost` is the machine's true step cost; `noise` makes each step's duration uniformly up
     to that share longer or shorter (drawn from `seed`), so a model fitted to the steps is never
-    exact, as on a real machine. `on_batch` sees every batch before it runs."""
+    exact, as on a real machine. `on_batch` sees every batch before it runs. A draft token is
+    accepted when it is the token the executor would sample there, and then only with chance
+    `draft_acceptance` (also drawn from `seed`): the simulator's answers are filler a lookup
+    always predicts, so this is the workload's acceptance rate."""
 
     def __init__(
         self,
@@ -41,6 +45,7 @@ class SimulatedExecutor:
         eos_token_id: int | None = None,
         on_batch: Callable[[Batch], None] | None = None,
         kv_bytes_per_token: int = 0,
+        draft_acceptance: float = 1.0,
     ) -> None:
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
@@ -56,6 +61,7 @@ class SimulatedExecutor:
         self.on_batch = on_batch
         # The modelled KV size, for a handed-off request's transfer; no contents exist.
         self.kv_bytes_per_token = kv_bytes_per_token
+        self.draft_acceptance = draft_acceptance
 
     def script_answer(self, request_id: str, output_len: int | None) -> None:
         """Answer `request_id` with filler tokens, ending with EOS as its `output_len`-th token
@@ -71,23 +77,47 @@ class SimulatedExecutor:
         if self.noise:
             seconds *= 1 + self.rng.uniform(-self.noise, self.noise)
         self.clock.now += seconds
-        # One loop, no call per sequence: the simulator runs it for every token it simulates.
+        # One loop, no call per plain decode: the simulator runs it for every token it simulates.
         scripts = self.scripts
         sampled = []
         prompt_logprobs = {}
+        accepted_drafts = {}
         for seq in batch.sequences:
             if seq.prompt_logprob_positions:
                 prompt_logprobs[seq.request_id] = self.prompt_logprobs(seq)
             if not seq.sample:
                 continue
-            if seq.request_id not in scripts:
-                sampled.append(self.next_token(seq.all_token_ids))
+            if not seq.draft_token_ids:
+                if seq.request_id not in scripts:
+                    sampled.append(self.next_token(seq.all_token_ids))
+                    continue
+                output_len = scripts[seq.request_id]
+                num_output = len(seq.all_token_ids) - seq.num_prompt_tokens + 1
+                ended = output_len is not None and num_output >= output_len
+                sampled.append(self.eos_token_id if ended else FILLER_TOKEN_ID)
                 continue
-            output_len = scripts[seq.request_id]
-            num_output = len(seq.all_token_ids) - seq.num_prompt_tokens + 1
-            ended = output_len is not None and num_output >= output_len
-            sampled.append(self.eos_token_id if ended else FILLER_TOKEN_ID)
-        return ExecutorOutput(sampled, prompt_logprobs=prompt_logprobs)
+            history = list(seq.all_token_ids)
+            accepted = []
+            for draft in seq.draft_token_ids:
+                token_id = self._sample(seq, history)
+                if token_id != draft or self.rng.random() >= self.draft_acceptance:
+                    break
+                accepted.append(draft)
+                history.append(draft)
+            accepted_drafts[seq.request_id] = accepted
+            sampled.append(self._sample(seq, history))
+        return ExecutorOutput(
+            sampled, prompt_logprobs=prompt_logprobs, accepted_draft_ids=accepted_drafts
+        )
+
+    def _sample(self, seq: ScheduledSequence, history: list[int]) -> int:
+        """The token after `history`, the sequence's tokens so far."""
+        output_len = self.scripts.get(seq.request_id, -1)
+        if output_len == -1:
+            return self.next_token(history)
+        num_output = len(history) - seq.num_prompt_tokens + 1
+        ended = output_len is not None and num_output >= output_len
+        return self.eos_token_id if ended else FILLER_TOKEN_ID
 
     def read_kv(self, block_ids: Sequence[int]) -> None:
         """No cache to read: a simulated transfer moves no contents."""

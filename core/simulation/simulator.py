@@ -52,6 +52,9 @@ class SimulationConfig:
     seed: int = 0
     # Multiplies every class's SLO targets (a slow machine needs looser ones).
     slo_scale: float = 1.0
+    # With speculation: the chance the simulated model accepts a draft token it agrees with.
+    # Its answers are filler a prompt lookup always predicts, so this is the acceptance rate.
+    draft_acceptance: float = 1.0
 
 
 @dataclass(slots=True)
@@ -139,6 +142,7 @@ def build_engine(
         noise=config.noise,
         seed=config.seed + seed_offset,
         eos_token_id=EOS_TOKEN_ID,
+        draft_acceptance=config.draft_acceptance,
     )
     engine = Engine(
         engine_config,

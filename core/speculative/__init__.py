@@ -1,0 +1,1 @@
+"""Speculative decoding's core side: where draft tokens come from and how often they are right."""

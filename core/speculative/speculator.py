@@ -1,0 +1,87 @@
+"""Speculative decoding's side of a step: which running decodes carry draft tokens and which,
+and what their verification taught about each request's acceptance rate."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from baton.core.request import Request
+from baton.core.scheduling.speculation import plan_drafts
+from baton.core.scheduling.step_cost import StepCost
+from baton.core.speculative.acceptance import SpecDecodeCounters
+from baton.core.speculative.ngram_proposer import NgramProposer
+from baton.core.step_stats import StepStats
+
+# Weight of the newest step in the running mean of a draft token's measured cost.
+DRAFT_COST_EMA_WEIGHT = 0.1
+
+
+class Speculator:
+    """Proposes drafts by prompt lookup for the decodes the planner gives draft tokens."""
+
+    def __init__(self, proposer: NgramProposer, max_drafts: int, cost: StepCost) -> None:
+        self.proposer = proposer
+        self.max_drafts = max_drafts
+        self.cost = cost
+        self.counters = SpecDecodeCounters()
+        # Seconds a draft token adds to a step, measured: the fit prices a verified row as a
+        # prompt token, but a few rows cost more each than a long prompt's (and a sampled
+        # row's sampling) do, which a linear fit over all steps cannot tell apart.
+        self.draft_token_s = 0.0
+
+    def drafts(
+        self, decodes: Sequence[Request], token_budget: int, num_prefill_tokens: int
+    ) -> list[list[int]]:
+        """Draft tokens for each of `decodes` (aligned; [] for none) within `token_budget`
+        beside them, in a step also carrying about `num_prefill_tokens` of prefill."""
+        priors = {greedy: self.counters.prior_rate(greedy) for greedy in (True, False)}
+        plan = plan_drafts(
+            [request.drafts.rate(priors[request.sampling_params.greedy]) for request in decodes],
+            [_tpot_target_s(request) for request in decodes],
+            [self._room(request) for request in decodes],
+            self.cost,
+            num_prefill_tokens=num_prefill_tokens,
+            num_context_tokens=sum(request.num_tokens for request in decodes),
+            token_budget=token_budget,
+            draft_token_s=max(self.cost.prefill_token_s(), self.draft_token_s),
+        )
+        proposals = []
+        for request, num_drafts in zip(decodes, plan, strict=True):
+            proposal = self.proposer.propose(request.token_ids, num_drafts) if num_drafts else []
+            if not proposal:
+                request.drafts.fade()
+            proposals.append(proposal)
+        return proposals
+
+    def observe_step(self, stats: StepStats) -> None:
+        """A step listener: what the step's drafts added to it beyond the fit's prediction of
+        the same step without them."""
+        if not stats.num_draft_tokens:
+            return
+        without = self.cost.predict_step(
+            stats.num_prefill_tokens, stats.num_decode_tokens, stats.num_context_tokens
+        )
+        added = max(0.0, stats.duration_s - without) / stats.num_draft_tokens
+        self.draft_token_s += DRAFT_COST_EMA_WEIGHT * (added - self.draft_token_s)
+
+    def observe(self, request: Request, num_drafted: int, num_accepted: int) -> None:
+        request.drafts.record(num_drafted, num_accepted)
+        self.counters.record(num_drafted, num_accepted, request.sampling_params.greedy)
+
+    def _room(self, request: Request) -> int:
+        """Drafts the request may verify: none past its last output token (the token sampled
+        after the drafts counts too), none while it pools, and none under a grammar that starts
+        after a reasoning model's thinking (where it starts must come from committed tokens)."""
+        params = request.sampling_params
+        constraint = params.structured_output
+        if params.pooling is not None or (
+            constraint is not None and constraint.after_token_id is not None
+        ):
+            return 0
+        left = (params.max_tokens or 0) - request.num_output_tokens - 1
+        return max(0, min(self.max_drafts, left))
+
+
+def _tpot_target_s(request: Request) -> float | None:
+    tpot_ms = request.slo.tpot_ms
+    return None if tpot_ms is None else tpot_ms / 1000
