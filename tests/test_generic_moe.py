@@ -121,5 +121,7 @@ def test_attention_sinks_are_refused_on_the_generic_path(checkpoint):
         "GptOssConfig",
         dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
     )
-    with pytest.raises(UnsupportedModelError, match="GptOssForCausalLM adds attention sinks"):
+    with pytest.raises(
+        UnsupportedModelError, match="GptOssForCausalLM adds learned attention sinks"
+    ):
         LLM(path, device="cpu", model_impl="transformers", num_kv_blocks=16)

@@ -33,11 +33,6 @@ class RefusalReason(Enum):
     SHARED_KV = "shared_kv"
     # Soft-capped attention logits, which the paged kernels do not apply.
     ATTENTION_SOFTCAP = "attention_softcap"
-    # Mixture-of-experts layers or a CausalLM reading router logits: not on the generic path
-    # yet (issue 42).
-    MIXTURE_OF_EXPERTS = "mixture_of_experts"
-    # Attention restricted to fixed chunks or a window the generic path does not apply (issue 42).
-    WINDOWED_ATTENTION = "windowed_attention"
     # Attention with learned sink logits, which the paged kernels do not add yet (issue 42).
     ATTENTION_SINKS = "attention_sinks"
     # Attention that reads a learned index or compressed cache beside the keys and values.

@@ -8,8 +8,6 @@ once built, and what one probe forward hands the attention interface.
 
 from __future__ import annotations
 
-import inspect
-
 from torch import nn
 
 from baton.core.checkpoint.unsupported_model import RefusalReason, UnsupportedModelError
@@ -153,13 +151,6 @@ EXPLANATIONS = {
         "soft-caps attention logits, which Baton's paged attention does not do; it needs a "
         "native model"
     ),
-    RefusalReason.MIXTURE_OF_EXPERTS: (
-        "has mixture-of-experts layers (or a CausalLM that reads their router logits), which "
-        "the generic path does not run yet (issue 42)"
-    ),
-    RefusalReason.WINDOWED_ATTENTION: (
-        "attends within fixed chunks, which the generic path does not apply yet (issue 42)"
-    ),
     RefusalReason.ATTENTION_SINKS: (
         "adds learned attention sinks, which the paged attention does not yet (issue 42)"
     ),
@@ -172,14 +163,6 @@ EXPLANATIONS = {
         "which Baton's paged cache does not hold"
     ),
 }
-
-
-def forward_source(model_class: type) -> str:
-    """The source of a transformers class's forward ("" where only bytecode is installed)."""
-    try:
-        return inspect.getsource(model_class.forward)
-    except (OSError, TypeError):
-        return ""
 
 
 def _refusal(name: str, reason: RefusalReason, detail: str = "") -> UnsupportedModelError:

@@ -13,6 +13,7 @@ down to attention; layers are told apart by call order, which is the order of th
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
@@ -23,8 +24,8 @@ from torch import nn
 from baton.core.checkpoint.model_config import ModelConfig
 from baton.core.checkpoint.unsupported_model import RefusalReason, UnsupportedModelError
 from baton.gpu.model_inputs import AttentionMetadata
-from baton.gpu.models.model import pack_cpu_weight, packed_linear, uses_f32_kernel
 from baton.gpu.models import generic_refusals
+from baton.gpu.models.model import pack_cpu_weight, packed_linear, uses_f32_kernel
 from baton.kernels import ops
 from baton.kernels.linear import onednn_linear_available
 
@@ -313,11 +314,19 @@ def _called_base(causal_lm: nn.Module) -> tuple[nn.Module, str]:
     CausalLM reaches into (OPT calls `model.decoder`, not `model`)."""
     prefix = _base_model_attribute(causal_lm)
     base = getattr(causal_lm, prefix)
-    source = generic_refusals.forward_source(type(causal_lm))
+    source = _forward_source(type(causal_lm))
     for name, _ in base.named_children():
         if f"self.{prefix}.{name}(" in source:
             return base, name
     return causal_lm, prefix
+
+
+def _forward_source(model_class: type) -> str:
+    """The source of a transformers class's forward ("" where only bytecode is installed)."""
+    try:
+        return inspect.getsource(model_class.forward)
+    except (OSError, TypeError):
+        return ""
 
 
 def load_transformers_model(
