@@ -105,14 +105,6 @@ def check_probe(
             RefusalReason.KV_SHAPES_DIFFER,
             f" ({sorted(set(kv_shapes))}); Baton's cache holds one shape for all layers",
         )
-    _, key_size, value_size = kv_shapes[0]
-    if key_size != value_size:
-        raise _refusal(
-            name,
-            RefusalReason.KV_SHAPES_DIFFER,
-            f" (keys of {key_size} and values of {value_size} channels per head); Baton's "
-            "cache holds equal ones",
-        )
 
 
 # What each reason says after the class name; what to do follows from it in every case: serve
@@ -138,7 +130,9 @@ EXPLANATIONS = {
         "does not route attention through its attention interface, so Baton cannot give it a "
         "paged cache"
     ),
-    RefusalReason.KV_SHAPES_DIFFER: "hands attention keys and values of different shapes",
+    RefusalReason.KV_SHAPES_DIFFER: (
+        "hands attention keys and values of one shape in some layers and another in others"
+    ),
     RefusalReason.SHARED_KV: (
         "has layers that reuse another layer's or another model's keys and values, where "
         "Baton's cache holds each attention call's own"
