@@ -124,7 +124,11 @@ def paged_attention_forward(
 
 def _padded(heads: torch.Tensor, size: int) -> torch.Tensor:
     """`heads` [T, H, D] with zero channels appended up to `size`, contiguous."""
-    return nn.functional.pad(heads, (0, size - heads.shape[-1])).contiguous()
+    if heads.shape[-1] == size:
+        return heads.contiguous()
+    padded = heads.new_zeros(*heads.shape[:-1], size)
+    padded[..., : heads.shape[-1]] = heads
+    return padded
 
 
 def _layer_attention(module: nn.Module, sliding_window: int | None) -> LayerAttention:
