@@ -108,3 +108,13 @@ def test_keys_and_values_of_different_sizes_per_head_are_served_exactly(hf_token
     results = llm.generate(prompts, params)
     for prompt, result in zip(prompts, results, strict=True):
         assert result.token_ids == transformers_greedy(reference, prompt, 6)
+
+
+def test_layers_with_different_numbers_of_kv_heads_are_refused():
+    from baton.gpu.models.generic_refusals import check_probe
+
+    flags = dict(softcapped=False, sinks=False, causal=True, masked=False)
+    check_probe("SameHeads", [(2, 16, 16), (2, 32, 32), (2, 24, 16)], **flags)  # sizes pad
+    with pytest.raises(UnsupportedModelError, match=r"\[2, 4\] KV heads") as error:
+        check_probe("MixedHeads", [(2, 16, 16), (4, 16, 16)], **flags)
+    assert error.value.reason is RefusalReason.KV_SHAPES_DIFFER

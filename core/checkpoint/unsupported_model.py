@@ -25,7 +25,7 @@ class RefusalReason(Enum):
     NEEDS_REMOTE_CODE = "needs_remote_code"
     # transformers' class computes attention itself instead of through its attention interface.
     NO_ATTENTION_INTERFACE = "no_attention_interface"
-    # Layers hand attention keys and values of different shapes from one another.
+    # Layers hand attention different numbers of key/value heads from one another.
     KV_SHAPES_DIFFER = "kv_shapes_differ"
     # A mask or bias the model adds to the attention scores itself (learned, ALiBi).
     ATTENTION_BIAS = "attention_bias"

@@ -99,11 +99,12 @@ def check_probe(
         raise _refusal(name, RefusalReason.ATTENTION_SINKS)
     if softcapped:
         raise _refusal(name, RefusalReason.ATTENTION_SOFTCAP)
-    if len(set(kv_shapes)) > 1:
+    num_kv_heads = {heads for heads, _, _ in kv_shapes}
+    if len(num_kv_heads) > 1:
         raise _refusal(
             name,
             RefusalReason.KV_SHAPES_DIFFER,
-            f" ({sorted(set(kv_shapes))}); Baton's cache holds one shape for all layers",
+            f" ({sorted(num_kv_heads)} KV heads); Baton's cache holds as many in every layer",
         )
 
 
@@ -131,7 +132,7 @@ EXPLANATIONS = {
         "paged cache"
     ),
     RefusalReason.KV_SHAPES_DIFFER: (
-        "hands attention keys and values of one shape in some layers and another in others"
+        "hands attention more key/value heads in some layers than in others"
     ),
     RefusalReason.SHARED_KV: (
         "has layers that reuse another layer's or another model's keys and values, where "

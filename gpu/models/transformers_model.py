@@ -107,14 +107,14 @@ def paged_attention_forward(
         scales = torch.log1p(torch.floor((step.positions.float() + 1.0) / floor_scale))
         query = (query * (scales * attn_scale + 1.0).view(1, 1, -1, 1)).to(query.dtype)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    # Keys and values of different sizes (multi-head latent attention) share the cache's one
-    # head size: zero channels change no score, and over zero-padded values the output's
-    # first value-size channels are attention's own and the rest zeros.
-    cache_size = max(key.shape[-1], value_size)
+    # Keys and values of any size (multi-head latent attention's differ, as do Gemma 4's global
+    # and sliding layers') fill the cache's one head size: zero channels change no score, and
+    # over zero-padded values the output's first value-size channels are attention's own.
+    kv_cache = step.kv_caches[layer]
+    cache_size = kv_cache.shape[-1]
     q = _padded(query[0].transpose(0, 1), cache_size)
     k = _padded(key[0].transpose(0, 1), cache_size)
     v = _padded(value[0].transpose(0, 1), cache_size)
-    kv_cache = step.kv_caches[layer]
     ops.write_kv_cache(k, v, kv_cache, step.metadata.slot_mapping)
     out = ops.paged_attention(
         q, kv_cache, step.metadata, scale, window=kind.window, chunk=kind.chunk
@@ -287,7 +287,7 @@ class TransformersCausalLM(nn.Module):
             causal=step.causal,
             masked=step.masked,
         )
-        num_kv_heads, key_size, value_size = step.kv_shapes[0]
+        num_kv_heads = step.kv_shapes[0][0]
         self.layers = step.layers
         text = self.causal_lm.config.get_text_config(decoder=True)
         return dataclasses.replace(
@@ -296,7 +296,7 @@ class TransformersCausalLM(nn.Module):
             num_hidden_layers=len(step.kv_shapes),
             num_attention_heads=step.num_query_heads,
             num_key_value_heads=num_kv_heads,
-            head_dim=max(key_size, value_size),
+            head_dim=max(max(key_size, value_size) for _, key_size, value_size in step.kv_shapes),
             # A chunked layer reads at most its last `chunk` tokens: for freeing KV blocks, a
             # window that long.
             layer_windows=[layer.window or layer.chunk for layer in step.layers],
