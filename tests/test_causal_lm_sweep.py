@@ -92,3 +92,29 @@ def test_the_generic_config_reads_each_familys_own_size_names(
         read.num_hidden_layers,
         read.max_position_embeddings,
     ) == expected
+
+
+def test_keys_and_values_of_different_sizes_per_head_are_served_exactly(hf_tokenizer, tmp_path):
+    from baton.app.llm import LLM
+    from baton.core.sampling_params import SamplingParams
+    from baton.tools.causal_lm_sweep import scenario_prompts, transformers_greedy
+
+    # Multi-head latent attention: keys of 16 + 8 rotary channels per head, values of 16.
+    reference = write_tiny_checkpoint("deepseek_v3", tmp_path, hf_tokenizer)
+    llm = LLM(tmp_path, device="cpu", max_model_len=256, num_kv_blocks=32, block_size=16)
+    assert llm.engine.executor.model_config.head_dim == 24  # values padded to the key size
+    prompts = scenario_prompts()["8 at once"][:4]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    results = llm.generate(prompts, params)
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.token_ids == transformers_greedy(reference, prompt, 6)
+
+
+def test_layers_with_different_numbers_of_kv_heads_are_refused():
+    from baton.gpu.models.generic_refusals import check_probe
+
+    flags = dict(softcapped=False, sinks=False, causal=True, masked=False)
+    check_probe("SameHeads", [(2, 16, 16), (2, 32, 32), (2, 24, 16)], **flags)  # sizes pad
+    with pytest.raises(UnsupportedModelError, match=r"\[2, 4\] KV heads") as error:
+        check_probe("MixedHeads", [(2, 16, 16), (4, 16, 16)], **flags)
+    assert error.value.reason is RefusalReason.KV_SHAPES_DIFFER

@@ -1,8 +1,8 @@
 """Baton's verdict on every causal LM type the installed transformers knows: "exact" (greedy
 output equal to transformers' own in every scenario) or "refused: <reason>" at load, with the
 reason a `RefusalReason` value. "wrong: <scenario>" and "crashed: <error>" are the verdicts the
-sweep exists to keep at zero; "unbuilt: <error>" says transformers could not build the tiny
-checkpoint (tiny_causal_lm.OVERRIDES needs a line).
+sweep exists to keep at zero; "unbuilt: <error>" says transformers could not build, or run
+its own forward over, the tiny checkpoint (tiny_causal_lm.OVERRIDES needs a line).
 
     python -m baton.tools.causal_lm_sweep [TYPE ...]   (benchmarks/causal_lm_sweep.py: markdown)
 """
@@ -123,7 +123,10 @@ def judge(
         for prompt, result in zip(prompts[scenario], results, strict=True):
             if result.error is not None:  # a failed forward fails its requests, not the engine
                 return Verdict("crashed", f"{scenario}: {result.error}")
-            expected = transformers_greedy(reference, prompt, NUM_NEW_TOKENS, recompute)
+            try:
+                expected = transformers_greedy(reference, prompt, NUM_NEW_TOKENS, recompute)
+            except Exception as error:  # transformers cannot run its own tiny checkpoint
+                return Verdict("unbuilt", f"transformers' forward: {type(error).__name__}: {error}")
             if not _same_or_near_tie(reference, prompt, result.token_ids, expected):
                 return Verdict("wrong", scenario)
     return Verdict("exact")

@@ -37,9 +37,11 @@ TINY_SHAPE: dict[str, Any] = dict(
     initializer_range=0.1,
     tie_word_embeddings=False,
 )
-# Multi-head latent attention: small low-rank sizes instead of head_dim.
+# Multi-head latent attention: small low-rank sizes instead of head_dim, and keys for every
+# query head (as its checkpoints have; transformers' attention repeats fewer, wrongly).
 _MLA = dict(
     head_dim=None,
+    num_key_value_heads=4,
     q_lora_rank=48,
     kv_lora_rank=32,
     qk_rope_head_dim=8,
@@ -68,7 +70,21 @@ _ENCODERS_AS_DECODERS = (
 )
 OVERRIDES: dict[str, dict[str, Any]] = {
     **{model_type: dict(is_decoder=True) for model_type in _ENCODERS_AS_DECODERS},
-    **{model_type: _MLA for model_type in ("youtu", "deepseek_v2", "deepseek_v3", "sarvam_mla")},
+    **{
+        model_type: _MLA
+        for model_type in (
+            "deepseek_v2",
+            "deepseek_v3",
+            "glm4_moe_lite",
+            "minicpm3",
+            "sarvam_mla",
+            "youtu",
+        )
+    },
+    # Experts routed in groups: the tiny 4 in 2 groups of 2.
+    "axk1": _MLA | dict(n_group=2, topk_group=1),
+    # Its rotary embedding is sized by head_dim; one layer holds two attention calls.
+    "longcat_flash": _MLA | dict(head_dim=8, num_layers=1, zero_expert_num=2),
     "blt": dict(encoder_hash_byte_group_vocab=64),
     "codegen": dict(rotary_dim=8),
     "gptj": dict(rotary_dim=8),
@@ -109,8 +125,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 10000.0}},
     ),
     "dbrx": dict(
-        attn_config=dict(kv_n_heads=2, rope_theta=10000.0),
-        ffn_config=dict(hidden_size=64, ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2),
+        # transformers' default clip_qkv (None) fails its own forward; DBRX's checkpoints clip.
+        attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
+        ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2),
     ),
     "xlnet": dict(d_head=16, d_inner=128),
     "zamba": dict(layer_types=["mamba", "hybrid"]),
@@ -157,7 +174,9 @@ def _shrunk_fields(config) -> dict[str, Any]:
         if isinstance(getattr(type(config), name, None), property):
             continue
         if _has(config, name):
-            fields[name] = value
+            # Under the config's own name: its __post_init__ reads that one (DBRX sizes its
+            # experts from d_model before an alias such as hidden_size is applied).
+            fields[type(config).attribute_map.get(name, name)] = value
     return fields
 
 

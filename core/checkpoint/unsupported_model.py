@@ -25,7 +25,7 @@ class RefusalReason(Enum):
     NEEDS_REMOTE_CODE = "needs_remote_code"
     # transformers' class computes attention itself instead of through its attention interface.
     NO_ATTENTION_INTERFACE = "no_attention_interface"
-    # Layers hand attention keys and values of different shapes (per layer or k vs v).
+    # Layers hand attention different numbers of key/value heads from one another.
     KV_SHAPES_DIFFER = "kv_shapes_differ"
     # A mask or bias the model adds to the attention scores itself (learned, ALiBi).
     ATTENTION_BIAS = "attention_bias"
@@ -33,11 +33,6 @@ class RefusalReason(Enum):
     SHARED_KV = "shared_kv"
     # Soft-capped attention logits, which the paged kernels do not apply.
     ATTENTION_SOFTCAP = "attention_softcap"
-    # Mixture-of-experts layers or a CausalLM reading router logits: not on the generic path
-    # yet (issue 42).
-    MIXTURE_OF_EXPERTS = "mixture_of_experts"
-    # Attention restricted to fixed chunks or a window the generic path does not apply (issue 42).
-    WINDOWED_ATTENTION = "windowed_attention"
     # Attention with learned sink logits, which the paged kernels do not add yet (issue 42).
     # Attention that reads a learned index or compressed cache beside the keys and values.
     SPARSE_ATTENTION = "sparse_attention"

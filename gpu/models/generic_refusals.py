@@ -8,8 +8,6 @@ once built, and what one probe forward hands the attention interface.
 
 from __future__ import annotations
 
-import inspect
-
 from torch import nn
 
 from baton.core.checkpoint.unsupported_model import RefusalReason, UnsupportedModelError
@@ -98,19 +96,12 @@ def check_probe(
         raise _refusal(name, RefusalReason.ATTENTION_BIAS)
     if softcapped:
         raise _refusal(name, RefusalReason.ATTENTION_SOFTCAP)
-    if len(set(kv_shapes)) > 1:
+    num_kv_heads = {heads for heads, _, _ in kv_shapes}
+    if len(num_kv_heads) > 1:
         raise _refusal(
             name,
             RefusalReason.KV_SHAPES_DIFFER,
-            f" ({sorted(set(kv_shapes))}); Baton's cache holds one shape for all layers",
-        )
-    _, key_size, value_size = kv_shapes[0]
-    if key_size != value_size:
-        raise _refusal(
-            name,
-            RefusalReason.KV_SHAPES_DIFFER,
-            f" (keys of {key_size} and values of {value_size} channels per head); Baton's "
-            "cache holds equal ones",
+            f" ({sorted(num_kv_heads)} KV heads); Baton's cache holds as many in every layer",
         )
 
 
@@ -137,7 +128,9 @@ EXPLANATIONS = {
         "does not route attention through its attention interface, so Baton cannot give it a "
         "paged cache"
     ),
-    RefusalReason.KV_SHAPES_DIFFER: "hands attention keys and values of different shapes",
+    RefusalReason.KV_SHAPES_DIFFER: (
+        "hands attention more key/value heads in some layers than in others"
+    ),
     RefusalReason.SHARED_KV: (
         "has layers that reuse another layer's or another model's keys and values, where "
         "Baton's cache holds each attention call's own"
@@ -150,13 +143,6 @@ EXPLANATIONS = {
         "soft-caps attention logits, which Baton's paged attention does not do; it needs a "
         "native model"
     ),
-    RefusalReason.MIXTURE_OF_EXPERTS: (
-        "has mixture-of-experts layers (or a CausalLM that reads their router logits), which "
-        "the generic path does not run yet (issue 42)"
-    ),
-    RefusalReason.WINDOWED_ATTENTION: (
-        "attends within fixed chunks, which the generic path does not apply yet (issue 42)"
-    ),
     RefusalReason.POSITIONS_AFTER_PADDING: (
         "numbers positions from its padding token id on (RoBERTa's embeddings), where Baton "
         "hands transformers' code positions counted from 0"
@@ -166,14 +152,6 @@ EXPLANATIONS = {
         "which Baton's paged cache does not hold"
     ),
 }
-
-
-def forward_source(model_class: type) -> str:
-    """The source of a transformers class's forward ("" where only bytecode is installed)."""
-    try:
-        return inspect.getsource(model_class.forward)
-    except (OSError, TypeError):
-        return ""
 
 
 def _refusal(name: str, reason: RefusalReason, detail: str = "") -> UnsupportedModelError:

@@ -13,6 +13,7 @@ down to attention; layers are told apart by call order, which is the order of th
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
@@ -79,16 +80,16 @@ def paged_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention signature over Baton's paged cache.
 
-    query [1, Hq, T, D] and key/value [1, Hkv, T, D] hold the step's packed tokens; the mask is
-    ignored because the block tables say what each token attends to (causally, its own sequence).
-    Returns [1, T, Hq, D] as transformers' attention functions do.
+    query [1, Hq, T, Dk], key [1, Hkv, T, Dk] and value [1, Hkv, T, Dv] hold the step's packed
+    tokens; the mask is ignored because the block tables say what each token attends to
+    (causally, its own sequence). Returns [1, T, Hq, Dv] as transformers' attention functions do.
     """
     step = _current_step.get()
     if step is None:
         raise RuntimeError("Baton's paged attention ran outside a TransformersCausalLM forward")
     layer = step.num_calls
     step.num_calls += 1
-    num_heads, num_tokens, head_dim = query.shape[1], query.shape[2], value.shape[-1]
+    num_heads, num_tokens, value_size = query.shape[1], query.shape[2], value.shape[-1]
     if step.kv_caches is None:
         step.kv_shapes.append((key.shape[1], key.shape[-1], value.shape[-1]))
         step.num_query_heads = num_heads
@@ -96,19 +97,23 @@ def paged_attention_forward(
         step.softcapped |= kwargs.get("softcap") is not None
         step.causal &= bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
         step.masked |= attention_mask is not None
-        return query.new_zeros(1, num_tokens, num_heads, head_dim), None
+        return query.new_zeros(1, num_tokens, num_heads, value_size), None
     kind = step.layers[layer]
     if kind.temperature is not None:
         # transformers' own expression, over the packed tokens' true positions.
         floor_scale, attn_scale = kind.temperature
         scales = torch.log1p(torch.floor((step.positions.float() + 1.0) / floor_scale))
         query = (query * (scales * attn_scale + 1.0).view(1, 1, -1, 1)).to(query.dtype)
-    q = query[0].transpose(0, 1).contiguous()
-    k = key[0].transpose(0, 1).contiguous()
-    v = value[0].transpose(0, 1).contiguous()
-    kv_cache = step.kv_caches[layer]
-    ops.write_kv_cache(k, v, kv_cache, step.metadata.slot_mapping)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    # Keys and values of any size (multi-head latent attention's differ, as do Gemma 4's global
+    # and sliding layers') fill the cache's one head size: zero channels change no score, and
+    # over zero-padded values the output's first value-size channels are attention's own.
+    kv_cache = step.kv_caches[layer]
+    cache_size = kv_cache.shape[-1]
+    q = _padded(query[0].transpose(0, 1), cache_size)
+    k = _padded(key[0].transpose(0, 1), cache_size)
+    v = _padded(value[0].transpose(0, 1), cache_size)
+    ops.write_kv_cache(k, v, kv_cache, step.metadata.slot_mapping)
     # gpt-oss-style sinks reach attention as `s_aux`, one logit per query head.
     out = ops.paged_attention(
         q,
@@ -119,7 +124,16 @@ def paged_attention_forward(
         chunk=kind.chunk,
         sinks=kwargs.get("s_aux"),
     )
-    return out.unsqueeze(0), None
+    return out[..., :value_size].unsqueeze(0), None
+
+
+def _padded(heads: torch.Tensor, size: int) -> torch.Tensor:
+    """`heads` [T, H, D] with zero channels appended up to `size`, contiguous."""
+    if heads.shape[-1] == size:
+        return heads.contiguous()
+    padded = heads.new_zeros(*heads.shape[:-1], size)
+    padded[..., : heads.shape[-1]] = heads
+    return padded
 
 
 def _layer_attention(module: nn.Module, sliding_window: int | None) -> LayerAttention:
@@ -235,7 +249,7 @@ class TransformersCausalLM(nn.Module):
             return False
         for parent in [*self.base.modules(), *self.causal_lm.modules()]:
             for name, child in parent.named_children():
-                if type(child) is nn.Linear:
+                if type(child) is nn.Linear and not _reads_weight(parent, name):
                     setattr(parent, name, PackedLinear(child, rows_hint))
         return True
 
@@ -277,7 +291,7 @@ class TransformersCausalLM(nn.Module):
             causal=step.causal,
             masked=step.masked,
         )
-        num_kv_heads, head_dim, _ = step.kv_shapes[0]
+        num_kv_heads = step.kv_shapes[0][0]
         self.layers = step.layers
         text = self.causal_lm.config.get_text_config(decoder=True)
         return dataclasses.replace(
@@ -286,7 +300,7 @@ class TransformersCausalLM(nn.Module):
             num_hidden_layers=len(step.kv_shapes),
             num_attention_heads=step.num_query_heads,
             num_key_value_heads=num_kv_heads,
-            head_dim=head_dim,
+            head_dim=max(max(key_size, value_size) for _, key_size, value_size in step.kv_shapes),
             # A chunked layer reads at most its last `chunk` tokens: for freeing KV blocks, a
             # window that long.
             layer_windows=[layer.window or layer.chunk for layer in step.layers],
@@ -317,11 +331,26 @@ def _called_base(causal_lm: nn.Module) -> tuple[nn.Module, str]:
     CausalLM reaches into (OPT calls `model.decoder`, not `model`)."""
     prefix = _base_model_attribute(causal_lm)
     base = getattr(causal_lm, prefix)
-    source = generic_refusals.forward_source(type(causal_lm))
+    source = _forward_source(type(causal_lm))
     for name, _ in base.named_children():
         if f"self.{prefix}.{name}(" in source:
             return base, name
     return causal_lm, prefix
+
+
+def _reads_weight(parent: nn.Module, name: str) -> bool:
+    """Whether `parent`'s forward reads its linear `name`'s weight itself (LongCat's router
+    multiplies by it in float32) rather than calling the layer, which a packed copy serves."""
+    return f"self.{name}.weight" in _forward_source(type(parent))
+
+
+@cache
+def _forward_source(model_class: type) -> str:
+    """The source of a transformers class's forward ("" where only bytecode is installed)."""
+    try:
+        return inspect.getsource(model_class.forward)
+    except (OSError, TypeError):
+        return ""
 
 
 def load_transformers_model(
