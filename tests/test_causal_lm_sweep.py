@@ -113,7 +113,7 @@ def test_keys_and_values_of_different_sizes_per_head_are_served_exactly(hf_token
 def test_layers_with_different_numbers_of_kv_heads_are_refused():
     from baton.gpu.models.generic_refusals import check_probe
 
-    flags = dict(softcapped=False, sinks=False, causal=True, masked=False)
+    flags = dict(softcapped=False, causal=True, masked=False)
     check_probe("SameHeads", [(2, 16, 16), (2, 32, 32), (2, 24, 16)], **flags)  # sizes pad
     with pytest.raises(UnsupportedModelError, match=r"\[2, 4\] KV heads") as error:
         check_probe("MixedHeads", [(2, 16, 16), (4, 16, 16)], **flags)
