@@ -207,7 +207,7 @@ def test_paged_attention_sinks_match_reference_with_windows_and_gqa(window, num_
     )
     sinks = torch.tensor(SINKS, device=DEVICE)
     expected = paged_attention_ref(
-        q, kv_cache, tables, query_start_loc, MIXED_SEQ_LENS, 0.25, window, None, sinks
+        q, kv_cache, tables, query_start_loc, MIXED_SEQ_LENS, 0.25, window, None, sinks=sinks
     )
     actual = paged_attention_triton(
         q,
@@ -234,7 +234,7 @@ def test_split_kv_decode_with_sinks_matches_reference(num_kv_heads):
     )
     sinks = torch.tensor(SINKS, device=DEVICE)
     expected = paged_attention_ref(
-        q, kv_cache, tables, query_start_loc, seq_lens, 0.25, None, None, sinks
+        q, kv_cache, tables, query_start_loc, seq_lens, 0.25, None, None, sinks=sinks
     )
     actual = paged_decode_split_kv_triton(
         q, kv_cache, tables, int32(seq_lens), 60, 0.25, max_partitions=4, sinks=sinks, block_n=16

@@ -296,8 +296,8 @@ def test_sinks_match_their_definition_with_windows_and_gqa(
 ) -> None:
     # A head_dim that is no multiple of 8 runs the kernel's plain loops, not its vector code.
     batch = packed_batch(MIXED, block_size, 8, num_kv_heads, seed=13, head_dim=head_dim)
-    expected = dense_attention(*batch, HEAD_DIM**-0.5, window, softcap, SINKS)
-    reference = paged_attention_ref(*batch, HEAD_DIM**-0.5, window, softcap, SINKS)
+    expected = dense_attention(*batch, HEAD_DIM**-0.5, window, softcap, sinks=SINKS)
+    reference = paged_attention_ref(*batch, HEAD_DIM**-0.5, window, softcap, sinks=SINKS)
     actual = paged_attention_cpu(*batch, HEAD_DIM**-0.5, None, window, softcap, SINKS)
     torch.testing.assert_close(reference, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)

@@ -112,9 +112,7 @@ class ResidentSet:
 
 
 def resident_set() -> ResidentSet:
-    # ru_maxrss is in KiB on Linux and in bytes on macOS.
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    peak *= 1 if sys.platform == "darwin" else 1024
+    peak = _own_peak()
     try:
         pages = int(Path("/proc/self/statm").read_text().split()[1])
     except (OSError, IndexError, ValueError):
@@ -122,6 +120,21 @@ def resident_set() -> ResidentSet:
     current = pages * os.sysconf("SC_PAGE_SIZE")
     # The kernel folds per-thread counters into the peak lazily: it can trail the present.
     return ResidentSet(current, max(peak, current))
+
+
+def _own_peak() -> int:
+    """This process image's peak RSS in bytes. Linux's ru_maxrss carries the parent's peak across
+    fork and exec (a server started by a large process would report its parent's peak), so
+    VmHWM, which belongs to this image alone, comes first."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    # ru_maxrss is in KiB on Linux and in bytes on macOS.
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak * (1 if sys.platform == "darwin" else 1024)
 
 
 def release_freed_heap() -> bool:
