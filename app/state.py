@@ -3,6 +3,7 @@ accessors for it and for the metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -37,6 +38,10 @@ class ServerState:
     tracing: Tracing | None = None
     # --reasoning-parser, checked against the tokenizer when the server starts.
     reasoning_parser: ReasoningParser | None = field(init=False)
+    # Requests still in admission (tokenizing, compiling), which the engine does not count yet;
+    # `stopping` is set when a graceful shutdown gives up on them (baton.app.http.server).
+    admitting: int = field(default=0, init=False)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     def __post_init__(self) -> None:
         self.reasoning_parser = reasoning_parser(self.settings.reasoning_parser, self.tokenizer)

@@ -24,7 +24,10 @@ def set_cpu_threads(requested: int | None) -> int:
     import torch  # here, so that prefer_passive_waits runs before torch loads
 
     threads = requested or available_cores()
-    torch.set_num_threads(threads)
+    # Setting the count starts an OpenMP pool on the calling thread even when nothing changes,
+    # and a pool beside the step thread's makes libgomp cut every barrier's spin short.
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
     return threads
 
 

@@ -100,11 +100,12 @@ def test_startup_line_reports_the_resident_set_and_its_peak(caplog):
     with caplog.at_level("INFO", logger="baton.server"):
         log_startup(engine, "demo", 0.5)
 
-    # The peak is the test process's own, which earlier tests may have taken past a GiB.
-    line = re.search(r"RSS (\d+) MiB \(peak ([\d.]+) (MiB|GiB)\)$", caplog.text.strip())
+    # The test process's own sizes, which earlier tests may have taken past a GiB.
+    line = re.search(r"RSS ([\d.]+) (MiB|GiB) \(peak ([\d.]+) (MiB|GiB)\)$", caplog.text.strip())
     assert line, caplog.text
-    peak_mib = float(line[2]) * (1024 if line[3] == "GiB" else 1)
-    assert 0 < int(line[1]) <= peak_mib
+    now_mib = float(line[1]) * (1024 if line[2] == "GiB" else 1)
+    peak_mib = float(line[3]) * (1024 if line[4] == "GiB" else 1)
+    assert 0 < now_mib <= peak_mib
 
 
 def test_version_names_the_installed_distribution_and_the_checkouts_commit():

@@ -19,8 +19,9 @@ from baton.core.config import EngineConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Threads that are not Python's (OpenMP workers, BLAS servers), before and after a load. The
-# loader thread's pool ends a moment after the thread, so the count is polled for a while.
+# Threads that are neither Python's nor Baton's kernel pool (OpenMP workers, BLAS servers), before
+# and after a load. The loader thread's pool ends a moment after the thread, so the count is
+# polled for a while.
 NATIVE_THREADS_AFTER_LOAD = """
 import os, sys, threading, time
 import torch
@@ -28,7 +29,10 @@ from baton.app.llm import build_engine
 from baton.core.config import EngineConfig
 
 def native_threads():
-    return len(os.listdir("/proc/self/task")) - threading.active_count()
+    # Baton's own kernel workers (named baton-share) live for the process by design.
+    tasks = os.listdir("/proc/self/task")
+    ours = sum(open(f"/proc/self/task/{t}/comm").read().strip() == "baton-share" for t in tasks)
+    return len(tasks) - ours - threading.active_count()
 
 before = native_threads()
 build_engine(sys.argv[1], EngineConfig(), "cpu")

@@ -33,9 +33,9 @@ from baton.app.api.protocol import GenerationRequest
 from baton.app.api.reasoning import ReasoningStream
 from baton.app.api.streaming import (
     EventStreamResponse,
+    admit_unless_gone,
     merge_streams,
     respond_unless_disconnected,
-    unless_disconnected,
 )
 from baton.app.api.tools.tool_calls import ToolCallStream, tool_call_streams
 from baton.app.engine.admission import (
@@ -80,8 +80,8 @@ async def _serve(
     trace_context = start_trace(state, parsed, request.headers.get("traceparent"))
     request_ids = engine_request_ids(response_id, num_requests)
     # A client that leaves while its prompt tokenizes or its grammar compiles stops that work.
-    admitted = await unless_disconnected(
-        request, admit(state, parsed, request_ids, arrival_time, trace_context)
+    admitted = await admit_unless_gone(
+        request, state, admit(state, parsed, request_ids, arrival_time, trace_context)
     )
     if admitted is None:
         return Response(status_code=499)

@@ -7,14 +7,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from baton.app.errors import APIError
 from baton.core.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from baton.app.state import ServerState
 
 T = TypeVar("T")
 
@@ -56,18 +60,41 @@ async def respond_unless_disconnected(request: Request, generation: WholeRespons
     return Response(orjson.dumps(body), media_type="application/json")
 
 
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+async def unless_disconnected(
+    request: Request, work: Awaitable[T], stopping: asyncio.Event | None = None
+) -> T | None:
     """`work`'s result, or None when the client hangs up first: `work` is then cancelled, which
-    closes its engine streams and so aborts their requests, rather than computing for nobody."""
+    closes its engine streams and so aborts their requests, rather than computing for nobody.
+    With `stopping`, the work is also cancelled once that is set, and the client gets a 503."""
     task = asyncio.ensure_future(work)
-    hangup = asyncio.ensure_future(_wait_for_disconnect(request))
+    waiters = {task, asyncio.ensure_future(_wait_for_disconnect(request))}
+    if stopping is not None:
+        waiters.add(stop := asyncio.ensure_future(stopping.wait()))
     try:
-        await asyncio.wait({task, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        hangup.cancel()
-        task.cancel()  # a no-op once it is done
-        await asyncio.gather(task, hangup, return_exceptions=True)
-    return None if task.cancelled() else task.result()
+        for waiter in waiters:
+            waiter.cancel()  # a no-op once it is done
+        await asyncio.gather(*waiters, return_exceptions=True)
+    if task.cancelled():
+        if stopping is not None and stop.done() and not stop.cancelled():
+            raise APIError(503, "the server is shutting down; send the request again later")
+        return None
+    return task.result()
+
+
+async def admit_unless_gone(
+    request: Request, state: ServerState, admission: Awaitable[T]
+) -> T | None:
+    """Admission's result (tokenizing, compiling a grammar), None when the client hangs up
+    first, a 503 when the server stops first. Counted in `state.admitting` meanwhile, so a
+    graceful shutdown waits for it as for a request in flight and then ends it here, rather than
+    leaving the ASGI server to cancel the handler."""
+    state.admitting += 1
+    try:
+        return await unless_disconnected(request, admission, state.stopping)
+    finally:
+        state.admitting -= 1
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -268,9 +268,11 @@ class BatonServer(uvicorn.Server):
         abort_at = began + drain_s(timeout_s)
         logger.info("shutting down: in-flight requests have %.1f s to finish", abort_at - began)
         await self._wait_idle(abort_at)
-        if engine.num_in_flight:
-            # Aborted requests still end with a final chunk or done frame with a reason.
+        if self._busy():
+            # Aborted requests still end with a final chunk or done frame with a reason; those
+            # still in admission get a 503.
             engine.abort_all()
+            self.state.stopping.set()
             await self._wait_idle(deadline - close_s)
         await self._drop_stalled_connections()
         # uvicorn's own shutdown gets what is left of the timeout, not a fixed wait on top.
@@ -279,8 +281,12 @@ class BatonServer(uvicorn.Server):
 
     async def _wait_idle(self, deadline: float) -> None:
         loop = asyncio.get_running_loop()
-        while self.state.engine.num_in_flight and loop.time() < deadline and not self.force_exit:
+        while self._busy() and loop.time() < deadline and not self.force_exit:
             await asyncio.sleep(0.05)
+
+    def _busy(self) -> bool:
+        """Requests in the engine, or still in admission, which the engine does not count."""
+        return bool(self.state.engine.num_in_flight or self.state.admitting)
 
     async def _drop_stalled_connections(self) -> None:
         """Abort the connections whose client has stopped reading. Closing one would wait for

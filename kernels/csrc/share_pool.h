@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include <pthread.h>
 #include <unistd.h>
 
 #if defined(__SSE2__)
@@ -190,6 +191,8 @@ class SharePool {
 
   // A worker's life: wait for a loop, take its part, wait for the next.
   void serve(int64_t index) {
+    // Named, so tools (top -H) and tests tell Baton's workers from OpenMP's.
+    pthread_setname_np(pthread_self(), "baton-share");
     inside() = true;
     uint64_t seen = epoch_.load();
     while (true) {

@@ -17,8 +17,8 @@ from baton.app.api.responses_api.responses_format import ResponseBuilder, sse_ty
 from baton.app.api.responses_api.responses_protocol import ResponsesRequest
 from baton.app.api.streaming import (
     EventStreamResponse,
+    admit_unless_gone,
     respond_unless_disconnected,
-    unless_disconnected,
 )
 from baton.app.api.tools.tool_calls import ToolCallStream, tool_call_streams
 from baton.app.engine.admission import (
@@ -46,8 +46,8 @@ async def responses(request: Request) -> Response:
     response_id = f"resp_{uuid.uuid4().hex}"
     trace_context = start_trace(state, chat, request.headers.get("traceparent"))
     # A client that leaves while its prompt tokenizes or its grammar compiles stops that work.
-    admitted = await unless_disconnected(
-        request, admit(state, chat, [response_id], arrival_time, trace_context)
+    admitted = await admit_unless_gone(
+        request, state, admit(state, chat, [response_id], arrival_time, trace_context)
     )
     if admitted is None:
         return Response(status_code=499)
