@@ -13,6 +13,7 @@ import torch
 from baton.app.llm import LLM
 from baton.core.sampling_params import SamplingParams
 from tests.test_greedy_vs_transformers import transformers_greedy
+from tests.tiny_transformers import save_tiny_checkpoint
 
 NUM_NEW_TOKENS = 10
 CHUNK = 16
@@ -49,22 +50,10 @@ LLAMA4 |= dict(attention_chunk_size=CHUNK, floor_scale=4, attn_scale=0.5)
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, hf_tokenizer):
     """A tiny random checkpoint of transformers' `config_class`, saved by transformers."""
-    import transformers
 
     def make(name: str, config_class: str, shape: dict):
-        config = getattr(transformers, config_class)(
-            **DENSE | shape,
-            **TINY,
-            bos_token_id=hf_tokenizer.bos_token_id,
-            eos_token_id=hf_tokenizer.eos_token_id,
-            pad_token_id=None,
-        )
-        torch.manual_seed(0)
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         out = tmp_path_factory.mktemp(f"generic-{name}")
-        model.save_pretrained(out)
-        hf_tokenizer.save_pretrained(out)
-        return out
+        return save_tiny_checkpoint(config_class, DENSE | shape | TINY, hf_tokenizer, out)
 
     return make
 

@@ -21,6 +21,7 @@ from baton.gpu.models.transformers_model import PackedLinear
 from baton.kernels.linear import onednn_linear_available
 from tests.server_harness import base_url, model_engine, running_server
 from tests.test_greedy_vs_transformers import transformers_greedy
+from tests.tiny_transformers import save_tiny_checkpoint
 
 NUM_REQUESTS = 12
 NUM_NEW_TOKENS = 12
@@ -64,25 +65,13 @@ FAMILIES = {
 @pytest.fixture(scope="module")
 def generic_checkpoint(tmp_path_factory, hf_tokenizer, make_checkpoint):
     """A tiny random `family` checkpoint saved by transformers itself (Llama: the shared one)."""
-    import transformers
 
     def make(family: str):
         if family == "llama":
             return make_checkpoint("llama")
         config_class, shape = FAMILIES[family]
-        config = getattr(transformers, config_class)(
-            **shape,
-            **TINY,
-            bos_token_id=hf_tokenizer.bos_token_id,
-            eos_token_id=hf_tokenizer.eos_token_id,
-            pad_token_id=None,
-        )
-        torch.manual_seed(0)
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         out = tmp_path_factory.mktemp(f"generic-{family}")
-        model.save_pretrained(out)
-        hf_tokenizer.save_pretrained(out)
-        return out
+        return save_tiny_checkpoint(config_class, shape | TINY, hf_tokenizer, out)
 
     return make
 
