@@ -28,11 +28,19 @@ import torch
 from baton.app.llm import build_engine
 from baton.core.config import EngineConfig
 
+def thread_name(task):
+    # A thread may exit between the listing and the read; it no longer counts.
+    try:
+        with open(f"/proc/self/task/{task}/comm") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
+
 def native_threads():
     # Baton's own kernel workers (named baton-share) live for the process by design.
-    tasks = os.listdir("/proc/self/task")
-    ours = sum(open(f"/proc/self/task/{t}/comm").read().strip() == "baton-share" for t in tasks)
-    return len(tasks) - ours - threading.active_count()
+    names = [thread_name(t) for t in os.listdir("/proc/self/task")]
+    alive = [n for n in names if n is not None]
+    return len(alive) - alive.count("baton-share") - threading.active_count()
 
 before = native_threads()
 build_engine(sys.argv[1], EngineConfig(), "cpu")
