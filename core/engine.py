@@ -15,6 +15,7 @@ from baton.core.batch import Batch, ExecutorOutput, TokenLogprobs
 from baton.core.config import EngineConfig
 from baton.core.engine_stats import EngineStats
 from baton.core.executor import Executor, KVTransfer
+from baton.core.fault_isolation import run_each_alone
 from baton.core.kv_cache.kv_cache_manager import KVCacheManager
 from baton.core.outputs import RequestOutput, RequestTiming
 from baton.core.prefilled import PrefilledRequest
@@ -351,35 +352,11 @@ class Engine:
     def _isolate_fault(
         self, batch: Batch, error: Exception
     ) -> tuple[Batch, ExecutorOutput, list[RequestOutput]]:
-        """A failed forward cannot say whose input broke it: run each sequence alone, fail the
-        ones that still raise, and carry on with the rest as if the step had gone through."""
         logger.warning("step of %d sequences failed (%s); isolating the fault", len(batch), error)
-        kept = Batch()
-        merged = ExecutorOutput([], [])
-        failed = []
-        for seq in batch.sequences:
-            alone = Batch(
-                [seq],
-                num_prompt_logprobs=len(seq.prompt_logprob_positions),
-                num_pooled=int(seq.pools),
-                num_draft_tokens=len(seq.draft_token_ids),
-            )
-            try:
-                result = self.executor.execute(alone)
-            except Exception as seq_error:
-                failed.append(self._fail(self.scheduler.requests[seq.request_id], seq_error))
-                continue
-            kept.sequences.append(seq)
-            kept.num_prompt_logprobs += len(seq.prompt_logprob_positions)
-            kept.num_pooled += seq.pools
-            kept.num_draft_tokens += len(seq.draft_token_ids)
-            merged.sampled_token_ids.extend(result.sampled_token_ids)
-            merged.logprobs.extend(result.logprobs or [None] * len(result.sampled_token_ids))
-            merged.prompt_logprobs.update(result.prompt_logprobs)
-            merged.pooled.update(result.pooled)
-            merged.accepted_draft_ids.update(result.accepted_draft_ids)
-            merged.draft_logprobs.update(result.draft_logprobs)
-        return kept, merged, failed
+        step = run_each_alone(self.executor, batch)
+        requests = self.scheduler.requests
+        failed = [self._fail(requests[seq.request_id], exc) for seq, exc in step.failures]
+        return step.batch, step.output, failed
 
     def _fail(self, request: Request, error: Exception) -> RequestOutput:
         # The exception's text stays in the log: it can carry paths and internals.

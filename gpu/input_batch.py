@@ -16,7 +16,7 @@ import torch
 
 from baton.core.batch import Batch, ScheduledSequence
 from baton.gpu.model_inputs import AttentionMetadata, ModelInputs
-from baton.kernels.paged_attention import cpu_attention_plan
+from baton.kernels.cpu_attention_plan import cpu_attention_plan
 
 # Shapes whose buffer views `InputBuffers` keeps; past this many it starts over.
 _MAX_CACHED_SHAPES = 64

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from baton.kernels.paged_attention import CpuAttentionPlan
+from baton.kernels.cpu_attention_plan import CpuAttentionPlan
 
 
 @dataclass(slots=True)

@@ -20,9 +20,10 @@ from typing import Protocol
 import torch
 
 from baton.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from baton.kernels.cpu_attention_plan import CpuAttentionPlan
 from baton.kernels.cpu_extension import cpu_kernels_available
 from baton.kernels.kv_cache import write_kv_cache_ref
-from baton.kernels.paged_attention import CpuAttentionPlan, paged_attention_cpu, paged_attention_ref
+from baton.kernels.paged_attention import paged_attention_cpu, paged_attention_ref
 from baton.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from baton.kernels.rotary import apply_rotary_ref
 

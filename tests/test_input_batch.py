@@ -13,7 +13,7 @@ from baton.core.batch import Batch, ScheduledSequence
 from baton.core.sampling_params import SamplingParams
 from baton.gpu.input_batch import InputBuffers, prepare_inputs
 from baton.gpu.model_inputs import ModelInputs
-from baton.kernels.paged_attention import plain_torch_decodes
+from baton.kernels.cpu_attention_plan import plain_torch_decodes
 
 
 def scheduled(

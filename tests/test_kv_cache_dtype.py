@@ -19,12 +19,9 @@ from baton.core.config import EngineConfig
 from baton.core.sampling_params import SamplingParams
 from baton.gpu.executor import TorchExecutor, resolve_kv_cache_dtype
 from baton.gpu.kv_cache import kv_cache_bytes_per_block
+from baton.kernels.cpu_attention_plan import cpu_attention_plan, plain_torch_decodes
 from baton.kernels.kv_cache import write_kv_cache_ref
-from baton.kernels.paged_attention import (
-    cpu_attention_plan,
-    paged_attention_cpu,
-    plain_torch_decodes,
-)
+from baton.kernels.paged_attention import paged_attention_cpu
 from tests.greedy_agreement import NUM_NEW_TOKENS, PROMPTS, assert_greedy_agreement
 
 needs_kernels = pytest.mark.skipif(

@@ -10,14 +10,9 @@ import random
 import pytest
 import torch
 
+from baton.kernels.cpu_attention_plan import DECODE_GROUP, cpu_attention_plan, plain_torch_decodes
 from baton.kernels.cpu_extension import cpu_kernels_available
-from baton.kernels.paged_attention import (
-    DECODE_GROUP,
-    cpu_attention_plan,
-    paged_attention_cpu,
-    paged_attention_ref,
-    plain_torch_decodes,
-)
+from baton.kernels.paged_attention import paged_attention_cpu, paged_attention_ref
 
 HEAD_DIM = 32
 

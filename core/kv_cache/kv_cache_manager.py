@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from baton.core.kv_cache.block_pool import BlockPool, KVBlock, hash_block
+from baton.core.pooling import Pooling
 from baton.core.request import Request
 
 
@@ -86,6 +87,19 @@ class KVCacheManager:
                 break
             hits.append(block)
         return hits
+
+    def usable_prefix(self, request: Request) -> list[KVBlock]:
+        """The part of `cached_prefix` the request may skip computing."""
+        prefix = self.cached_prefix(request)  # also extends the request's block hashes
+        if request.sampling_params.pooling is Pooling.MEAN:
+            # A mean reads every position's hidden state, and a hit computes none of its own.
+            return []
+        scored_from = request.prompt_logprobs_from
+        if scored_from is not None:
+            # A hit skips computing its positions, and so their logits: a request still owed
+            # prompt log-probabilities reads only the blocks before the first one it needs.
+            prefix = prefix[: scored_from // self.block_size]
+        return prefix
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, prefix: list[KVBlock] | None = None

@@ -2,26 +2,24 @@
 prefill chunks of partly-prefilled and waiting requests; preempt by recompute when KV blocks run
 out. Which request goes first, how much prefill a step carries and whom to preempt are the
 policy's decisions, within two hard bounds every policy keeps: no request waits longer than
-`max_wait_s` for its first token (one about to pass it is served first and, when the batch is
-full, takes the place of the running request whose preemption costs least against its own SLO),
-and no request is preempted more than `max_preemptions` times. Static batching is the exception
-to the first (its batch is closed) and never preempts: each slot reserves its maximum length of
-KV when the batch forms (core/scheduling/static_batch.py)."""
+`max_wait_s` for its first token (core/scheduling/starvation_bound.py), and no request is
+preempted more than `max_preemptions` times. Static batching is the exception to the first (its
+batch is closed) and never preempts: each slot reserves its maximum length of KV when the batch
+forms (core/scheduling/static_batch.py)."""
 
 from __future__ import annotations
 
 import bisect
-import heapq
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from baton.core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
 from baton.core.kv_cache.kv_cache_manager import KVCacheManager
 from baton.core.pooling import Pooling
 from baton.core.request import FinishReason, Request, RequestStatus
-from baton.core.scheduling import feasibility
 from baton.core.scheduling.policy import UNLIMITED, SchedulerView, SchedulingPolicy, StepPlan
+from baton.core.scheduling.starvation_bound import StarvationBound
 from baton.core.scheduling.static_batch import StaticBatch, reserved_tokens
 from baton.core.speculative.speculator import Speculator
 
@@ -48,6 +46,14 @@ class Scheduler:
         # A static batch is closed, also to a request past the starvation bound.
         self.max_wait_s = math.inf if policy.static_batching else max_wait_s
         self.max_preemptions = max_preemptions
+        self.bound = StarvationBound(
+            policy.context,
+            kv_cache,
+            self.max_wait_s,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_preemptions,
+        )
         # Speculative decoding; never under static batching, whose slots step in lockstep.
         self.speculator = None if policy.static_batching else speculator
         # In arrival order, so the requests nearest the starvation bound are at the front.
@@ -125,16 +131,22 @@ class Scheduler:
         self._scheduled = set()
         self._blocks_in_flight = set()
         token_budget = self.max_num_batched_tokens
-        overdue = self._overdue(now)
-        preempted = self._make_room(overdue, now)
+        overdue = self.bound.overdue(self.waiting, self.running, now)
+        preempted = self.bound.make_room(overdue, self.running, now, self._preempt)
         decodes: list[Request] = []
         prefills: list[Request] = []
         for request in self.running:
             is_decode = request.num_uncomputed_tokens == 1
             (decodes if is_decode else prefills).append(request)
 
-        drafts = self._drafts(decodes, prefills, token_budget)
-        # Without speculation `drafts` repeats "none" endlessly: no list per decode.
+        # Without speculation, "none" repeated endlessly: no list per decode.
+        drafts = (
+            itertools.repeat(NO_TOKENS)
+            if self.speculator is None or not decodes
+            else self.speculator.drafts_beside(
+                decodes, itertools.chain(prefills, self.waiting), token_budget
+            )
+        )
         for request, draft in zip(decodes, drafts, strict=False):
             if token_budget == 0:
                 break
@@ -172,21 +184,6 @@ class Scheduler:
             if self.policy.static_batching:
                 self._pad(batch)
         return batch
-
-    def _drafts(
-        self, decodes: list[Request], prefills: list[Request], token_budget: int
-    ) -> Iterable[list[int]]:
-        """Each decode's draft tokens: only in the budget that the prefill owed would leave,
-        so speculation never delays a first token."""
-        if self.speculator is None or not decodes:
-            return itertools.repeat(NO_TOKENS)
-        spare = token_budget - len(decodes)
-        owed = 0
-        for request in itertools.chain(prefills, self.waiting):
-            owed += request.num_uncomputed_tokens
-            if owed >= spare:
-                return itertools.repeat(NO_TOKENS)
-        return self.speculator.drafts(decodes, spare - owed, owed)
 
     def _schedule_prefills(
         self,
@@ -248,63 +245,6 @@ class Scheduler:
             self._static_batch = StaticBatch.of(self.running)
         assert self._static_batch is not None, "a static batch decodes only once it has formed"
         batch.padding = self._static_batch.padding(batch)
-
-    def _overdue(self, now: float) -> list[Request]:
-        """Waiting requests that must start now to keep the starvation bound."""
-        earliest = now - feasibility.BOUND_EARLIEST_SHARE * self.max_wait_s
-        if not self.waiting or self.waiting[0].arrival_time > earliest:
-            return []
-        # Partly prefilled requests still owe their first token too.
-        prefilling = sorted(
-            (r for r in self.running if r.first_token_time is None), key=lambda r: r.arrival_time
-        )
-        queue = heapq.merge(prefilling, self.waiting, key=lambda r: r.arrival_time)
-        full = self.max_num_batched_tokens
-        return feasibility.overdue(queue, now, self.max_wait_s, self._full_step_s(), full)
-
-    def _full_step_s(self) -> float:
-        """A step carrying the whole token budget of prefill beside the running decodes."""
-        full = self.max_num_batched_tokens
-        context = sum(r.num_tokens for r in self.running)
-        cost = self.policy.context.cost_model
-        return cost.predict_step(full, len(self.running), context + full)
-
-    def _make_room(self, overdue: list[Request], now: float) -> bool:
-        """Preempt, for each overdue request that can wait no longer, the running request whose
-        preemption costs least against its own SLO, when the batch has no place or the pool no
-        blocks for its first chunk. Only requests past their first token and not protected are
-        taken."""
-        if not overdue:
-            return False
-        preempted = False
-        places = self.max_num_seqs - len(self.running)
-        cost = self.policy.context.cost_model
-        full = self.max_num_batched_tokens
-        full_step_s = self._full_step_s()
-        # The overdue go oldest first and share the budget: each waits for those ahead of it.
-        tokens_ahead = 0
-        for request in overdue:
-            ahead, tokens_ahead = tokens_ahead, tokens_ahead + request.num_uncomputed_tokens
-            if request.status is RequestStatus.RUNNING or not feasibility.critical(
-                request, now, self.max_wait_s, full_step_s, full, ahead
-            ):
-                continue
-            chunk = min(request.num_tokens, self.max_num_batched_tokens)
-            needed = self.kv_cache.blocks_needed(chunk)
-            while places <= 0 or needed > self.kv_cache.pool.num_free_blocks:
-                victims = [
-                    r
-                    for r in self.running
-                    if r.first_token_time is not None and r.num_preemptions < self.max_preemptions
-                ]
-                if not victims:
-                    break
-                victim = max(victims, key=lambda r: feasibility.victim_rank(r, cost, now))
-                self._preempt(victim, now)
-                preempted = True
-                places += 1
-            places -= 1
-        return preempted
 
     def update(
         self, batch: Batch, output: ExecutorOutput
@@ -370,15 +310,8 @@ class Scheduler:
         """Start prefilling a waiting request; the budget it used (0: no room for a chunk of
         it, or, if it `may_wait`, its prefix is being computed for another request this step),
         or None if blocks ran out."""
-        prefix = self.kv_cache.cached_prefix(request)
+        prefix = self.kv_cache.usable_prefix(request)
         scored_from = request.prompt_logprobs_from
-        if scored_from is not None:
-            # A hit skips computing its positions, and so their logits: a request still owed
-            # prompt log-probabilities reads only the blocks before the first one it needs.
-            prefix = prefix[: scored_from // self.kv_cache.block_size]
-        if request.sampling_params.pooling is Pooling.MEAN:
-            # A mean reads every position's hidden state, and a hit computes none of its own.
-            prefix = []
         # Requests sharing a prompt (the choices of `n`) arrive together: the first computes
         # it and the others wait a step to read it from the cache rather than compute it too.
         first_new = (

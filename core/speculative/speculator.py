@@ -3,7 +3,7 @@ and what their verification taught about each request's acceptance rate."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from baton.core.request import Request
 from baton.core.scheduling.speculation import plan_drafts
@@ -28,6 +28,20 @@ class Speculator:
         # prompt token, but a few rows cost more each than a long prompt's (and a sampled
         # row's sampling) do, which a linear fit over all steps cannot tell apart.
         self.draft_token_s = 0.0
+
+    def drafts_beside(
+        self, decodes: Sequence[Request], prefilling: Iterable[Request], token_budget: int
+    ) -> list[list[int]]:
+        """Draft tokens for each of `decodes` (aligned; [] for none), in the step's
+        `token_budget` that the prefill `prefilling` requests are owed would leave: speculation
+        never delays a first token."""
+        spare = token_budget - len(decodes)
+        owed = 0
+        for request in prefilling:
+            owed += request.num_uncomputed_tokens
+            if owed >= spare:
+                return [[] for _ in decodes]
+        return self.drafts(decodes, spare - owed, owed)
 
     def drafts(
         self, decodes: Sequence[Request], token_budget: int, num_prefill_tokens: int
