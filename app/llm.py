@@ -14,6 +14,7 @@ from baton.app.model_settings import ModelSettings
 from baton.app.model_source import resolve_model
 from baton.app.request_defaults import read_request_defaults
 from baton.core.batch import TokenLogprobs
+from baton.core.checkpoint.model_config import ModelConfig
 from baton.core.checkpoint.model_impl import resolve_model_config
 from baton.core.config import EngineConfig
 from baton.core.engine import Engine
@@ -25,6 +26,7 @@ from baton.core.sampling_params import SamplingParams
 from baton.core.scheduling.step_cost import CostCoefficients
 from baton.core.scheduling.step_cost_profile import profile_executor
 from baton.core.simulation.simulated_executor import SimulatedExecutor
+from baton.core.speculative.draft_model import resolve_draft_model
 from baton.core.text.tokenizer import Tokenizer
 
 Prompt = str | list[int]
@@ -94,11 +96,17 @@ def _load_engine(
     model_config = resolve_model_config(
         model, config.model_impl, needs_weights=load_format != "dummy"
     )
+    draft_config = _draft_model_config(model_config, config, load_format)
     from baton.gpu.executor import TorchExecutor  # torch loads only when a model is actually built
 
     tokenizer = Tokenizer.from_pretrained(model)
     executor = TorchExecutor(
-        model_config, config, device=device, dtype=dtype, load_format=load_format
+        model_config,
+        config,
+        device=device,
+        dtype=dtype,
+        load_format=load_format,
+        draft_model_config=draft_config,
     )
     eos_token_ids = model_config.eos_token_ids or (
         [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
@@ -125,6 +133,25 @@ def _load_engine(
         # for the server's whole life.
         release_freed_heap()
     return engine
+
+
+def _draft_model_config(
+    model_config: ModelConfig, config: EngineConfig, load_format: str
+) -> ModelConfig | None:
+    """The checked draft model of --speculative-method draft; None for other methods."""
+    if config.speculative_method != "draft":
+        return None
+    if config.speculative_model is None:
+        raise ValueError(
+            "--speculative-method draft needs --speculative-model DIR, the draft model's "
+            "checkpoint folder"
+        )
+    return resolve_draft_model(
+        config.speculative_model,
+        model_config,
+        config.max_model_len or model_config.max_model_len,
+        needs_weights=load_format != "dummy",
+    )
 
 
 def build_simulated_engine(

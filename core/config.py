@@ -25,9 +25,9 @@ QUANTIZATIONS = ("none", "int8")
 # What the KV cache holds: the model's dtype (auto), or float16 on the CPU, where the cache read
 # is a decode step's largest cost at long contexts and llama.cpp's default is float16 too.
 KV_CACHE_DTYPES = ("auto", "float16")
-# Where speculative decoding's draft tokens come from (baton.core.speculative): none, or prompt
-# lookup over the request's own tokens.
-SPECULATIVE_METHODS = ("none", "ngram")
+# Where speculative decoding's draft tokens come from (baton.core.speculative): none, prompt
+# lookup over the request's own tokens, or a small draft model (--speculative-model).
+SPECULATIVE_METHODS = ("none", "ngram", "draft")
 
 
 @dataclass(slots=True)
@@ -139,8 +139,16 @@ class EngineConfig:
         "none",
         choices=SPECULATIVE_METHODS,
         help="speculative decoding: ngram proposes the tokens that followed the latest earlier "
-        "match of the sequence's last tokens (prompt lookup), verified exactly in one forward; "
-        "the planner speculates per step and request only where it pays",
+        "match of the sequence's last tokens (prompt lookup), draft the greedy tokens of a "
+        "small model of the same vocabulary (--speculative-model); either is verified exactly "
+        "in one forward, and the planner speculates per step and request only where it pays",
+    )
+    speculative_model: str | None = setting(
+        None,
+        metavar="DIR",
+        help="with --speculative-method draft, the draft model's checkpoint folder: a native "
+        "family sharing the model's tokenizer, its KV cache in the same blocks as the model's",
+        default_text="none",
     )
     num_speculative_tokens: int = setting(
         4, help="with --speculative-method, the most draft tokens a request verifies per step"
@@ -200,6 +208,12 @@ class EngineConfig:
             raise ValueError(
                 f"--speculative-method must be one of {', '.join(SPECULATIVE_METHODS)}, "
                 f"got {self.speculative_method!r}"
+            )
+        if self.speculative_model is not None and self.speculative_method != "draft":
+            raise ValueError(
+                "--speculative-model is the draft model of --speculative-method draft; add "
+                f"--speculative-method draft or drop --speculative-model (the method is "
+                f"{self.speculative_method})"
             )
         if self.num_speculative_tokens < 0:
             raise ValueError(

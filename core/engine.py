@@ -28,7 +28,7 @@ from baton.core.scheduling.policy import PolicyContext
 from baton.core.scheduling.policy_registry import make_policy
 from baton.core.scheduling.scheduler import Scheduler
 from baton.core.scheduling.step_cost import StepCostModel
-from baton.core.speculative.ngram_proposer import NgramProposer
+from baton.core.speculative.proposer import make_proposer
 from baton.core.speculative.speculator import Speculator
 from baton.core.step_stats import StepStats
 from baton.core.structured_output import GrammarCompiler
@@ -92,7 +92,7 @@ class Engine:
         )
         self.speculator = (
             Speculator(
-                NgramProposer(config.ngram_min, config.ngram_max),
+                make_proposer(config),
                 config.num_speculative_tokens,
                 self.step_cost_model,
             )

@@ -16,6 +16,7 @@ from baton.core.config import EngineConfig
 from baton.core.kv_cache.host_memory import format_size, release_freed_heap
 from baton.core.sampling_params import SamplingParams
 from baton.gpu.cuda_graph import DecodeGraphs, graph_batch_sizes
+from baton.gpu.draft_runner import DraftRunner
 from baton.gpu.huge_pages import huge_page_bytes, move_to_huge_pages
 from baton.gpu.input_batch import InputBuffers, prepare_inputs
 from baton.gpu.kv_cache import (
@@ -101,7 +102,10 @@ class TorchExecutor:
         device: str = "auto",
         dtype: str = "auto",
         load_format: str = "auto",
+        draft_model_config: ModelConfig | None = None,
     ) -> None:
+        """`draft_model_config`: the draft model of --speculative-method draft, checked against
+        the model (baton.core.speculative.draft_model)."""
         self.model_config = model_config
         self.engine_config = engine_config
         self.device = resolve_device(device)
@@ -203,10 +207,31 @@ class TorchExecutor:
             self.device,
             self.dtype,
         )
+        # Loaded before the cache is sized: its weights take memory, its layers block bytes.
+        self.draft: DraftRunner | None = None
+        self.draft_config = draft_model_config
+        if draft_model_config is not None:
+            self.draft = DraftRunner.load(
+                draft_model_config,
+                engine_config,
+                self.device,
+                self.dtype,
+                self.max_model_len,
+                load_format,
+            )
+            logger.info(
+                "draft model: %s (%d layers) proposes draft tokens, its KV in the same blocks",
+                draft_model_config.path,
+                draft_model_config.num_hidden_layers,
+            )
         self.num_kv_blocks = engine_config.num_kv_blocks or self._fitting_num_kv_blocks()
         self.kv_caches = allocate_kv_caches(
             model_config, self.num_kv_blocks, self.block_size, self.kv_cache_dtype, self.device
         )
+        if self.draft is not None:
+            self.draft.allocate(
+                self.num_kv_blocks, self.block_size, self.kv_cache_dtype, self.device
+            )
         self._log_kv_capacity()
         if self.device.type == "cpu":
             release_freed_heap()
@@ -240,9 +265,13 @@ class TorchExecutor:
         """Compute the batch's KV, then sample one token for each sequence with `sample=True`."""
         if self._grammar_matchers is not None:
             self._grammar_matchers.release(batch.finished_request_ids)
+        if self.draft is not None:
+            self.draft.release(batch.finished_request_ids)
         if not batch.sequences:
             return ExecutorOutput(sampled_token_ids=[])
         start = time.perf_counter()
+        if self.draft is not None:
+            batch = self.draft.propose(batch)
         to_sample = [seq for seq in batch.sequences if seq.sample]
         # With draft tokens, a row per position sampled (rejection_sampler.py).
         rows = verification_rows(to_sample) if batch.num_draft_tokens else to_sample
@@ -265,6 +294,8 @@ class TorchExecutor:
                 inputs.input_ids, inputs.positions, inputs.attn_metadata, self.kv_caches
             )
         output = self._sample(to_sample, rows, hidden, inputs.logits_indices, mask)
+        if self.draft is not None and batch.num_draft_tokens:
+            self.draft.settle(to_sample, output)
         if batch.num_prompt_logprobs:
             output.prompt_logprobs = prompt_logprobs(
                 batch,
@@ -339,7 +370,7 @@ class TorchExecutor:
 
     def _log_kv_capacity(self) -> None:
         num_bytes = self.num_kv_blocks * kv_cache_bytes_per_block(
-            self.model_config, self.block_size, self.kv_cache_dtype
+            self.model_config, self.block_size, self.kv_cache_dtype, self.draft_config
         )
         logger.info(
             "KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB (%s)",
@@ -370,7 +401,12 @@ class TorchExecutor:
         budget = self.engine_config.kv_cache_memory_bytes
         if budget is not None:
             return budget_num_kv_blocks(
-                self.model_config, budget, self.max_model_len, self.block_size, self.kv_cache_dtype
+                self.model_config,
+                budget,
+                self.max_model_len,
+                self.block_size,
+                self.kv_cache_dtype,
+                self.draft_config,
             )
         if self.device.type == "cpu":
             return cpu_num_kv_blocks(
@@ -379,6 +415,7 @@ class TorchExecutor:
                 self.engine_config.max_num_seqs,
                 self.block_size,
                 self.kv_cache_dtype,
+                draft=self.draft_config,
             )
         self._profile_forward()
         return cuda_num_kv_blocks(
@@ -387,6 +424,7 @@ class TorchExecutor:
             self.kv_cache_dtype,
             self.engine_config.gpu_memory_utilization,
             self.device,
+            self.draft_config,
         )
 
     @torch.inference_mode()

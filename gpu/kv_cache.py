@@ -18,9 +18,15 @@ CPU_KV_CACHE_BYTES = 2 * 1024**3
 CPU_KV_CACHE_FRACTION = 0.25
 
 
-def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes across all layers, keys and values."""
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+def kv_cache_bytes_per_block(
+    config: ModelConfig, block_size: int, dtype: torch.dtype, draft: ModelConfig | None = None
+) -> int:
+    """Bytes one block takes across all layers, keys and values; with a `draft` model, whose
+    layers hold their keys and values in the same blocks (gpu/draft_runner.py), its too."""
+    per_token = 0
+    for layers in (config, draft):
+        if layers is not None:
+            per_token += 2 * layers.num_hidden_layers * layers.num_key_value_heads * layers.head_dim
     return per_token * block_size * dtype.itemsize
 
 
@@ -61,11 +67,12 @@ def cpu_num_kv_blocks(
     block_size: int,
     dtype: torch.dtype,
     available_bytes: int | None = None,
+    draft: ModelConfig | None = None,
 ) -> int:
     """The default CPU cache: blocks for `max_num_seqs` sequences of `max_model_len` tokens, up
     to `CPU_KV_CACHE_BYTES` and `CPU_KV_CACHE_FRACTION` of `available_bytes` (the host's
     available memory when None), and never less than one full-length sequence."""
-    per_block = kv_cache_bytes_per_block(config, block_size, dtype)
+    per_block = kv_cache_bytes_per_block(config, block_size, dtype, draft)
     blocks_per_seq = -(-max_model_len // block_size)
     if available_bytes is None:
         available_bytes = available_memory_bytes() or CPU_KV_CACHE_BYTES
@@ -74,11 +81,16 @@ def cpu_num_kv_blocks(
 
 
 def budget_num_kv_blocks(
-    config: ModelConfig, budget_bytes: int, max_model_len: int, block_size: int, dtype: torch.dtype
+    config: ModelConfig,
+    budget_bytes: int,
+    max_model_len: int,
+    block_size: int,
+    dtype: torch.dtype,
+    draft: ModelConfig | None = None,
 ) -> int:
     """The blocks `budget_bytes` (--kv-cache-memory) holds; refused if not one sequence of
     `max_model_len` tokens, which could then never be served."""
-    per_block = kv_cache_bytes_per_block(config, block_size, dtype)
+    per_block = kv_cache_bytes_per_block(config, block_size, dtype, draft)
     num_blocks = budget_bytes // per_block
     blocks_per_seq = -(-max_model_len // block_size)
     if num_blocks < blocks_per_seq:
@@ -98,6 +110,7 @@ def cuda_num_kv_blocks(
     dtype: torch.dtype,
     gpu_memory_utilization: float,
     device: torch.device,
+    draft: ModelConfig | None = None,
 ) -> int:
     """Blocks that fit in `gpu_memory_utilization` of the GPU after weights and activations.
 
@@ -110,7 +123,7 @@ def cuda_num_kv_blocks(
     budget = (
         total * gpu_memory_utilization - outside_torch - torch.cuda.max_memory_allocated(device)
     )
-    num_blocks = int(budget // kv_cache_bytes_per_block(config, block_size, dtype))
+    num_blocks = int(budget // kv_cache_bytes_per_block(config, block_size, dtype, draft))
     if num_blocks < 1:
         raise RuntimeError(
             f"no GPU memory is left for the KV cache ({budget / 2**30:.2f} GiB of "

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from baton.core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
 from baton.core.scheduling.step_cost import CostCoefficients, StepShape
+from baton.core.speculative.draft_proposer import MODEL_DRAFT_TOKEN
 
 # What a scripted answer says until its end.
 FILLER_TOKEN_ID = 0
@@ -30,7 +31,8 @@ class SimulatedExecutor:
     exact, as on a real machine. `on_batch` sees every batch before it runs. A draft token is
     accepted when it is the token the executor would sample there, and then only with chance
     `draft_acceptance` (also drawn from `seed`): the simulator's answers are filler a lookup
-    always predicts, so this is the workload's acceptance rate."""
+    always predicts, and a draft model's placeholders stand for the tokens it would sample, so
+    this is the workload's acceptance rate."""
 
     def __init__(
         self,
@@ -100,10 +102,12 @@ class SimulatedExecutor:
             accepted = []
             for draft in seq.draft_token_ids:
                 token_id = self._sample(seq, history)
-                if token_id != draft or self.rng.random() >= self.draft_acceptance:
+                # A draft model's placeholder stands for a draft model that agrees with this one.
+                agrees = draft in (token_id, MODEL_DRAFT_TOKEN)
+                if not agrees or self.rng.random() >= self.draft_acceptance:
                     break
-                accepted.append(draft)
-                history.append(draft)
+                accepted.append(token_id)
+                history.append(token_id)
             accepted_drafts[seq.request_id] = accepted
             sampled.append(self._sample(seq, history))
         return ExecutorOutput(

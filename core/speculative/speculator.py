@@ -9,7 +9,7 @@ from baton.core.request import Request
 from baton.core.scheduling.speculation import plan_drafts
 from baton.core.scheduling.step_cost import StepCost
 from baton.core.speculative.acceptance import SpecDecodeCounters
-from baton.core.speculative.ngram_proposer import NgramProposer
+from baton.core.speculative.proposer import Proposer
 from baton.core.step_stats import StepStats
 
 # Weight of the newest step in the running mean of a draft token's measured cost.
@@ -17,16 +17,18 @@ DRAFT_COST_EMA_WEIGHT = 0.1
 
 
 class Speculator:
-    """Proposes drafts by prompt lookup for the decodes the planner gives draft tokens."""
+    """Proposes drafts (by prompt lookup, or a draft model's placeholders) for the decodes the
+    planner gives draft tokens."""
 
-    def __init__(self, proposer: NgramProposer, max_drafts: int, cost: StepCost) -> None:
+    def __init__(self, proposer: Proposer, max_drafts: int, cost: StepCost) -> None:
         self.proposer = proposer
         self.max_drafts = max_drafts
         self.cost = cost
         self.counters = SpecDecodeCounters()
         # Seconds a draft token adds to a step, measured: the fit prices a verified row as a
         # prompt token, but a few rows cost more each than a long prompt's (and a sampled
-        # row's sampling) do, which a linear fit over all steps cannot tell apart.
+        # row's sampling) do, which a linear fit over all steps cannot tell apart. A draft
+        # model's forwards that propose the tokens are measured in it too.
         self.draft_token_s = 0.0
 
     def drafts_beside(
