@@ -5,8 +5,12 @@ Its keys and values live in the served model's block pool: a block id names the 
 in the draft's layers as well as in the model's, the pool is sized for both models' bytes per
 block (gpu/kv_cache.py), and the step's block tables and slot mapping address both. So prefix
 caching, preemption and freeing need nothing of their own. Each step the draft model first runs
-over the step's new tokens, prefill chunks included, so its KV covers every token the model's
-does; then it proposes, one token per forward, for the decodes the planner gave drafts.
+over the step's prefill chunks and over the decodes the planner gave drafts, from the first
+token each one's draft KV lacks, then proposes for those decodes, one token per forward. A
+decode without drafts leaves its token's draft KV for the next step that drafts for it: where
+the planner speculates for nobody (a draft model that is often wrong, a compute-bound batch)
+the draft model costs nothing, and catching up later is one forward over the missed tokens,
+which comes anyway.
 
 Greedy drafts keep verification exact (gpu/rejection_sampler.py): a draft that is the argmax of
 the draft's logits is a draw from a point mass, q(d) = 1. Speculative sampling accepts it with
@@ -35,12 +39,13 @@ from baton.gpu.models.model import CausalLM, LayerKVCache
 
 
 class DraftRunner:
-    """Runs the draft model over each step (`propose`) and keeps what its KV still lacks.
+    """Runs the draft model over each step (`propose`) and keeps, per request, where its
+    draft KV ends.
 
-    A draft the draft model proposed last, when verification accepts it, is a token whose
-    draft-side keys and values were never computed (it was only ever the forward's output).
-    Its request's next step runs the draft model from that position on, so that token joins
-    the forward that comes anyway, rather than costing one more forward now.
+    Besides a decode that did not draft, a request's draft KV lags where verification accepted
+    every draft: the last one was only ever a forward's output, never its input. Its request's
+    next drafting step runs the draft model from that position on, so that token joins the
+    forward that comes anyway, rather than costing one more forward now.
     """
 
     def __init__(
@@ -97,7 +102,13 @@ class DraftRunner:
         model's greedy tokens."""
         sequences = batch.sequences
         drafting = [i for i, seq in enumerate(sequences) if seq.draft_token_ids]
-        first = self._forward([self._catch_up(seq) for seq in sequences], bool(drafting))
+        shares = []
+        for seq in sequences:
+            if seq.draft_token_ids or not _decodes(seq):
+                shares.append(self._catch_up(seq))
+            else:  # its token waits for the request's next drafts
+                self._behind.setdefault(seq.request_id, seq.start_position)
+        first = self._forward(shares, bool(drafting)) if shares else []
         if not drafting:
             return batch
         drafts = {i: [token] for i, token in zip(drafting, first, strict=True)}
@@ -122,7 +133,7 @@ class DraftRunner:
 
     def settle(self, sequences: Sequence[ScheduledSequence], output: ExecutorOutput) -> None:
         """Note the requests whose every draft `output` accepted: the last of those has no
-        draft KV until their next step."""
+        draft KV until their next drafting step."""
         for seq in sequences:
             drafts = seq.draft_token_ids
             if drafts and len(output.accepted_draft_ids[seq.request_id]) == len(drafts):
@@ -130,7 +141,7 @@ class DraftRunner:
 
     def _catch_up(self, seq: ScheduledSequence) -> ScheduledSequence:
         """The draft model's share of `seq`: its new tokens without the drafts, from the first
-        token the draft's KV lacks (a preempted request may start before it)."""
+        token the draft's KV lacks (a preempted request may restart before it)."""
         new_tokens = seq.token_ids[: len(seq.token_ids) - len(seq.draft_token_ids)]
         start = seq.start_position
         behind = self._behind.pop(seq.request_id, start)
@@ -157,6 +168,11 @@ class DraftRunner:
             return []
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         return logits.argmax(dim=-1).tolist()
+
+
+def _decodes(seq: ScheduledSequence) -> bool:
+    """Whether `seq` is a decode: one new token, past the prompt."""
+    return len(seq.token_ids) == 1 and seq.start_position >= seq.num_prompt_tokens
 
 
 def _share(

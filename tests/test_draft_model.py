@@ -6,6 +6,7 @@ blocks gives. A draft model of another vocabulary is refused before anything loa
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 
@@ -100,9 +101,7 @@ def test_greedy_output_is_the_same_with_a_draft_model_alone_and_through_preempti
     for i in (0, 5, 11):
         assert alone.generate([prompts[i]], params[i])[0].token_ids == plain[i]
     assert_drafts_accepted_and_rejected(alone)
-    crowded = drafting(
-        checkpoint, draft_checkpoint, max_num_batched_tokens=256, num_kv_blocks=40
-    )
+    crowded = drafting(checkpoint, draft_checkpoint, max_num_batched_tokens=256, num_kv_blocks=40)
     assert token_ids(crowded.generate(prompts, params)) == plain
     assert crowded.engine.scheduler.num_preemptions > 0
     assert crowded.engine.kv_cache.pool.num_free_blocks == 40
@@ -119,6 +118,26 @@ def test_a_draft_model_that_is_the_model_has_every_draft_accepted(checkpoint, pl
     assert llm.engine.scheduler.prefix_cache_hits > 0
     stats = llm.engine.make_stats().spec_decode
     assert stats.num_draft_tokens > 300
+    assert stats.acceptance_rate > 0.99
+
+
+def test_a_decode_that_drafts_again_catches_the_draft_kv_up(checkpoint, plain):
+    # The planner gives drafts on every third step only: the draft model skips the decodes
+    # of the others, and must compute their keys and values before it next proposes.
+    prompts, params = workload(512)
+    llm = drafting(checkpoint, checkpoint, num_kv_blocks=1024)
+    speculator = llm.engine.speculator
+    planned = speculator.drafts_beside
+    steps = itertools.count()
+
+    def every_third_step(decodes, prefilling, token_budget):
+        drafts = planned(decodes, prefilling, token_budget)
+        return drafts if next(steps) % 3 == 0 else [[] for _ in decodes]
+
+    speculator.drafts_beside = every_third_step
+    assert token_ids(llm.generate(prompts, params)) == plain
+    stats = llm.engine.make_stats().spec_decode
+    assert stats.num_draft_tokens > 100
     assert stats.acceptance_rate > 0.99
 
 
@@ -149,7 +168,7 @@ def test_the_cache_holds_both_models_keys_and_values_in_each_block(checkpoint, d
 def test_a_draft_model_of_another_vocabulary_is_refused(checkpoint, make_checkpoint, tmp_path):
     model = ModelConfig.from_pretrained(checkpoint)
     wider = make_checkpoint("llama", vocab_size=640)
-    with pytest.raises(ValueError, match="vocabulary of 640 tokens .* one of 512"):
+    with pytest.raises(ValueError, match=r"vocabulary of 640 tokens .* one of 512"):
         resolve_draft_model(wider, model, model.max_model_len)
     # The same size, but two tokens numbered the other way round.
     shutil.copytree(checkpoint, tmp_path, dirs_exist_ok=True)
@@ -158,7 +177,7 @@ def test_a_draft_model_of_another_vocabulary_is_refused(checkpoint, make_checkpo
     first, second = (token for token, token_id in vocab.items() if token_id in (300, 301))
     vocab[first], vocab[second] = vocab[second], vocab[first]
     (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
-    with pytest.raises(ValueError, match="another tokenizer .* is id 300 in the model's"):
+    with pytest.raises(ValueError, match=r"another tokenizer .* is id 300 in the model's"):
         resolve_draft_model(tmp_path, model, model.max_model_len)
     with pytest.raises(ValueError, match="needs --speculative-model DIR"):
         LLM(checkpoint, device="cpu", speculative_method="draft")
@@ -167,9 +186,7 @@ def test_a_draft_model_of_another_vocabulary_is_refused(checkpoint, make_checkpo
 
 
 def test_the_simulator_accepts_a_draft_models_placeholders_at_the_workload_rate():
-    engine = make_engine(
-        draft_acceptance=0.5, speculative_method="draft", num_speculative_tokens=4
-    )
+    engine = make_engine(draft_acceptance=0.5, speculative_method="draft", num_speculative_tokens=4)
     add_request(engine, make_request("r", PROMPT, max_tokens=40))
     engine.executor.script_answer("r", None)
     outputs = run(engine)
