@@ -179,6 +179,8 @@ def test_a_draft_model_of_another_vocabulary_is_refused(checkpoint, make_checkpo
     (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
     with pytest.raises(ValueError, match=r"another tokenizer .* is id 300 in the model's"):
         resolve_draft_model(tmp_path, model, model.max_model_len)
+    with pytest.raises(ValueError, match=r"--speculative-model .* is not a folder"):
+        resolve_draft_model(tmp_path / "absent", model, model.max_model_len)
     with pytest.raises(ValueError, match="needs --speculative-model DIR"):
         LLM(checkpoint, device="cpu", speculative_method="draft")
     with pytest.raises(ValueError, match="add --speculative-method draft"):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from baton.core.checkpoint.checkpoint_check import CheckpointFormatError
 from baton.core.checkpoint.model_config import ModelConfig, UnsupportedModelError
 from baton.core.checkpoint.model_impl import resolve_model_config
 
@@ -18,8 +19,16 @@ def resolve_draft_model(
 ) -> ModelConfig:
     """The draft model's config at `path`, for `model` served up to `max_model_len` tokens.
     Raises ValueError naming what differs."""
+    if not Path(path).is_dir():
+        raise ValueError(
+            f"--speculative-model {path} is not a folder: it takes the draft model's Hugging Face "
+            "checkpoint folder (config.json, *.safetensors, tokenizer.json)"
+        )
     try:
         draft = resolve_model_config(path, "native", needs_weights=needs_weights)
+    except CheckpointFormatError as error:
+        # The checks speak of --model, the flag that usually names the folder.
+        raise ValueError(str(error).replace("--model", "--speculative-model")) from error
     except UnsupportedModelError as error:
         raise ValueError(
             f"--speculative-model {path}: {error}; a draft model runs on Baton's native model "
