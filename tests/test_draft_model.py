@@ -19,6 +19,7 @@ from baton.core.checkpoint.model_config import ModelConfig
 from baton.core.sampling_params import SamplingParams
 from baton.core.scheduling.step_cost import CostCoefficients
 from baton.core.speculative.draft_model import resolve_draft_model
+from baton.core.structured_output import GuideKind, StructuredOutput
 from baton.gpu.kv_cache import kv_cache_bytes_per_block
 from tests.factory import add_request, make_engine, make_request
 from tests.test_speculation import PROMPT, run
@@ -139,6 +140,32 @@ def test_a_decode_that_drafts_again_catches_the_draft_kv_up(checkpoint, plain):
     stats = llm.engine.make_stats().spec_decode
     assert stats.num_draft_tokens > 100
     assert stats.acceptance_rate > 0.99
+
+
+def test_logprobs_penalties_and_a_grammar_hold_with_a_draft_model(checkpoint, draft_checkpoint):
+    # The draft model proposes its own argmax, blind to penalties, bias and grammar: the model's
+    # verification must still give each request exactly its plain tokens and logprobs.
+    prompts, _ = workload(512)
+    penalised = SamplingParams(
+        max_tokens=40,
+        temperature=0.0,
+        ignore_eos=True,
+        logprobs=2,
+        repetition_penalty=1.3,
+        logit_bias={7: 3.0, 9: -100.0},
+    )
+    regex = StructuredOutput(GuideKind.REGEX, "(ab|abc|bca)+ end")
+    constrained = SamplingParams(temperature=0.0, max_tokens=48, structured_output=regex)
+    params = [penalised, penalised, constrained]
+    reference = LLM(checkpoint, device="cpu", num_kv_blocks=256).generate(prompts[:3], params)
+    llm = drafting(checkpoint, draft_checkpoint, num_kv_blocks=256)
+    results = llm.generate(prompts[:3], params)
+    assert_drafts_accepted_and_rejected(llm)
+    assert results[2].text.endswith(" end")
+    for got, want in zip(results, reference, strict=True):
+        assert got.token_ids == want.token_ids
+        for got_lp, want_lp in zip(got.logprobs, want.logprobs, strict=True):
+            assert got_lp.logprob == pytest.approx(want_lp.logprob, abs=1e-4)
 
 
 def test_seeded_sampling_gives_the_same_tokens_with_a_draft_model(checkpoint, draft_checkpoint):
