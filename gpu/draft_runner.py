@@ -24,6 +24,7 @@ tokens it gets without speculation.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -36,6 +37,8 @@ from baton.gpu.kv_cache import allocate_kv_caches
 from baton.gpu.loader import load_model
 from baton.gpu.models.cpu_layers import CpuLayers
 from baton.gpu.models.model import CausalLM, LayerKVCache
+
+logger = logging.getLogger(__name__)
 
 
 class DraftRunner:
@@ -58,7 +61,6 @@ class DraftRunner:
         self.kv_caches: list[LayerKVCache] = []
         # The position of each request's first token without draft KV, where one is behind.
         self._behind: dict[str, int] = {}
-        self.num_forwards = 0
 
     @classmethod
     def load(
@@ -70,8 +72,9 @@ class DraftRunner:
         max_model_len: int,
         load_format: str,
     ) -> DraftRunner:
-        """The draft model of `config` on `device` in the served model's `dtype`; its KV cache
-        comes with `allocate`, once the pool's size is known."""
+        """The draft model of `config` on `device` in the served model's `dtype`, its weights
+        read as the model's are (`load_format`); its KV cache comes with `allocate`, once the
+        pool's size is known."""
         model = load_model(config, device, dtype, max_model_len, load_format)
         model.pack_linear_weights(rows_hint=engine_config.max_num_seqs)
         cpu_layers = CpuLayers.of(model) if device.type == "cpu" else None
@@ -83,6 +86,11 @@ class DraftRunner:
             engine_config.block_size,
             device,
             dtype,
+        )
+        logger.info(
+            "draft model: %s (%d layers) proposes draft tokens, its KV in the model's blocks",
+            config.path,
+            config.num_hidden_layers,
         )
         return cls(model, buffers, cpu_layers)
 
@@ -154,7 +162,6 @@ class DraftRunner:
         """One forward of the draft model over `sequences`, writing their KV; with `sample`,
         the argmax after each sequence whose `sample` is set."""
         inputs = self.buffers.prepare(Batch(sequences=sequences))
-        self.num_forwards += 1
         cpu_layers = self.cpu_layers
         if cpu_layers is not None and cpu_layers.takes(inputs.input_ids, inputs.attn_metadata):
             hidden = cpu_layers.forward(

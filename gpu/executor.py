@@ -208,10 +208,11 @@ class TorchExecutor:
             self.dtype,
         )
         # Loaded before the cache is sized: its weights take memory, its layers block bytes.
-        self.draft: DraftRunner | None = None
         self.draft_config = draft_model_config
-        if draft_model_config is not None:
-            self.draft = DraftRunner.load(
+        self.draft = (
+            None
+            if draft_model_config is None
+            else DraftRunner.load(
                 draft_model_config,
                 engine_config,
                 self.device,
@@ -219,11 +220,7 @@ class TorchExecutor:
                 self.max_model_len,
                 load_format,
             )
-            logger.info(
-                "draft model: %s (%d layers) proposes draft tokens, its KV in the same blocks",
-                draft_model_config.path,
-                draft_model_config.num_hidden_layers,
-            )
+        )
         self.num_kv_blocks = engine_config.num_kv_blocks or self._fitting_num_kv_blocks()
         self.kv_caches = allocate_kv_caches(
             model_config, self.num_kv_blocks, self.block_size, self.kv_cache_dtype, self.device
