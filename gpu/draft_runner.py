@@ -78,7 +78,8 @@ class DraftRunner:
         model = load_model(config, device, dtype, max_model_len, load_format)
         model.pack_linear_weights(rows_hint=engine_config.max_num_seqs)
         cpu_layers = CpuLayers.of(model) if device.type == "cpu" else None
-        # A step's catch-up adds at most one token per sequence to the step's own.
+        # Room for a step and a token of catch-up per sequence; a longer catch-up (a request
+        # that went without drafts for a while) gets tensors of its own (InputBuffers.prepare).
         buffers = InputBuffers(
             engine_config.max_num_batched_tokens + engine_config.max_num_seqs,
             engine_config.max_num_seqs,
