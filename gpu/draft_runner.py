@@ -118,6 +118,9 @@ class DraftRunner:
             else:  # its token waits for the request's next drafts
                 self._behind.setdefault(seq.request_id, seq.start_position)
         first = self._forward(shares, bool(drafting)) if shares else []
+        # Only once its forward ran: a step that fails is run again, sequence by sequence.
+        for share in shares:
+            self._behind.pop(share.request_id, None)
         if not drafting:
             return batch
         drafts = {i: [token] for i, token in zip(drafting, first, strict=True)}
@@ -153,7 +156,7 @@ class DraftRunner:
         token the draft's KV lacks (a preempted request may restart before it)."""
         new_tokens = seq.token_ids[: len(seq.token_ids) - len(seq.draft_token_ids)]
         start = seq.start_position
-        behind = self._behind.pop(seq.request_id, start)
+        behind = self._behind.get(seq.request_id, start)
         if behind < start:
             new_tokens = [*seq.all_token_ids[behind:start], *new_tokens]
             start = behind
