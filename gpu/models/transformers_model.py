@@ -27,11 +27,6 @@ from baton.gpu.model_inputs import AttentionMetadata
 from baton.gpu.models import generic_refusals
 from baton.gpu.models.kernel_rms_norms import run_rms_norms_in_kernel
 from baton.gpu.models.model import pack_cpu_weight, packed_linear, uses_f32_kernel
-from baton.gpu.models.shared_input_linears import (
-    GroupedLinear,
-    grouped_linears,
-    shared_input_linears,
-)
 from baton.kernels import ops
 from baton.kernels.linear import onednn_linear_available
 
@@ -249,46 +244,29 @@ class TransformersCausalLM(nn.Module):
         return out.logits[0]
 
     def pack_linear_weights(self, rows_hint: int) -> bool:
-        """Run every `nn.Linear` of the model over a packed weight in the native model's kernels,
-        those that read one input as one matmul (gpu/models/shared_input_linears.py), and its
-        RMSNorms in Baton's kernel (gpu/models/kernel_rms_norms.py): float32 on the CPU only.
-        Returns whether it packed."""
+        """Run every `nn.Linear` of the model over a packed weight in the native model's kernels
+        (see `PackedLinear`), and its RMSNorms in Baton's kernel (gpu/models/kernel_rms_norms.py):
+        float32 on the CPU only. Returns whether it packed."""
         weight = next(self.base.parameters())
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return False
         if not (uses_f32_kernel(weight) or onednn_linear_available()):
             return False
         run_rms_norms_in_kernel(self.base)
-        slots = [
-            (parent, name, child)
-            for parent in [*self.base.modules(), *self.causal_lm.modules()]
-            for name, child in parent.named_children()
-            if type(child) is nn.Linear and not _reads_weight(parent, name)
-        ]
-        replacements: dict[nn.Linear, nn.Module] = {}
-        groups = shared_input_linears([linear for _, _, linear in slots], self._probe)
-        for members in groups:
-            replacements |= zip(members, grouped_linears(members, rows_hint), strict=True)
-        for parent, name, linear in slots:
-            if linear not in replacements:
-                replacements[linear] = PackedLinear(linear, rows_hint)
-            setattr(parent, name, replacements[linear])
+        for parent in [*self.base.modules(), *self.causal_lm.modules()]:
+            for name, child in parent.named_children():
+                if type(child) is nn.Linear and not _reads_weight(parent, name):
+                    setattr(parent, name, PackedLinear(child, rows_hint))
         return True
 
     def streamed_weights(self) -> list[torch.Tensor]:
         """What a CPU step reads in full: the linear weights packed for Baton's float32 kernel
         (oneDNN's packed weights are opaque tensors and are left out)."""
-        packed = {
-            id(module.packed_weight): module.packed_weight
+        return [
+            module.packed_weight
             for module in self.modules()
-            if isinstance(module, PackedLinear)
-        }
-        packed |= {
-            id(module.group.packed_weight): module.group.packed_weight
-            for module in self.modules()
-            if isinstance(module, GroupedLinear)
-        }
-        return [weight for weight in packed.values() if not weight.is_mkldnn]
+            if isinstance(module, PackedLinear) and not module.packed_weight.is_mkldnn
+        ]
 
     def _run(
         self, step: _PagedStep, input_ids: torch.Tensor, positions: torch.Tensor
@@ -304,20 +282,14 @@ class TransformersCausalLM(nn.Module):
             _current_step.reset(token)
         return out.last_hidden_state[0]
 
-    def _probe(self) -> _PagedStep:
-        """A forward of one token at position 0 whose attention calls record what they see
-        (`_PagedStep` with no caches) and return zeros."""
-        device = next(self.base.parameters()).device
-        one = torch.zeros(1, dtype=torch.long, device=device)
-        step = _PagedStep(None, None, one)
-        self._run(step, one, one)
-        return step
-
     @torch.inference_mode()
     def _probed_config(self, config: ModelConfig) -> ModelConfig:
         """`config` with the number of attention calls and the KV shape of one token's forward;
         how each call attends goes to `self.layers`."""
-        step = self._probe()
+        device = next(self.base.parameters()).device
+        one = torch.zeros(1, dtype=torch.long, device=device)
+        step = _PagedStep(None, None, one)
+        self._run(step, one, one)
         generic_refusals.check_probe(
             config.architecture,
             step.kv_shapes,
