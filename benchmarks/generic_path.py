@@ -1,18 +1,18 @@
 """The generic path's speed beside its two anchors, on random checkpoints of the `bench` shape
-saved by transformers: one stream against transformers' own `generate`, and several streams
-against the native path where Baton has a native model (Llama).
+(or `--shape wide`) saved by transformers: one stream against transformers' own `generate`, and
+several streams against the native path where Baton has a native model (Llama).
 
     python benchmarks/generic_path.py                      # llama, glm4, gptj; 1 and 8 streams
     python benchmarks/generic_path.py --families gptj --streams 1 --rounds 5 --threads 1
     python benchmarks/generic_path.py --families llama --shape wide --streams 1 8 16
 
-Every contender is built once and warmed up, then the rounds run them in turn (generic, anchor,
-generic, ...) so that a noisy machine weighs on both alike. A run is one batch of `streams`
-greedy requests (prompt `--prompt-len`, `--new-tokens` each, `ignore_eos`; transformers
-`generate` with `min_new_tokens`), timed whole: generated tokens per wall second, and per CPU
-second of the process (all threads; steadier than wall time on a shared machine, though it
-counts threads that spin). Ratios are of the medians. Each request's tokens are checked equal
-to the generic path's.
+OpenMP's threads wait passively, as under `baton serve` (docs/decisions.md). Every contender is
+built once and warmed up, then the rounds run them in turn (generic, anchor, generic, ...) so
+that a noisy machine weighs on both alike. A run is one batch of `streams` greedy requests
+(prompt `--prompt-len`, `--new-tokens` each, `ignore_eos`; transformers `generate` with
+`min_new_tokens`), timed whole: generated tokens per wall second, and per CPU second of the
+process (all threads; steadier than wall time on a shared machine, though it counts threads that
+spin). Ratios are of the medians. Each request's tokens are checked equal to the generic path's.
 """
 
 from __future__ import annotations
@@ -25,12 +25,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-import transformers
+from baton.kernels.cpu_threads import prefer_passive_waits
 
-from baton.app.llm import LLM
-from baton.core.sampling_params import SamplingParams
-from baton.tools.tokenizer_trainer import train_tokenizer
+# Before torch loads, as `baton serve` does: torch's OpenMP threads then sleep after its
+# parallel ops instead of spinning on the cores Baton's kernel threads compute on.
+prefer_passive_waits()
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from baton.app.llm import LLM  # noqa: E402
+from baton.core.sampling_params import SamplingParams  # noqa: E402
+from baton.tools.tokenizer_trainer import train_tokenizer  # noqa: E402
 
 VOCAB = 8192
 # (hidden, intermediate, layers, heads, KV heads). `bench` is the preset of that name
