@@ -23,6 +23,19 @@ class _EpsOutsideTheRoot(nn.Module):
         return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight
 
 
+class _GatedRMSNorm(nn.Module):
+    """An RMSNorm alone, and scaled by SiLU of a gate when given one (Mamba-2's)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(size))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * (normed if gate is None else normed * nn.functional.silu(gate))
+
+
 def test_rmsnorms_are_found_by_what_they_compute():
     from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -49,6 +62,14 @@ def test_an_rmsnorm_in_the_kernel_gives_the_modules_output():
     torch.testing.assert_close(out, norm(x), rtol=1e-6, atol=1e-6)
     strided = torch.randn(64, 7).t()  # the kernel's reference takes these
     torch.testing.assert_close(kernel_norm(strided), norm(strided), rtol=1e-6, atol=1e-6)
+
+
+def test_a_norm_given_more_than_its_input_runs_its_own_code():
+    gated = _GatedRMSNorm(64)
+    eps = rms_norm_eps(gated)
+    assert eps == 1e-6  # alone, it computes an RMSNorm
+    x, gate = torch.randn(3, 64), torch.randn(3, 64)
+    torch.testing.assert_close(KernelRMSNorm(gated, eps)(x, gate), gated(x, gate))
 
 
 def test_the_generic_llamas_norms_run_in_the_kernel(make_checkpoint):
