@@ -1,17 +1,18 @@
 """The generic path's speed beside its two anchors, on random checkpoints of the `bench` shape
-saved by transformers: one stream against transformers' own `generate`, and several streams
-against the native path where Baton has a native model (Llama).
+(or `--shape wide`) saved by transformers: one stream against transformers' own `generate`, and
+several streams against the native path where Baton has a native model (Llama).
 
     python benchmarks/generic_path.py                      # llama, glm4, gptj; 1 and 8 streams
     python benchmarks/generic_path.py --families gptj --streams 1 --rounds 5 --threads 1
+    python benchmarks/generic_path.py --families llama --shape wide --streams 1 8 16
 
-Every contender is built once and warmed up, then the rounds run them in turn (generic, anchor,
-generic, ...) so that a noisy machine weighs on both alike. A run is one batch of `streams`
-greedy requests (prompt `--prompt-len`, `--new-tokens` each, `ignore_eos`; transformers
-`generate` with `min_new_tokens`), timed whole: generated tokens per wall second, and per CPU
-second of the process (all threads; steadier than wall time on a shared machine, though it
-counts threads that spin). Ratios are of the medians. Each request's tokens are checked equal
-to the generic path's.
+OpenMP's threads wait passively, as under `baton serve` (docs/decisions.md). Every contender is
+built once and warmed up, then the rounds run them in turn (generic, anchor, generic, ...) so
+that a noisy machine weighs on both alike. A run is one batch of `streams` greedy requests
+(prompt `--prompt-len`, `--new-tokens` each, `ignore_eos`; transformers `generate` with
+`min_new_tokens`), timed whole: generated tokens per wall second, and per CPU second of the
+process (all threads; steadier than wall time on a shared machine, though it counts threads that
+spin). Ratios are of the medians. Each request's tokens are checked equal to the generic path's.
 """
 
 from __future__ import annotations
@@ -24,31 +25,53 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-import transformers
+from baton.kernels.cpu_threads import prefer_passive_waits
 
-from baton.app.llm import LLM
-from baton.core.sampling_params import SamplingParams
-from baton.tools.tokenizer_trainer import train_tokenizer
+# Before torch loads, as `baton serve` does: torch's OpenMP threads then sleep after its
+# parallel ops instead of spinning on the cores Baton's kernel threads compute on.
+prefer_passive_waits()
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from baton.app.llm import LLM  # noqa: E402
+from baton.core.sampling_params import SamplingParams  # noqa: E402
+from baton.tools.tokenizer_trainer import train_tokenizer  # noqa: E402
 
 VOCAB = 8192
-# The `bench` preset's shape (baton.tools.random_checkpoint), in each family's own config names.
-LLAMA_SHAPE = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8)
-LLAMA_SHAPE |= dict(num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048)
+# (hidden, intermediate, layers, heads, KV heads). `bench` is the preset of that name
+# (baton.tools.random_checkpoint); `wide` has TinyLlama-1.1B's layers, 4 of its 22, where a
+# layer's matmuls outweigh its few dozen small torch calls as in the models people serve.
+SHAPES = {"bench": (512, 1408, 8, 8, 4), "wide": (2048, 5632, 4, 32, 4)}
+# What each family adds to Llama, in comments beside its config class.
 FAMILIES = {
-    "llama": ("LlamaConfig", LLAMA_SHAPE),
+    "llama": "LlamaConfig",
     # fused gate/up and qkv, interleaved partial rotary, post-sublayer norms
-    "glm4": ("Glm4Config", LLAMA_SHAPE | dict(partial_rotary_factor=0.5)),
+    "glm4": "Glm4Config",
     # parallel attention and MLP, interleaved rotary on a quarter of each head, biases
-    "gptj": ("GPTJConfig", dict(n_embd=512, n_layer=8, n_head=8, n_positions=2048, rotary_dim=16)),
+    "gptj": "GPTJConfig",
 }
 Run = Callable[[list[list[int]]], list[list[int]]]
 
 
-def write_family(out: Path, family: str, tokenizer) -> Path:
-    config_class, shape = FAMILIES[family]
-    config = getattr(transformers, config_class)(
-        **shape, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=None
+def family_shape(family: str, shape: str) -> dict:
+    """The config fields of `shape` in `family`'s own names."""
+    hidden, intermediate, layers, heads, kv_heads = SHAPES[shape]
+    if family == "gptj":
+        return dict(n_embd=hidden, n_layer=layers, n_head=heads, n_positions=2048, rotary_dim=16)
+    fields = dict(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers)
+    fields |= dict(num_attention_heads=heads, num_key_value_heads=kv_heads)
+    fields |= dict(max_position_embeddings=2048)
+    return fields | dict(partial_rotary_factor=0.5) if family == "glm4" else fields
+
+
+def write_family(out: Path, family: str, tokenizer, shape: str = "bench") -> Path:
+    config = getattr(transformers, FAMILIES[family])(
+        **family_shape(family, shape),
+        vocab_size=VOCAB,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=None,
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -91,6 +114,7 @@ def timed(run: Run, prompts: list[list[int]]) -> tuple[float, float, list[list[i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    parser.add_argument("--shape", default="bench", choices=SHAPES, help="the layers' size")
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=32)
@@ -106,7 +130,8 @@ def main() -> None:
     rng = random.Random(0)
     results: list[tuple[str, int, str, tuple[list[float], list[float]]]] = []
     for family in args.families:
-        path = write_family(Path(tempfile.mkdtemp(prefix=f"baton-{family}-")), family, tokenizer)
+        folder = Path(tempfile.mkdtemp(prefix=f"baton-{family}-"))
+        path = write_family(folder, family, tokenizer, args.shape)
         for streams in args.streams:
             if streams == 1:
                 anchor_name, anchor = "generate", generate_run(path, args.new_tokens)

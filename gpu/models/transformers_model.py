@@ -25,6 +25,7 @@ from baton.core.checkpoint.model_config import ModelConfig
 from baton.core.checkpoint.unsupported_model import RefusalReason, UnsupportedModelError
 from baton.gpu.model_inputs import AttentionMetadata
 from baton.gpu.models import generic_refusals
+from baton.gpu.models.kernel_rms_norms import run_rms_norms_in_kernel
 from baton.gpu.models.model import pack_cpu_weight, packed_linear, uses_f32_kernel
 from baton.kernels import ops
 from baton.kernels.linear import onednn_linear_available
@@ -110,7 +111,9 @@ def paged_attention_forward(
     # over zero-padded values the output's first value-size channels are attention's own.
     kv_cache = step.kv_caches[layer]
     cache_size = kv_cache.shape[-1]
-    q = _padded(query[0].transpose(0, 1), cache_size)
+    # The attention kernel reads each query token's heads as one block; the cache writes read
+    # keys and values through their strides.
+    q = _padded(query[0].transpose(0, 1), cache_size).contiguous()
     k = _padded(key[0].transpose(0, 1), cache_size)
     v = _padded(value[0].transpose(0, 1), cache_size)
     ops.write_kv_cache(k, v, kv_cache, step.metadata.slot_mapping)
@@ -128,9 +131,10 @@ def paged_attention_forward(
 
 
 def _padded(heads: torch.Tensor, size: int) -> torch.Tensor:
-    """`heads` [T, H, D] with zero channels appended up to `size`, contiguous."""
+    """`heads` [T, H, D] with zero channels appended up to `size`, each head's channels
+    adjacent."""
     if heads.shape[-1] == size:
-        return heads.contiguous()
+        return heads if heads.stride(-1) == 1 else heads.contiguous()
     padded = heads.new_zeros(*heads.shape[:-1], size)
     padded[..., : heads.shape[-1]] = heads
     return padded
@@ -241,12 +245,14 @@ class TransformersCausalLM(nn.Module):
 
     def pack_linear_weights(self, rows_hint: int) -> bool:
         """Run every `nn.Linear` of the model over a packed weight in the native model's kernels
-        (float32 on the CPU only; see `PackedLinear`). Returns whether it packed."""
+        (see `PackedLinear`), and its RMSNorms in Baton's kernel (gpu/models/kernel_rms_norms.py):
+        float32 on the CPU only. Returns whether it packed."""
         weight = next(self.base.parameters())
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return False
         if not (uses_f32_kernel(weight) or onednn_linear_available()):
             return False
+        run_rms_norms_in_kernel(self.base)
         for parent in [*self.base.modules(), *self.causal_lm.modules()]:
             for name, child in parent.named_children():
                 if type(child) is nn.Linear and not _reads_weight(parent, name):
