@@ -28,6 +28,7 @@ from baton.core.scheduling.step_cost_profile import profile_executor
 from baton.core.simulation.simulated_executor import SimulatedExecutor
 from baton.core.speculative.draft_model import resolve_draft_model
 from baton.core.text.tokenizer import Tokenizer
+from baton.kernels.cpu_threads import prefer_passive_waits
 
 Prompt = str | list[int]
 
@@ -97,6 +98,8 @@ def _load_engine(
         model, config.model_impl, needs_weights=load_format != "dummy"
     )
     draft_config = _draft_model_config(model_config, config, load_format)
+    # As `baton serve` does; it takes effect only if torch has not loaded yet in this process.
+    prefer_passive_waits()
     from baton.gpu.executor import TorchExecutor  # torch loads only when a model is actually built
 
     tokenizer = Tokenizer.from_pretrained(model)

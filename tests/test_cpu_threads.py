@@ -108,3 +108,33 @@ def test_the_cpu_step_computes_on_the_threads_cpu_threads_sets(make_checkpoint) 
 def test_cpu_threads_below_one_is_refused_naming_the_flag() -> None:
     with pytest.raises(ValueError, match="--cpu-threads must be >= 1, got 0"):
         EngineConfig(cpu_threads=0)
+
+
+# The wait policy libgomp read as torch loaded, from inside the child that built an LLM.
+WAIT_POLICY_AFTER_LLM = textwrap.dedent(
+    """
+    import os, sys
+    from baton.app.llm import LLM
+    LLM(sys.argv[1], num_kv_blocks=8)
+    print(os.environ.get("OMP_WAIT_POLICY"))
+    """
+)
+
+
+@pytest.mark.parametrize(("chosen", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_offline_llm_prefers_passive_waits_unless_the_user_chose(
+    make_checkpoint, chosen: str | None, expected: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if chosen is not None:
+        env["OMP_WAIT_POLICY"] = chosen
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    result = subprocess.run(
+        [sys.executable, "-c", WAIT_POLICY_AFTER_LLM, str(make_checkpoint("llama"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-1] == expected
