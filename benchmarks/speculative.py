@@ -1,6 +1,7 @@
 """Speculative decoding at one stream: Baton with prompt lookup (`--speculative-method ngram`)
 against Baton without it, and, where its `llama-server` is built, llama.cpp with and without its
-own prompt lookup (`--spec-type ngram-simple`), on the same weights and the same prompts.
+own lookup decoding (`--spec-type ngram-simple`, `ngram-mod`, `ngram-cache`), on the same
+weights and the same prompts.
 
     PYTHONPATH=$PWD python benchmarks/speculative.py --rounds 3 --json out.json
     ... --model DIR         # another checkpoint (default: speculative_workload's looping Llama)
@@ -40,10 +41,13 @@ from vs_llama_cpp import REPO, child_env, first_answer, load_1min
 
 # Workload name → sampling temperature.
 WORKLOADS = {"quoting": 0.0, "sampled": 1.0}
-# llama.cpp's prompt lookup: drafts follow the latest match of the last `size-n` tokens, as
-# Baton's do; `{k}` becomes --num-speculative-tokens.
-LLAMA_LOOKUP_ARGS = (
-    "--spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m {k}"
+# llama.cpp's lookup decoding, each a side: ngram-simple shaped as Baton's proposer (the latest
+# match of the last 2 tokens, k drafts), and ngram-mod and ngram-cache at llama.cpp's defaults.
+# `{k}` becomes --num-speculative-tokens.
+LLAMA_LOOKUPS = (
+    "--spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m {k}",
+    "--spec-type ngram-mod",
+    "--spec-type ngram-cache",
 )
 
 
@@ -73,8 +77,11 @@ def sides(args: argparse.Namespace) -> list[Side]:
     ]
     server = binary(peers_dir(), "llama-server")
     if not args.no_llama_cpp and server.is_file():
-        lookup = tuple(shlex.split(args.llama_lookup_args.format(k=k)))
-        found += [Side("llama.cpp", server), Side("llama.cpp+lookup", server, lookup)]
+        found.append(Side("llama.cpp", server))
+        for lookup in args.llama_lookup:
+            words = shlex.split(lookup.format(k=k))
+            name = words[words.index("--spec-type") + 1] if "--spec-type" in words else "lookup"
+            found.append(Side(f"llama.cpp+{name}", server, tuple(words)))
     elif not args.no_llama_cpp:
         print(f"no {server}: llama.cpp's sides left out (llama_cpp_peer.py build)", file=sys.stderr)
     return found
@@ -215,6 +222,16 @@ def report(measurements: list[dict], names: list[str]) -> tuple[dict, str]:
                 + ("" if rate is None else f"{rate:.2f}")
             )
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    lookups = [name for name in names if name.startswith("llama.cpp+")]
+    if "baton+ngram" in names and lookups:
+        for key, unit in (("tok_s", "tok/s"), ("cpu_ms_per_token", "CPU per token")):
+            sign = 1 if key == "tok_s" else -1
+            best = max(lookups, key=lambda name: sign * medians[name][key]["quoting"])
+            ours = medians["baton+ngram"][key]["quoting"] / medians[best][key]["quoting"]
+            rows.append(
+                f"\nbaton+ngram / the best llama.cpp lookup ({best}), quoting {unit}: "
+                f"{ours if sign > 0 else 1 / ours:.2f}×"
+            )
     loads = [m["load_1min"] for m in measurements]
     rows.append(f"\nload average (1 min) {min(loads):.1f}-{max(loads):.1f} over the runs")
     return {"medians": medians, "measurements": measurements}, "\n".join(rows)
@@ -229,7 +246,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quote-len", type=int, default=256, help="tokens of the prompt's quote")
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
-    parser.add_argument("--llama-lookup-args", default=LLAMA_LOOKUP_ARGS)
+    parser.add_argument(
+        "--llama-lookup",
+        nargs="*",
+        default=list(LLAMA_LOOKUPS),
+        help="llama-server flags of each llama.cpp side with lookup decoding",
+    )
     # One thread: on a shared machine an OpenMP pool waits for preempted threads at every barrier.
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
