@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 from llama_cpp_peer import binary, convert, llama_server_command, peers_dir
 from speculative_workload import loop_checkpoint, quoting_prompts
-from vs_llama_cpp import REPO, child_env, first_answer, load_1min
+from vs_llama_cpp import REPO, child_env, cpu_seconds, first_answer, load_1min
 
 # Workload name → sampling temperature.
 WORKLOADS = {"quoting": 0.0, "sampled": 1.0}
@@ -100,12 +100,6 @@ def server_command(
         *("--max-num-seqs", "1", "--max-model-len", str(context)),
         *side.extra_args,
     ]
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time a process has used (user and system, all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def one_stream(
