@@ -167,6 +167,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def anon_huge_mib(pid: int) -> float:
+    """MiB of the process's anonymous memory on transparent huge pages."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def peak_rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -228,6 +236,7 @@ def measure(side: Side, shape: Shape, round_: int, args: argparse.Namespace) -> 
             )
             rss = peak_rss_mib(server.pid)
             cpu_s = cpu_seconds(server.pid) - cpu_before
+            huge = anon_huge_mib(server.pid)
         except RuntimeError as error:
             tail = "\n".join(log_path.read_text().splitlines()[-20:])
             raise RuntimeError(f"{side.name}: {error}; its log ends:\n{tail}") from None
@@ -259,6 +268,7 @@ def measure(side: Side, shape: Shape, round_: int, args: argparse.Namespace) -> 
         peak_rss_mib=rss,
         load_1min=load,
         cpu_ms_per_token=cpu_s * 1e3 / max(result["total_output_tokens"], 1),
+        anon_huge_mib=huge,
     )
 
 
@@ -358,8 +368,8 @@ def run_rounds(
                 print(
                     f"round {round_} prompt {shape.prompt_len} streams {shape.streams} "
                     f"{side.name}: {m.output_tok_s:.1f} tok/s, TTFT {m.ttft_p50_ms:.0f} ms, "
-                    f"TPOT {m.tpot_p50_ms:.1f} ms, CPU {m.cpu_ms_per_token:.2f} ms/token "
-                    f"(load {m.load_1min:.1f})",
+                    f"TPOT {m.tpot_p50_ms:.1f} ms, CPU {m.cpu_ms_per_token:.2f} ms/token, "
+                    f"{m.anon_huge_mib:.0f} MiB on huge pages (load {m.load_1min:.1f})",
                     file=sys.stderr,
                 )
                 measurements.append(m)

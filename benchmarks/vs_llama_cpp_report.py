@@ -32,6 +32,9 @@ class Measurement:
     # The server's CPU time (all its threads) over the client's run, per output token: what the
     # work cost, whatever share of the cores the machine's other processes left it.
     cpu_ms_per_token: float = float("nan")
+    # The server's memory on transparent huge pages at the end of the run: weights left on
+    # 4 KiB pages stream slower, so a round that got fewer would be slower for that.
+    anon_huge_mib: float = float("nan")
 
 
 @dataclass(frozen=True, slots=True)
