@@ -194,17 +194,24 @@ def spread(values: Sequence[float]) -> float:
 
 def spreads(summaries: list[Summary]) -> str:
     """Each side's rounds by shape: output tok/s and the server's CPU ms per token, each with
-    its spread, so a slow round shows whether the work grew or the cores went elsewhere."""
+    its spread, and the cores the server kept busy (their product), so a slow round shows
+    whether the work grew or the cores went elsewhere."""
     lines = [
-        "| side | prompt | streams | tok/s by round | spread | CPU ms/token by round | spread |",
-        "|---|---|---|---|---|---|---|",
+        "| side | prompt | streams | tok/s by round | spread | CPU ms/token by round | spread "
+        "| cores busy by round |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         tok_s = ", ".join(f"{v:.1f}" for v in s.output_tok_s_each)
         cpu = ", ".join(f"{v:.2f}" for v in s.cpu_ms_per_token_each)
+        cores = ", ".join(
+            f"{t * c / 1e3:.2f}"
+            for t, c in zip(s.output_tok_s_each, s.cpu_ms_per_token_each, strict=True)
+        )
         lines.append(
             f"| {s.side} | {s.prompt_len} | {s.streams} | {tok_s} | "
-            f"{spread(s.output_tok_s_each):.0%} | {cpu} | {spread(s.cpu_ms_per_token_each):.0%} |"
+            f"{spread(s.output_tok_s_each):.0%} | {cpu} | {spread(s.cpu_ms_per_token_each):.0%} "
+            f"| {cores} |"
         )
     return "\n".join(lines)
 

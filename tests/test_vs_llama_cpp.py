@@ -352,4 +352,4 @@ def test_spreads_tell_a_round_the_cores_went_elsewhere_from_one_that_worked_more
     (summary,) = summarize(runs)
     assert summary.cpu_ms_per_token_each == (2.0, 2.1)
     row = spreads([summary]).splitlines()[2]
-    assert row == "| baton | 40 | 8 | 1422.0, 945.0 | 50% | 2.00, 2.10 | 5% |"
+    assert row == "| baton | 40 | 8 | 1422.0, 945.0 | 50% | 2.00, 2.10 | 5% | 2.84, 1.98 |"
