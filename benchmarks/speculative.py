@@ -97,6 +97,8 @@ def server_command(
     return [
         *(sys.executable, "-m", "baton.app.cli", "serve", "--model", str(args.model)),
         *("--host", "127.0.0.1", "--port", str(args.port), "--device", "cpu"),
+        # Baton's step threads default to the cores it may use, not to OMP_NUM_THREADS.
+        *("--cpu-threads", str(args.threads)),
         *("--max-num-seqs", "1", "--max-model-len", str(context)),
         *side.extra_args,
     ]

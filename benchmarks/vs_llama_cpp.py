@@ -110,6 +110,8 @@ def server_command(side: Side, shape: Shape, port: int, threads: int) -> list[st
     return [
         *(sys.executable, "-m", "baton.app.cli", "serve", "--model", str(side.weights)),
         *("--host", "127.0.0.1", "--port", str(port), "--device", "cpu"),
+        # Baton's step threads default to the cores it may use, not to OMP_NUM_THREADS.
+        *("--cpu-threads", str(threads)),
         *("--max-num-seqs", str(shape.streams)),
         *("--max-model-len", str(shape.context_per_sequence)),
         *side.baton_args,

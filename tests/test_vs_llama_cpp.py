@@ -193,6 +193,7 @@ def test_both_servers_are_sized_alike_for_a_shape():
     command = vs_llama_cpp.server_command(baton, shape, 8179, threads=2)
     assert command[1:4] == ["-m", "baton.app.cli", "serve"]
     assert flag(command, "--max-num-seqs") == "8" and flag(command, "--max-model-len") == "512"
+    assert flag(command, "--cpu-threads") == "2"
     assert command[-2:] == ["--quantization", "int8"]
     assert vs_llama_cpp.child_env(2)["OMP_NUM_THREADS"] == "2"
 
