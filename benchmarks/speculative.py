@@ -11,13 +11,14 @@ Two workloads over the same prompts (token ids, so both servers read the same to
 text and the model's own greedy continuation of it (`speculative_workload.py`). `quoting` is
 greedy answers of `--output-len` tokens past EOS, which continue that text and so quote the
 prompt; `sampled` is the same at temperature 1, whose text rarely repeats, so drafts are rare
-and mostly rejected and the figure is speculation's overhead. Every side's server starts afresh
-each round, one at a time, sides in reverse order on odd rounds; a figure is the median over
-rounds of output tokens per second (completion tokens over the request's wall time) and of the
-server's CPU time per output token (steadier on a busy machine), each ratio (×) against plain
-Baton's median of the same workload, higher better; the acceptance rate is each side's own
-count of accepted draft tokens over drafted ones. The JSON report goes to stdout, progress and
-the markdown table to stderr.
+and mostly rejected and the figure is speculation's overhead. Each prompt is prefilled by a
+one-token request just before it is measured, so the figures are of decoding. Every side's
+server starts afresh each round, one at a time, sides in reverse order on odd rounds; a figure
+is the median over rounds of output tokens per second (completion tokens over the request's
+wall time) and of the server's CPU time per output token (steadier on a busy machine), each
+ratio (×) against plain Baton's median of the same workload, higher better; the acceptance rate
+is each side's own count of accepted draft tokens over drafted ones. The JSON report goes to
+stdout, progress and the markdown table to stderr.
 """
 
 from __future__ import annotations
@@ -105,29 +106,30 @@ def server_command(
 
 
 def one_stream(
-    base: str, model: str, prompt: list[int], temperature: float, args: argparse.Namespace
-) -> Answer:
-    """One request alone."""
+    base: str, model: str, pid: int, prompt: list[int], temperature: float, args: argparse.Namespace
+) -> tuple[Answer, float]:
+    """One request alone, and the server's CPU seconds over it. The prompt is sent once before
+    with one output token, so that both servers hold it in their prompt caches and the request
+    measured is its decoding: the prefill is the same work with speculation or without."""
     body = {
         "model": model,
         "prompt": prompt,
-        "max_tokens": args.output_len,
-        "temperature": temperature,
-        "seed": args.seed,
+        "max_tokens": 1,
+        "temperature": 0.0,
         "ignore_eos": True,
     }
+    httpx.post(f"{base}/v1/completions", json=body, timeout=600).raise_for_status()
+    body |= {"max_tokens": args.output_len, "temperature": temperature, "seed": args.seed}
+    cpu_before = cpu_seconds(pid)
     started = time.perf_counter()
     reply = httpx.post(f"{base}/v1/completions", json=body, timeout=600)
     elapsed = time.perf_counter() - started
+    cpu_s = cpu_seconds(pid) - cpu_before
     reply.raise_for_status()
     answer = reply.json()
     timings = answer.get("timings") or {}
-    return Answer(
-        answer["usage"]["completion_tokens"],
-        elapsed,
-        timings.get("draft_n", 0),
-        timings.get("draft_n_accepted", 0),
-    )
+    drafted, accepted = timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
+    return Answer(answer["usage"]["completion_tokens"], elapsed, drafted, accepted), cpu_s
 
 
 def baton_drafts(base: str) -> tuple[int, int]:
@@ -161,10 +163,10 @@ def measure(
             first_answer(server, args.port, time.perf_counter(), args.start_timeout)
             model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
             for workload, temperature in WORKLOADS.items():
-                cpu_before = cpu_seconds(server.pid)
                 drafts_before = baton_drafts(base) if side.llama_server is None else (0, 0)
-                runs = [one_stream(base, model, p, temperature, args) for p in prompts]
-                used = cpu_seconds(server.pid) - cpu_before
+                timed = [one_stream(base, model, server.pid, p, temperature, args) for p in prompts]
+                runs = [run for run, _ in timed]
+                used = sum(cpu_s for _, cpu_s in timed)
                 if side.llama_server is None:
                     after = baton_drafts(base)
                     drafted, accepted = (a - b for a, b in zip(after, drafts_before, strict=True))
