@@ -40,6 +40,7 @@ from vs_llama_cpp_report import (
     markdown,
     ratios,
     renumbered,
+    spreads,
     summarize,
     token_notes,
 )
@@ -109,6 +110,8 @@ def server_command(side: Side, shape: Shape, port: int, threads: int) -> list[st
     return [
         *(sys.executable, "-m", "baton.app.cli", "serve", "--model", str(side.weights)),
         *("--host", "127.0.0.1", "--port", str(port), "--device", "cpu"),
+        # Baton's step threads default to the cores it may use, not to OMP_NUM_THREADS.
+        *("--cpu-threads", str(threads)),
         *("--max-num-seqs", str(shape.streams)),
         *("--max-model-len", str(shape.context_per_sequence)),
         *side.baton_args,
@@ -158,6 +161,20 @@ def build_baton_kernels(threads: int, isa: str) -> None:
 
 def load_1min() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used (user and system, all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def anon_huge_mib(pid: int) -> float:
+    """MiB of the process's anonymous memory on transparent huge pages."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -211,6 +228,7 @@ def measure(side: Side, shape: Shape, round_: int, args: argparse.Namespace) -> 
         )
         try:
             cold_start_s = first_answer(server, args.port, started, args.start_timeout)
+            cpu_before = cpu_seconds(server.pid)
             bench = subprocess.run(
                 bench_command(shape, args.port, args.seed),
                 cwd=REPO,
@@ -219,6 +237,8 @@ def measure(side: Side, shape: Shape, round_: int, args: argparse.Namespace) -> 
                 text=True,
             )
             rss = peak_rss_mib(server.pid)
+            cpu_s = cpu_seconds(server.pid) - cpu_before
+            huge = anon_huge_mib(server.pid)
         except RuntimeError as error:
             tail = "\n".join(log_path.read_text().splitlines()[-20:])
             raise RuntimeError(f"{side.name}: {error}; its log ends:\n{tail}") from None
@@ -249,6 +269,8 @@ def measure(side: Side, shape: Shape, round_: int, args: argparse.Namespace) -> 
         cold_start_s=cold_start_s,
         peak_rss_mib=rss,
         load_1min=load,
+        cpu_ms_per_token=cpu_s * 1e3 / max(result["total_output_tokens"], 1),
+        anon_huge_mib=huge,
     )
 
 
@@ -348,7 +370,8 @@ def run_rounds(
                 print(
                     f"round {round_} prompt {shape.prompt_len} streams {shape.streams} "
                     f"{side.name}: {m.output_tok_s:.1f} tok/s, TTFT {m.ttft_p50_ms:.0f} ms, "
-                    f"TPOT {m.tpot_p50_ms:.1f} ms (load {m.load_1min:.1f})",
+                    f"TPOT {m.tpot_p50_ms:.1f} ms, CPU {m.cpu_ms_per_token:.2f} ms/token, "
+                    f"{m.anon_huge_mib:.0f} MiB on huge pages (load {m.load_1min:.1f})",
                     file=sys.stderr,
                 )
                 measurements.append(m)
@@ -362,7 +385,8 @@ def figures(measurements: list[Measurement], output_len: int) -> tuple[dict, str
     ratio_rows = ratios(summaries, BATON, LLAMA_F32, measurements)
     ratio_rows += ratios(summaries, BATON_VARIANT, LLAMA_Q8, measurements)
     report = as_json(measurements, summaries) | {"ratios": ratio_rows}
-    return report, markdown(summaries, ratio_rows), token_notes(summaries, output_len)
+    table = markdown(summaries, ratio_rows) + "\n\n" + spreads(summaries)
+    return report, table, token_notes(summaries, output_len)
 
 
 def pooled(paths: list[Path]) -> tuple[list[Measurement], int]:

@@ -29,6 +29,12 @@ class Measurement:
     cold_start_s: float
     peak_rss_mib: float
     load_1min: float
+    # The server's CPU time (all its threads) over the client's run, per output token: what the
+    # work cost, whatever share of the cores the machine's other processes left it.
+    cpu_ms_per_token: float = float("nan")
+    # The server's memory on transparent huge pages at the end of the run: weights left on
+    # 4 KiB pages stream slower, so a round that got fewer would be slower for that.
+    anon_huge_mib: float = float("nan")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +49,7 @@ class Summary:
     ttft_p50_ms: float
     tpot_p50_ms: float
     output_tok_s_each: tuple[float, ...]
+    cpu_ms_per_token_each: tuple[float, ...]
     prompt_tokens_per_request: float
     output_tokens_per_request: float
     failed: int
@@ -65,6 +72,7 @@ def summarize(measurements: list[Measurement]) -> list[Summary]:
             ttft_p50_ms=statistics.median(m.ttft_p50_ms for m in runs),
             tpot_p50_ms=statistics.median(m.tpot_p50_ms for m in runs),
             output_tok_s_each=tuple(m.output_tok_s for m in runs),
+            cpu_ms_per_token_each=tuple(m.cpu_ms_per_token for m in runs),
             prompt_tokens_per_request=statistics.median(m.prompt_tokens_per_request for m in runs),
             output_tokens_per_request=statistics.median(m.output_tokens_per_request for m in runs),
             failed=sum(m.failed for m in runs),
@@ -176,6 +184,35 @@ def markdown(summaries: list[Summary], ratio_rows: list[dict]) -> str:
             ]
             row.append(_ratio_cell(match[0]) if match else "–")
         lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def spread(values: Sequence[float]) -> float:
+    """How far apart rounds are: the largest over the smallest, less one (0.5 is 50%)."""
+    return max(values) / min(values) - 1
+
+
+def spreads(summaries: list[Summary]) -> str:
+    """Each side's rounds by shape: output tok/s and the server's CPU ms per token, each with
+    its spread, and the cores the server kept busy (their product), so a slow round shows
+    whether the work grew or the cores went elsewhere."""
+    lines = [
+        "| side | prompt | streams | tok/s by round | spread | CPU ms/token by round | spread "
+        "| cores busy by round |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        tok_s = ", ".join(f"{v:.1f}" for v in s.output_tok_s_each)
+        cpu = ", ".join(f"{v:.2f}" for v in s.cpu_ms_per_token_each)
+        cores = ", ".join(
+            f"{t * c / 1e3:.2f}"
+            for t, c in zip(s.output_tok_s_each, s.cpu_ms_per_token_each, strict=True)
+        )
+        lines.append(
+            f"| {s.side} | {s.prompt_len} | {s.streams} | {tok_s} | "
+            f"{spread(s.output_tok_s_each):.0%} | {cpu} | {spread(s.cpu_ms_per_token_each):.0%} "
+            f"| {cores} |"
+        )
     return "\n".join(lines)
 
 

@@ -217,5 +217,19 @@ def test_the_planner_charges_drafts_what_they_are_measured_to_add():
     request = make_core_request("r", PROMPT + PROMPT[:3], max_tokens=40)
     request.drafts.record(8, 4)  # a rate of about one half
     assert speculator.drafts([request], 64, 0) == [[]]
-    speculator.draft_token_s = 0.0
-    assert speculator.drafts([request], 64, 0) == [PROMPT[3:7]]
+    unmeasured = Speculator(NgramProposer(2, 4), 4, fit)
+    assert unmeasured.drafts([request], 64, 0) == [PROMPT[3:7]]
+
+
+def test_a_step_stalled_by_the_os_does_not_stop_speculation():
+    # Four drafts add 2 ms to a 10 ms step, until one step is preempted for 200 ms: one long
+    # sample, which must not price drafts out of the steps after it.
+    fit = CostCoefficients(base_s=0.01, per_prefill_token_s=0.0, per_decode_token_s=0.0)
+    speculator = Speculator(NgramProposer(2, 4), 4, fit)
+    for _ in range(20):
+        speculator.observe_step(StepStats(0.0, 0.012, 0.012, 1, 0, 1, 100, num_draft_tokens=4))
+    speculator.observe_step(StepStats(0.0, 0.2, 0.2, 1, 0, 1, 100, num_draft_tokens=4))
+    assert abs(speculator.draft_token_s - 0.0005) < 1e-5
+    request = make_core_request("r", PROMPT + PROMPT[:3], max_tokens=40)
+    request.drafts.record(8, 4)  # a rate of about one half: three drafts pay at 0.5 ms each
+    assert speculator.drafts([request], 64, 0) == [PROMPT[3:6]]

@@ -24,6 +24,7 @@ from vs_llama_cpp_report import (  # noqa: E402
     markdown,
     ratios,
     renumbered,
+    spreads,
     summarize,
     token_notes,
 )
@@ -192,6 +193,7 @@ def test_both_servers_are_sized_alike_for_a_shape():
     command = vs_llama_cpp.server_command(baton, shape, 8179, threads=2)
     assert command[1:4] == ["-m", "baton.app.cli", "serve"]
     assert flag(command, "--max-num-seqs") == "8" and flag(command, "--max-model-len") == "512"
+    assert flag(command, "--cpu-threads") == "2"
     assert command[-2:] == ["--quantization", "int8"]
     assert vs_llama_cpp.child_env(2)["OMP_NUM_THREADS"] == "2"
 
@@ -340,3 +342,15 @@ def test_measures_a_real_baton_server_end_to_end(llama_checkpoint, tmp_path, mon
     assert m.prompt_tokens_per_request >= 12  # a word is a token or more, plus BOS
     assert m.output_tok_s > 0 and m.ttft_p50_ms > 0 and m.tpot_p50_ms > 0
     assert 0 < m.cold_start_s < 120 and m.peak_rss_mib > 50
+
+
+def test_spreads_tell_a_round_the_cores_went_elsewhere_from_one_that_worked_more():
+    # The slow round: 1,422 then 945 tok/s, while the server's CPU per token held.
+    runs = [
+        measurement("baton", 0, 1422.0, 100.0, 5.0, cpu_ms_per_token=2.0),
+        measurement("baton", 1, 945.0, 150.0, 8.0, cpu_ms_per_token=2.1),
+    ]
+    (summary,) = summarize(runs)
+    assert summary.cpu_ms_per_token_each == (2.0, 2.1)
+    row = spreads([summary]).splitlines()[2]
+    assert row == "| baton | 40 | 8 | 1422.0, 945.0 | 50% | 2.00, 2.10 | 5% | 2.84, 1.98 |"

@@ -3,6 +3,8 @@ and what their verification taught about each request's acceptance rate."""
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Iterable, Sequence
 
 from baton.core.request import Request
@@ -12,8 +14,9 @@ from baton.core.speculative.acceptance import SpecDecodeCounters
 from baton.core.speculative.proposer import Proposer
 from baton.core.step_stats import StepStats
 
-# Weight of the newest step in the running mean of a draft token's measured cost.
-DRAFT_COST_EMA_WEIGHT = 0.1
+# Drafted steps whose median sets a draft token's measured cost: a step the OS preempted is one
+# long sample among them, where a running mean would carry it for many steps.
+DRAFT_COST_WINDOW = 32
 
 
 class Speculator:
@@ -25,11 +28,17 @@ class Speculator:
         self.max_drafts = max_drafts
         self.cost = cost
         self.counters = SpecDecodeCounters()
-        # Seconds a draft token adds to a step, measured: the fit prices a verified row as a
-        # prompt token, but a few rows cost more each than a long prompt's (and a sampled
-        # row's sampling) do, which a linear fit over all steps cannot tell apart. A draft
-        # model's forwards that propose the tokens are measured in it too.
-        self.draft_token_s = 0.0
+        # What each recent drafted step's drafts added to it, per draft token: the fit prices
+        # a verified row as a prompt token, but a few rows cost more each than a long prompt's
+        # (and a sampled row's sampling) do, which a linear fit over all steps cannot tell
+        # apart. A draft model's forwards that propose the tokens are measured in it too.
+        self._draft_costs: deque[float] = deque(maxlen=DRAFT_COST_WINDOW)
+
+    @property
+    def draft_token_s(self) -> float:
+        """Seconds a draft token adds to a step, measured: the median over recent drafted steps
+        (0 before any)."""
+        return statistics.median(self._draft_costs) if self._draft_costs else 0.0
 
     def drafts_beside(
         self, decodes: Sequence[Request], prefilling: Iterable[Request], token_budget: int
@@ -77,8 +86,7 @@ class Speculator:
         without = self.cost.predict_step(
             stats.num_prefill_tokens, stats.num_decode_tokens, stats.num_context_tokens
         )
-        added = max(0.0, stats.duration_s - without) / stats.num_draft_tokens
-        self.draft_token_s += DRAFT_COST_EMA_WEIGHT * (added - self.draft_token_s)
+        self._draft_costs.append(max(0.0, stats.duration_s - without) / stats.num_draft_tokens)
 
     def observe(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         request.drafts.record(num_drafted, num_accepted)
