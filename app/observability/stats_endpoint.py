@@ -15,6 +15,7 @@ from starlette.responses import Response
 from baton.app.state import ServerState, json_response, server_state
 from baton.core.metrics.latency import percentile
 from baton.core.metrics.metric_aggregates import FinishedRecord, StepRecord
+from baton.core.replicas.kv_transfer import TransferTotals
 
 if TYPE_CHECKING:
     from baton.app.observability.prometheus import ServerMetrics
@@ -73,6 +74,7 @@ class WindowSummary:
 
 def snapshot(state: ServerState, summary: WindowSummary) -> dict[str, Any]:
     engine = state.engine
+    replicas = engine.replica_status()
     stats = engine.stats
     server_metrics = summary.server_metrics
     window = summary.read()
@@ -96,7 +98,8 @@ def snapshot(state: ServerState, summary: WindowSummary) -> dict[str, Any]:
         "step_cost": step_cost(stats),
         "spec_decode": spec_decode(stats),
         "totals": total,
-        "replicas": [_replica(status) for status in engine.replica_status()],
+        "replicas": [_replica(status) for status in replicas],
+        "kv_transfers": _transfers(_sum_transfers(replicas)),
     }
 
 
@@ -115,6 +118,31 @@ def _replica(status: ReplicaStatus) -> dict[str, Any]:
         "requests_finished": status.requests_finished,
         "prefix_cache_hits": stats.prefix_cache_hits,
         "prefix_cache_queries": stats.prefix_cache_queries,
+        "role": status.role,
+        "kv_transfers": _transfers(status.kv_transfers),
+    }
+
+
+def _sum_transfers(replicas: list[ReplicaStatus]) -> TransferTotals:
+    """Every replica's received transfers: each transfer once."""
+    total = TransferTotals()
+    for status in replicas:
+        received = status.kv_transfers
+        total = TransferTotals(
+            total.count + received.count,
+            total.failed + received.failed,
+            total.num_bytes + received.num_bytes,
+            total.seconds + received.seconds,
+        )
+    return total
+
+
+def _transfers(totals: TransferTotals) -> dict[str, Any]:
+    return {
+        "count": totals.count,
+        "failed": totals.failed,
+        "bytes": totals.num_bytes,
+        "mean_ms": totals.mean_ms,
     }
 
 

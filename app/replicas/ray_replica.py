@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from baton.app.replicas.replica_settings import ReplicaModel
 from baton.core.engine_stats import EngineStats
 from baton.core.outputs import RequestOutput
+from baton.core.prefilled import PrefilledRequest
 from baton.core.request import EngineRequest, Request
 from baton.core.request_validator import ModelLimits
 from baton.core.step_loop import StepLoop
@@ -42,6 +43,8 @@ class ReplicaInfo:
     pid: int
     limits: ModelLimits
     stats: EngineStats
+    # Bytes of KV one token holds in its cache: a prefilled request's transfer size.
+    kv_bytes_per_token: int = 0
 
 
 class _Died:
@@ -72,10 +75,28 @@ class EngineReplica:
             os.getpid(),
             engine.limits,
             engine.make_stats(),
+            engine.kv_bytes_per_token,
         )
 
-    def submit(self, request: EngineRequest) -> None:
-        self._loop.submit(request)
+    def submit(self, request: EngineRequest, hand_off: bool = False) -> None:
+        """Queue `request`; with `hand_off`, to its first token only: that output carries the
+        `PrefilledRequest` another replica decodes it from."""
+        self._loop.submit(request, hand_off=hand_off)
+
+    def read_prefilled_kv(self, request_id: str) -> object:
+        """A handed-off request's prompt KV; its blocks stay held until `release_prefilled`.
+        Ray keeps what this returns in its object store, where the decode replica reads it."""
+        return self._loop.call(lambda engine: engine.read_prefilled_kv(request_id)).result()
+
+    def add_prefilled(self, prefilled: PrefilledRequest, kv: object) -> int:
+        """Decode a request another replica prefilled, from its KV (Ray resolves the object
+        reference the front end passed before this runs); returns the bytes written."""
+        self._loop.call(lambda engine: engine.add_prefilled(prefilled, kv)).result()
+        return int(getattr(kv, "nbytes", 0))
+
+    def release_prefilled(self, request_id: str) -> None:
+        """The transfer of a handed-off request ended or failed: free its blocks here."""
+        self._loop.call(lambda engine: engine.release_prefilled(request_id)).result()
 
     def abort(self, request_id: str) -> None:
         self._loop.abort(request_id)

@@ -1,12 +1,14 @@
 """The front end's engine over N replica actors (`baton serve --replicas N`): an `EngineClient`
 (app/engine/client.py), with each request routed by core/replicas/router.py on the replicas'
-ledgers, one task per replica reading its per-step messages, and a dead or hung replica's
-requests failed cleanly or, when they had sent no token yet, retried on another replica while
-Ray restarts it."""
+ledgers (with `--prefill-replicas`, placed by core/replicas/disaggregation.py and, when split,
+moved at its first token by app/replicas/kv_handoff.py), one task per replica reading its
+per-step messages, and a dead or hung replica's requests failed cleanly or, when they had sent
+no token yet, retried on another replica while Ray restarts it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -16,11 +18,15 @@ import ray
 from ray.exceptions import RayActorError, RayError
 
 from baton.app.engine.client import EngineDeadError, EngineStream, QueueFullError
+from baton.app.replicas.kv_handoff import KVHandOffs
 from baton.app.replicas.ray_replica import ReplicaInfo, ReplicaStep
 from baton.core.config import EngineConfig
 from baton.core.engine_stats import EngineStats, ReplicaStatus
 from baton.core.metrics.metric_aggregates import EngineMetrics
 from baton.core.outputs import RequestOutput
+from baton.core.prefilled import PrefilledRequest
+from baton.core.replicas.disaggregation import DisaggregatingRouter
+from baton.core.replicas.disaggregation_settings import DisaggregationSettings
 from baton.core.replicas.replica_ledger import ReplicaLedger
 from baton.core.replicas.router import NoReplicaError, Router, RouteRequest
 from baton.core.request import SLO, EngineRequest, Request
@@ -37,6 +43,11 @@ REPLICA_DIED = (
     "the engine replica serving this request stopped; the tokens sent so far are all there "
     "will be: send the request again"
 )
+# What a request whose KV could not move to its decode replica is told.
+TRANSFER_FAILED = (
+    "moving this request from its prefill replica to a decode replica failed; the tokens sent "
+    "so far are all there will be: send the request again"
+)
 
 
 class ReplicatedEngine:
@@ -52,6 +63,7 @@ class ReplicatedEngine:
         validator: RequestValidator,
         *,
         stall_timeout_s: float = 60.0,
+        disaggregation: DisaggregationSettings | None = None,
     ) -> None:
         self.actors = list(actors)
         self.infos = list(infos)
@@ -60,9 +72,15 @@ class ReplicatedEngine:
         self.max_queued_requests = max_queued_requests
         self.stall_timeout_s = stall_timeout_s
         factor = config.slo_admission_factor if config.scheduling_policy == "slo" else 0.0
-        self.router = Router(
-            router, [self._ledger(i, info) for i, info in enumerate(infos)], factor
+        apart = disaggregation or DisaggregationSettings()
+        self.placement = DisaggregatingRouter(
+            Router(router, [self._ledger(i, info) for i, info in enumerate(infos)], factor),
+            apart.prefill_replicas,
+            apart.disaggregate,
+            apart.transfer(),
+            infos[0].kv_bytes_per_token,
         )
+        self.hand_offs = KVHandOffs(self.actors)
         self.step_listeners: list[Callable[[StepStats], None]] = []
         self.finish_listeners: list[Callable[[Request, RequestOutput], None]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -77,6 +95,15 @@ class ReplicatedEngine:
         # clock, the front end's own on one machine).
         self._trace_contexts: dict[str, object] = {}
         self._tasks: list[asyncio.Task] = []
+        self._moves: set[asyncio.Task] = set()
+
+    @property
+    def router(self) -> Router:
+        return self.placement.router
+
+    @router.setter
+    def router(self, router: Router) -> None:
+        self.placement.router = router
 
     @property
     def config(self) -> EngineConfig:
@@ -122,8 +149,12 @@ class ReplicatedEngine:
                 ledger.num_in_flight,
                 ledger.num_routed,
                 ledger.num_finished,
+                role.value,
+                transfers,
             )
-            for ledger, info in zip(self.ledgers, self.infos, strict=True)
+            for ledger, info, role, transfers in zip(
+                self.ledgers, self.infos, self.placement.roles, self.hand_offs.totals, strict=True
+            )
         ]
 
     def attach(self, metrics: EngineMetrics) -> None:
@@ -219,22 +250,28 @@ class ReplicatedEngine:
             self.abort(request_id)
 
     def _send(self, request: EngineRequest) -> None:
-        """Route one request (admission has judged it already) and hand it to its replica."""
+        """Place one request (admission has judged it already) and hand it to its replica:
+        split (prefilled there, decoded elsewhere) or whole. One that no split can take now
+        (its prefill replicas down, or none predicted to keep its targets) runs whole on any
+        replica, as it would without roles."""
         now = time.monotonic()
-        route = self.router.route(
-            RouteRequest.of(
-                request.request_id, request.prompt_token_ids, request.slo, self._block_size
-            ),
-            now,
-            admit=False,
+        route = RouteRequest.of(
+            request.request_id, request.prompt_token_ids, request.slo, self._block_size
         )
-        replica = route.replica_id
+        replica, split = None, False
+        if self.placement.mode != "never":
+            with contextlib.suppress(NoReplicaError):
+                placement = self.placement.route(route, now)
+                replica, split = placement.replica_id, placement.split
+        if replica is None:
+            replica = self.router.route(route, now, admit=False).replica_id
         assert replica is not None
         self._replica_of[request.request_id] = replica
         self._unanswered[request.request_id] = request
         if request.trace_context is not None:
             self._trace_contexts[request.request_id] = request.trace_context
-        self.actors[replica].submit.remote(dataclasses.replace(request, trace_context=None))
+        untraced = dataclasses.replace(request, trace_context=None)
+        self.actors[replica].submit.remote(untraced, split)
 
     @property
     def _block_size(self) -> int:
@@ -245,6 +282,7 @@ class ReplicatedEngine:
         if self._streams.pop(request_id, None) is None:
             return
         self._unanswered.pop(request_id, None)
+        self.hand_offs.finished(request_id)
         replica = self._replica_of.pop(request_id, None)
         if replica is None:
             return
@@ -312,10 +350,61 @@ class ReplicatedEngine:
             stream = self._streams.get(output.request_id)
             if stream is not None:
                 stream.put(output)
+            if output.prefilled is not None:
+                self._hand_off(replica, output.prefilled, now)
         for request, output in step.finished:
-            request.trace_context = self._trace_contexts.pop(request.request_id, None)
+            context = self._trace_contexts.pop(request.request_id, None)
+            record = self.hand_offs.finished(request.request_id)
+            if record is not None and context is not None:
+                context = dataclasses.replace(context, hand_off=record)
+            request.trace_context = context
             for listener in self.finish_listeners:
                 listener(request, output)
+
+    def _hand_off(self, source: int, prefilled: PrefilledRequest, now: float) -> None:
+        """Replica `source` sent a split request's first token: choose its decode replica and
+        move it there; a request no decode replica can take ends with a clean error."""
+        request_id = prefilled.request_id
+        self.ledgers[source].remove(request_id)
+        if request_id not in self._streams:
+            self.actors[source].release_prefilled.remote(request_id)
+            return
+        try:
+            target = self.placement.hand_off(
+                request_id,
+                prefilled.num_prompt_tokens,
+                prefilled.request.slo,
+                prefilled.block_hashes,
+                source,
+                now,
+            )
+        except NoReplicaError as error:
+            self.actors[source].release_prefilled.remote(request_id)
+            self._end_with_error(request_id, str(error))
+            return
+        self._replica_of[request_id] = target
+        move = self.loop.create_task(self._move(prefilled, source, target))
+        self._moves.add(move)
+        move.add_done_callback(self._moves.discard)
+
+    async def _move(self, prefilled: PrefilledRequest, source: int, target: int) -> None:
+        request_id = prefilled.request_id
+        record = await self.hand_offs.move(prefilled, source, target)
+        if record.error is not None:
+            # Unless the decode replica's death has ended the request already.
+            if self._replica_of.get(request_id) == target:
+                self._replica_of.pop(request_id)
+                self.ledgers[target].remove(request_id)
+                self._end_with_error(request_id, TRANSFER_FAILED)
+        elif request_id not in self._streams:
+            # Its client left while it moved: the abort went ahead of it.
+            self.actors[target].abort.remote(request_id)
+
+    def _end_with_error(self, request_id: str, message: str) -> None:
+        self._trace_contexts.pop(request_id, None)
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.put(EngineDeadError(message))
 
     def _lost(self, replica: int) -> None:
         """Replica `replica` died or hung: the router stops sending to it at once; its requests that
@@ -337,8 +426,7 @@ class ReplicatedEngine:
                     continue
                 except NoReplicaError:
                     pass
-            self._trace_contexts.pop(request_id, None)
-            stream.put(EngineDeadError(REPLICA_DIED))
+            self._end_with_error(request_id, REPLICA_DIED)
 
     async def _rejoin(self, replica: int) -> None:
         """Wait until Ray has restarted the replica and it answers; then route to it again."""

@@ -1,6 +1,7 @@
 """What moving a prefilled request's KV between replicas costs: its size, from the model's KV
 shape, and its time, a fixed latency plus the bytes over the link's bandwidth. The router counts
-it when it weighs sending a request through a prefill replica; the simulator charges it."""
+it when it weighs sending a request through a prefill replica; the simulator charges it. And the
+served transfers' totals, as `/v1/stats` and `/metrics` show them."""
 
 from __future__ import annotations
 
@@ -52,3 +53,42 @@ class TransferCost:
 
     def seconds(self, num_bytes: int) -> float:
         return self.latency_s + num_bytes / self.bandwidth_bytes_s
+
+
+@dataclass(frozen=True, slots=True)
+class TransferTotals:
+    """KV transfers (those a replica received, or all), failed ones included in `count`;
+    `seconds` from the front end's asking for the read to the decode replica's write."""
+
+    count: int = 0
+    failed: int = 0
+    num_bytes: int = 0
+    seconds: float = 0.0
+
+    def plus(self, num_bytes: int, seconds: float, failed: bool) -> TransferTotals:
+        return TransferTotals(
+            self.count + 1, self.failed + failed, self.num_bytes + num_bytes, self.seconds + seconds
+        )
+
+    @property
+    def mean_ms(self) -> float:
+        return self.seconds / self.count * 1000 if self.count else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class KVHandOff:
+    """One request's move: prefilled on `prefill_replica`, decoded on `decode_replica`, its KV
+    of `num_bytes` moved between `started` and `finished` (the front end's monotonic clock,
+    which the replicas on its machine share); `error` says why it failed, if it did."""
+
+    request_id: str
+    prefill_replica: int
+    decode_replica: int
+    num_bytes: int
+    started: float
+    finished: float
+    error: str | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.finished - self.started
