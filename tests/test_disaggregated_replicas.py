@@ -108,7 +108,7 @@ async def _stream(client: httpx.AsyncClient, url: str, prompt: list[int], max_to
 
 def _run(url: str, prompts: list[list[int]], max_tokens: int = 12) -> list[tuple]:
     async def run():
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with httpx.AsyncClient(timeout=60) as client:
             return await asyncio.gather(*(_stream(client, url, p, max_tokens) for p in prompts))
 
     return asyncio.run(run())
@@ -222,7 +222,7 @@ def test_a_decode_replica_that_dies_after_the_transfer_fails_only_its_request(se
     url, engine, _ = served
 
     async def kill_mid_stream():
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with httpx.AsyncClient(timeout=60) as client:
             moved = engine.hand_offs.total.count
             task = asyncio.create_task(_stream(client, url, PROMPTS[0], max_tokens=400))
             deadline = time.monotonic() + 60
