@@ -1,7 +1,7 @@
-"""`/metrics`' per-replica series: every one carries a `replica` and a `role` label, and a single-process
-server exports them too, as replica "0", with the same counts as its own series, so a
-dashboard's per-replica panels read one server and N replicas alike (N replicas on Ray:
-tests/test_replicas.py)."""
+"""`/metrics`' per-replica series: every one carries a `replica` and a `role` label, and a
+single-process server exports them too, as replica "0" of role both, with the same counts as
+its own series, so a dashboard's per-replica panels read one server and N replicas alike (N
+replicas on Ray: tests/test_replicas.py)."""
 
 from __future__ import annotations
 

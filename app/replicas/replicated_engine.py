@@ -20,6 +20,7 @@ from ray.exceptions import RayActorError, RayError
 from baton.app.engine.client import EngineDeadError, EngineStream, QueueFullError
 from baton.app.replicas.kv_handoff import KVHandOffs
 from baton.app.replicas.ray_replica import ReplicaInfo, ReplicaStep
+from baton.app.replicas.replica_views import combined_stats, new_ledger, replica_statuses
 from baton.core.config import EngineConfig
 from baton.core.engine_stats import EngineStats, ReplicaStatus
 from baton.core.metrics.metric_aggregates import EngineMetrics
@@ -74,7 +75,7 @@ class ReplicatedEngine:
         factor = config.slo_admission_factor if config.scheduling_policy == "slo" else 0.0
         apart = disaggregation or DisaggregationSettings()
         self.placement = DisaggregatingRouter(
-            Router(router, [self._ledger(i, info) for i, info in enumerate(infos)], factor),
+            Router(router, [new_ledger(config, i, info) for i, info in enumerate(infos)], factor),
             apart.prefill_replicas,
             apart.disaggregate,
             apart.transfer(),
@@ -122,40 +123,12 @@ class ReplicatedEngine:
 
     @property
     def stats(self) -> EngineStats:
-        """All replicas' last snapshots as one engine's: counts summed, cache usage averaged,
-        the cost fit and lifetime of the first healthy replica."""
-        snapshots = [ledger.stats for ledger in self.ledgers]
-        first = next((r.stats for r in self.ledgers if r.healthy), snapshots[0])
-        return dataclasses.replace(
-            first,
-            num_running=sum(s.num_running for s in snapshots),
-            num_waiting=sum(s.num_waiting for s in snapshots),
-            waiting_by_priority=(),
-            kv_cache_usage=sum(s.kv_cache_usage for s in snapshots) / len(snapshots),
-            num_steps=sum(s.num_steps for s in snapshots),
-            num_preemptions=sum(s.num_preemptions for s in snapshots),
-            prefix_cache_queries=sum(s.prefix_cache_queries for s in snapshots),
-            prefix_cache_hits=sum(s.prefix_cache_hits for s in snapshots),
-        )
+        return combined_stats(self.ledgers)
 
     def replica_status(self) -> list[ReplicaStatus]:
-        return [
-            ReplicaStatus(
-                ledger.replica_id,
-                info.node,
-                info.pid,
-                ledger.healthy,
-                ledger.stats,
-                ledger.num_in_flight,
-                ledger.num_routed,
-                ledger.num_finished,
-                role.value,
-                transfers,
-            )
-            for ledger, info, role, transfers in zip(
-                self.ledgers, self.infos, self.placement.roles, self.hand_offs.totals, strict=True
-            )
-        ]
+        return replica_statuses(
+            self.ledgers, self.infos, self.placement.roles, self.hand_offs.totals
+        )
 
     def attach(self, metrics: EngineMetrics) -> None:
         """Let `metrics` subscribe to every replica's steps and finishes, which the front end
@@ -380,7 +353,8 @@ class ReplicatedEngine:
             )
         except NoReplicaError as error:
             self.actors[source].release_prefilled.remote(request_id)
-            self._end_with_error(request_id, str(error))
+            self._replica_of.pop(request_id, None)
+            self._end_with_error(request_id, f"{error}; {TRANSFER_FAILED}")
             return
         self._replica_of[request_id] = target
         move = self.loop.create_task(self._move(prefilled, source, target))
@@ -410,7 +384,7 @@ class ReplicatedEngine:
         """Replica `replica` died or hung: the router stops sending to it at once; its requests that
         sent no token go to another replica, the others end with a clean error."""
         old = self.ledgers[replica]
-        fresh = self._ledger(replica, self.infos[replica])
+        fresh = new_ledger(self._config, replica, self.infos[replica])
         fresh.healthy = False
         self.router.replicas[replica] = fresh
         for request_id in old.request_ids:
@@ -439,18 +413,6 @@ class ReplicatedEngine:
                 await asyncio.sleep(1.0)
                 continue
             self.infos[replica] = info
-            self.router.replicas[replica] = self._ledger(replica, info)
+            self.router.replicas[replica] = new_ledger(self._config, replica, info)
             logger.info("engine replica %d is back (pid %d)", replica, info.pid)
             return
-
-    def _ledger(self, replica: int, info: ReplicaInfo) -> ReplicaLedger:
-        config = self._config
-        return ReplicaLedger(
-            replica,
-            info.stats,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            max_wait_s=config.max_wait_ms / 1000,
-            block_size=info.limits.block_size,
-            num_kv_blocks=info.limits.num_kv_blocks,
-        )
