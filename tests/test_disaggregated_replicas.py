@@ -2,8 +2,9 @@
 request is prefilled on replica 0, its KV moved through Ray's object store to replica 1, and
 streamed on from there with the tokens, text and usage of one process. Faults end in a retry or
 a clean error for that request only, with the KV blocks on both sides freed: a transfer whose
-KV cannot be written, a prefill replica that dies before the read, one that hangs mid-prompt
-(its request retried whole on the decode replica), and a decode replica that dies mid-stream."""
+KV cannot be written, KV lost with the prefill replica that owned it, a prefill replica that
+hangs mid-prompt (its request retried whole on the decode replica), and a decode replica that
+dies mid-stream."""
 
 from __future__ import annotations
 
@@ -170,10 +171,13 @@ def test_split_requests_stream_the_tokens_of_one_process(served, expected):
 
 def test_a_transfer_that_cannot_be_written_fails_only_its_request(served, expected, monkeypatch):
     url, engine, _ = served
-    # The decode replica is handed contents that do not fit its cache: its write fails.
-    monkeypatch.setattr(
-        engine.hand_offs, "read_kv", lambda replica, request_id: ray.put(np.zeros(3, np.uint8))
-    )
+    move = engine.hand_offs.move
+
+    async def move_garbage(prefilled, kv, source, target):
+        # The decode replica is handed contents that do not fit its cache: its write fails.
+        return await move(prefilled, ray.put(np.zeros(3, np.uint8)), source, target)
+
+    monkeypatch.setattr(engine.hand_offs, "move", move_garbage)
     (result,) = _run(url, PROMPTS[3:])
     assert result[0] == "error" and "moving this request" in result[1]
     assert engine.hand_offs.total.failed == 1
@@ -183,19 +187,20 @@ def test_a_transfer_that_cannot_be_written_fails_only_its_request(served, expect
     assert _run(url, PROMPTS[:1])[0][1:] == expected[0]
 
 
-def test_a_prefill_replica_that_dies_before_the_read_fails_only_that_request(served, expected):
+def test_kv_lost_with_its_prefill_replica_fails_only_that_request(served, expected, monkeypatch):
     url, engine, _ = served
-    read = engine.hand_offs.read_kv
+    move = engine.hand_offs.move
 
-    def die_first(replica: int, request_id: str) -> ray.ObjectRef:
-        ray.kill(engine.actors[replica], no_restart=False)
-        return read(replica, request_id)
+    async def owner_dies_first(prefilled, kv, source, target):
+        # The KV's owner, the prefill replica, is dead before the decode replica reads it.
+        ray.kill(engine.actors[source], no_restart=False)
+        while engine.ledgers[source].healthy:
+            await asyncio.sleep(0.05)
+        return await move(prefilled, kv, source, target)
 
-    engine.hand_offs.read_kv = die_first
-    try:
-        (result,) = _run(url, PROMPTS[1:2])
-    finally:
-        engine.hand_offs.read_kv = read
+    monkeypatch.setattr(engine.hand_offs, "move", owner_dies_first)
+    (result,) = _run(url, PROMPTS[1:2])
+    monkeypatch.undo()
     assert result[0] == "error" and "moving this request" in result[1]
     # Restarted, it prefills again; the decode replica's blocks are all free.
     _settled(engine)

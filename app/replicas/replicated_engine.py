@@ -324,7 +324,7 @@ class ReplicatedEngine:
             if stream is not None:
                 stream.put(output)
             if output.prefilled is not None:
-                self._hand_off(replica, output.prefilled, now)
+                self._hand_off(replica, output.prefilled, step.kv.get(output.request_id), now)
         for request, output in step.finished:
             context = self._trace_contexts.pop(request.request_id, None)
             record = self.hand_offs.finished(request.request_id)
@@ -334,13 +334,15 @@ class ReplicatedEngine:
             for listener in self.finish_listeners:
                 listener(request, output)
 
-    def _hand_off(self, source: int, prefilled: PrefilledRequest, now: float) -> None:
-        """Replica `source` sent a split request's first token: choose its decode replica and
-        move it there; a request no decode replica can take ends with a clean error."""
+    def _hand_off(
+        self, source: int, prefilled: PrefilledRequest, kv: ray.ObjectRef | None, now: float
+    ) -> None:
+        """Replica `source` sent a split request's first token and put its KV in the object
+        store (`kv`): choose its decode replica and move it there; a request no decode replica
+        can take ends with a clean error."""
         request_id = prefilled.request_id
         self.ledgers[source].remove(request_id)
         if request_id not in self._streams:
-            self.actors[source].release_prefilled.remote(request_id)
             return
         try:
             target = self.placement.hand_off(
@@ -352,18 +354,19 @@ class ReplicatedEngine:
                 now,
             )
         except NoReplicaError as error:
-            self.actors[source].release_prefilled.remote(request_id)
             self._replica_of.pop(request_id, None)
             self._end_with_error(request_id, f"{error}; {TRANSFER_FAILED}")
             return
         self._replica_of[request_id] = target
-        move = self.loop.create_task(self._move(prefilled, source, target))
+        move = self.loop.create_task(self._move(prefilled, kv, source, target))
         self._moves.add(move)
         move.add_done_callback(self._moves.discard)
 
-    async def _move(self, prefilled: PrefilledRequest, source: int, target: int) -> None:
+    async def _move(
+        self, prefilled: PrefilledRequest, kv: ray.ObjectRef | None, source: int, target: int
+    ) -> None:
         request_id = prefilled.request_id
-        record = await self.hand_offs.move(prefilled, source, target)
+        record = await self.hand_offs.move(prefilled, kv, source, target)
         if record.error is not None:
             # Unless the decode replica's death has ended the request already.
             if self._replica_of.get(request_id) == target:
