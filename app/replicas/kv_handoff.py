@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 
 import ray
-from ray.exceptions import RayError
+from ray.exceptions import RayError, RayTaskError
 
 from baton.core.prefilled import PrefilledRequest
 from baton.core.replicas.kv_transfer import KVHandOff, TransferTotals
@@ -46,9 +46,11 @@ class KVHandOffs:
             try:
                 num_bytes = await self.actors[target].add_prefilled.remote(prefilled, kv)
                 error = None
+            except RayTaskError as failure:
+                error = repr(failure.cause)
             except RayError as failure:
-                lines = str(failure).strip().splitlines()
-                error = lines[-1] if lines else repr(failure)
+                # Ray's own failures (an actor or an object lost) say what happened first.
+                error = (str(failure).strip().splitlines() or [repr(failure)])[0]
         if error is not None:
             logger.error(
                 "moving request %s from replica %d to %d failed: %s",
