@@ -1,10 +1,12 @@
 """Prefill and decode apart, served on this machine: `baton serve --replicas 2` as one prefill and
 one decode replica (`--prefill-replicas 1 --disaggregate always`) against two co-located
-replicas (`--prefill-replicas 0`), every replica on one CPU thread (`--cpu-threads 1
---replica-cpus 1`), under a mixed workload: short chat streams, back to back, while long prompts
-arrive at a fixed interval.
+replicas (`--prefill-replicas 0`), and the same roles with Baton's choice per request
+(`--disaggregate auto`), every replica on one CPU thread (`--cpu-threads 1 --replica-cpus 1`),
+under a mixed workload: short chat streams, back to back, while long prompts arrive at a fixed
+interval.
 
     PYTHONPATH=$PWD python benchmarks/disaggregation_served.py --rounds 2
+    ... --server-args ""      # no TPOT target (default: --tpot-slo-ms 15 for every request)
     ... --checkpoint DIR      # a model of your own instead of the random bench Llama
 
 The layouts alternate (reversed on odd rounds), each round a fresh server on the same model.
@@ -22,6 +24,7 @@ import itertools
 import json
 import os
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -37,6 +40,7 @@ from baton.core.metrics import latency
 LAYOUTS = {
     "1 prefill + 1 decode": ["--prefill-replicas", "1", "--disaggregate", "always"],
     "2 co-located": ["--prefill-replicas", "0"],
+    "1 + 1, auto": ["--prefill-replicas", "1", "--disaggregate", "auto"],
 }
 
 
@@ -56,10 +60,10 @@ def percentile(values: list[float], q: float) -> float | None:
 class Server:
     """`baton serve` in a subprocess on a free port, until the block ends."""
 
-    def __init__(self, model: Path, port: int, layout: list[str], log: Path) -> None:
+    def __init__(self, model: Path, port: int, flags: list[str], log: Path) -> None:
         command = [sys.executable, "-m", "baton.app.cli", "serve", "--model", str(model)]
         command += ["--device", "cpu", "--port", str(port), "--replicas", "2"]
-        command += ["--replica-cpus", "1", "--cpu-threads", "1", *layout]
+        command += ["--replica-cpus", "1", "--cpu-threads", "1", *flags]
         self.command = command
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
@@ -198,7 +202,8 @@ def free_port() -> int:
 def run_round(model: Path, layout: str, args: argparse.Namespace, seed: int, logs: Path) -> dict:
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     log = logs / f"{layout.replace(' ', '_').replace('+', 'and')}-{seed}.log"
-    with Server(model, free_port(), LAYOUTS[layout], log) as server:
+    flags = [*LAYOUTS[layout], *shlex.split(args.server_args)]
+    with Server(model, free_port(), flags, log) as server:
         load_before = os.getloadavg()[0]
         records = asyncio.run(workload(server.url, args, vocab, seed))
         stats = httpx.get(f"{server.url}/v1/stats", timeout=30).json()
@@ -247,6 +252,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--long-prompt", type=int, default=900, help="long prompts' tokens")
     parser.add_argument("--long-tokens", type=int, default=8, help="long prompts' output")
     parser.add_argument("--long-every-s", type=float, default=4.0, help="a long prompt every")
+    parser.add_argument(
+        "--server-args",
+        default="--tpot-slo-ms 15",
+        help="more `baton serve` flags, for every layout (the TPOT target is what --disaggregate "
+        "auto and the slo planner's prefill cap weigh)",
+    )
     return parser.parse_args(argv)
 
 
@@ -257,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds: dict[str, list[dict]] = {layout: [] for layout in LAYOUTS}
     started = datetime.now(UTC).isoformat(timespec="minutes")
     for index in range(args.rounds):
-        order = list(LAYOUTS) if index % 2 == 0 else list(reversed(LAYOUTS))
+        order = list(LAYOUTS) if index % 2 == 0 else list(reversed(list(LAYOUTS)))
         for layout in order:
             result = run_round(model, layout, args, seed=index, logs=scratch)
             print(f"{layout}, round {index}: {json.dumps(result)}", file=sys.stderr)
