@@ -144,6 +144,9 @@ def test_split_requests_stream_the_tokens_of_one_process(served, expected):
     assert (total.count - before.count, total.failed) == (len(PROMPTS), 0)
     assert total.num_bytes - before.num_bytes >= 150 * engine.infos[0].kv_bytes_per_token
     assert engine.ledgers[PREFILL].num_finished == 0
+    # Placement weighs the link as measured.
+    assert engine.hand_offs.link.num_observations >= len(PROMPTS)
+    assert engine.placement.transfer == engine.hand_offs.link.current != engine.hand_offs.link.prior
     _settled(engine)
     # The trace names both replicas and the transfer; the prompt's chunks came with it.
     roots = [s for s in spans.get_finished_spans() if s.name == "text_completion tiny"]
@@ -179,9 +182,9 @@ def test_a_transfer_that_cannot_be_written_fails_only_its_request(served, expect
     url, engine, _ = served
     move = engine.hand_offs.move
 
-    async def move_garbage(prefilled, kv, source, target):
+    async def move_garbage(prefilled, kv, source, target, timeout_s):
         # The decode replica is handed contents that do not fit its cache: its write fails.
-        return await move(prefilled, ray.put(np.zeros(3, np.uint8)), source, target)
+        return await move(prefilled, ray.put(np.zeros(3, np.uint8)), source, target, timeout_s)
 
     monkeypatch.setattr(engine.hand_offs, "move", move_garbage)
     (result,) = _run(url, PROMPTS[3:])
@@ -197,12 +200,14 @@ def test_kv_lost_with_its_prefill_replica_fails_only_that_request(served, expect
     url, engine, _ = served
     move = engine.hand_offs.move
 
-    async def owner_dies_first(prefilled, kv, source, target):
+    async def owner_dies_first(prefilled, kv, source, target, timeout_s):
         # The KV's owner, the prefill replica, is dead before the decode replica reads it.
+        # Ray knows it once the front end has seen it back in a new process.
+        pid = engine.infos[source].pid
         ray.kill(engine.actors[source], no_restart=False)
-        while engine.ledgers[source].healthy:
-            await asyncio.sleep(0.05)
-        return await move(prefilled, kv, source, target)
+        while engine.infos[source].pid == pid:
+            await asyncio.sleep(0.02)
+        return await move(prefilled, kv, source, target, timeout_s)
 
     monkeypatch.setattr(engine.hand_offs, "move", owner_dies_first)
     (result,) = _run(url, PROMPTS[1:2])

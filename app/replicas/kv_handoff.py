@@ -7,6 +7,7 @@ request's trace and to the totals `/v1/stats` and `/metrics` show."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 
 from baton.core.prefilled import PrefilledRequest
-from baton.core.replicas.kv_transfer import KVHandOff, TransferTotals
+from baton.core.replicas.kv_transfer import KVHandOff, TransferCost, TransferFit, TransferTotals
 
 logger = logging.getLogger("baton.replicas")
 # Why a move failed when the prefill replica could not read the KV (its log says more).
@@ -24,28 +25,45 @@ UNREAD = "the prefill replica could not read the KV"
 
 class KVHandOffs:
     """Moves prefilled requests onto the replicas `actors` (Ray actor handles, indexed by
-    replica id) and keeps the transfer totals, in all and of each replica by those it received;
-    lives on the front end's event loop."""
+    replica id), fits the link to the moves (`link`, from the flags' `prior`) and keeps the
+    transfer totals, in all and of each replica by those it received; lives on the front end's
+    event loop."""
 
-    def __init__(self, actors: Sequence[ray.actor.ActorHandle]) -> None:
+    def __init__(self, actors: Sequence[ray.actor.ActorHandle], prior: TransferCost) -> None:
         self.actors = actors
+        self.link = TransferFit(prior)
         self.totals = [TransferTotals() for _ in actors]
         self.total = TransferTotals()
         # Each moved request's record until it finishes, for its trace.
         self.records: dict[str, KVHandOff] = {}
 
     async def move(
-        self, prefilled: PrefilledRequest, kv: ray.ObjectRef | None, source: int, target: int
+        self,
+        prefilled: PrefilledRequest,
+        kv: ray.ObjectRef | None,
+        source: int,
+        target: int,
+        timeout_s: float,
     ) -> KVHandOff:
         """Have replica `target` decode `prefilled` from `kv`, the KV replica `source` put in
-        the object store; the record says how it went."""
+        the object store, within `timeout_s`; the record says how it went."""
         request_id = prefilled.request_id
         started = time.monotonic()
         num_bytes, error = 0, UNREAD
         if kv is not None:
             try:
-                num_bytes = await self.actors[target].add_prefilled.remote(prefilled, kv)
+                added = asyncio.wrap_future(
+                    self.actors[target].add_prefilled.remote(prefilled, kv).future()
+                )
+                # Not `wait_for`: it would wait on for a cancellation Ray may never act on.
+                await asyncio.wait({added}, timeout=timeout_s)
+                if not added.done():
+                    added.cancel()
+                    raise TimeoutError
+                num_bytes = added.result()
                 error = None
+            except TimeoutError:
+                error = f"the decode replica took no KV within {timeout_s:g} s"
             except RayTaskError as failure:
                 error = repr(failure.cause)
             except RayError as failure:
@@ -65,6 +83,7 @@ class KVHandOffs:
         self.totals[target] = self.totals[target].plus(num_bytes, record.seconds, failed)
         if not failed:
             self.records[request_id] = record
+            self.link.observe(num_bytes, record.seconds)
         return record
 
     def finished(self, request_id: str) -> KVHandOff | None:

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import ray
@@ -81,7 +82,7 @@ class ReplicatedEngine:
             apart.transfer(),
             infos[0].kv_bytes_per_token,
         )
-        self.hand_offs = KVHandOffs(self.actors)
+        self.hand_offs = KVHandOffs(self.actors, apart.transfer())
         self.step_listeners: list[Callable[[StepStats], None]] = []
         self.finish_listeners: list[Callable[[Request, RequestOutput], None]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -97,6 +98,8 @@ class ReplicatedEngine:
         self._trace_contexts: dict[str, object] = {}
         self._tasks: list[asyncio.Task] = []
         self._moves: set[asyncio.Task] = set()
+        # KV moves in flight to each replica: what it holds but cannot yet be slow at.
+        self._moving: Counter[int] = Counter()
 
     @property
     def router(self) -> Router:
@@ -291,7 +294,7 @@ class ReplicatedEngine:
             await asyncio.sleep(period)
             now = time.monotonic()
             for ledger in list(self.ledgers):
-                if not ledger.stalled(now, self.stall_timeout_s):
+                if self._moving[ledger.replica_id] or not ledger.stalled(now, self.stall_timeout_s):
                     continue
                 replica = ledger.replica_id
                 logger.error(
@@ -314,7 +317,10 @@ class ReplicatedEngine:
                 listener(stats)
         for output in step.outputs:
             if self._replica_of.get(output.request_id) != replica:
-                continue  # a request moved away from this replica, or released
+                # Moved away, released, or given up on while its KV moved here: stop it here.
+                if not output.finished:
+                    self.actors[replica].abort.remote(output.request_id)
+                continue
             ledger.receive(output, now)
             if output.new_token_ids or output.finished:
                 self._unanswered.pop(output.request_id, None)
@@ -358,6 +364,7 @@ class ReplicatedEngine:
             self._end_with_error(request_id, f"{error}; {TRANSFER_FAILED}")
             return
         self._replica_of[request_id] = target
+        self._moving[target] += 1
         move = self.loop.create_task(self._move(prefilled, kv, source, target))
         self._moves.add(move)
         move.add_done_callback(self._moves.discard)
@@ -366,7 +373,14 @@ class ReplicatedEngine:
         self, prefilled: PrefilledRequest, kv: ray.ObjectRef | None, source: int, target: int
     ) -> None:
         request_id = prefilled.request_id
-        record = await self.hand_offs.move(prefilled, kv, source, target)
+        try:
+            record = await self.hand_offs.move(prefilled, kv, source, target, self.stall_timeout_s)
+        finally:
+            # The stall timeout runs from the move's end: a slow move is the move's to time out.
+            self._moving[target] -= 1
+            self.ledgers[target].progressed(time.monotonic())
+        # Placement counts the link as measured, not as the flags modelled it.
+        self.placement.transfer = self.hand_offs.link.current
         if record.error is not None:
             # Unless the decode replica's death has ended the request already.
             if self._replica_of.get(request_id) == target:
