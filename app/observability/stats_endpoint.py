@@ -125,16 +125,13 @@ def _replica(status: ReplicaStatus) -> dict[str, Any]:
 
 def _sum_transfers(replicas: list[ReplicaStatus]) -> TransferTotals:
     """Every replica's received transfers: each transfer once."""
-    total = TransferTotals()
-    for status in replicas:
-        received = status.kv_transfers
-        total = TransferTotals(
-            total.count + received.count,
-            total.failed + received.failed,
-            total.num_bytes + received.num_bytes,
-            total.seconds + received.seconds,
-        )
-    return total
+    received = [status.kv_transfers for status in replicas]
+    return TransferTotals(
+        sum(totals.count for totals in received),
+        sum(totals.failed for totals in received),
+        sum(totals.num_bytes for totals in received),
+        sum(totals.seconds for totals in received),
+    )
 
 
 def _transfers(totals: TransferTotals) -> dict[str, Any]:
