@@ -1,5 +1,5 @@
-"""The step thread: drains a thread-safe inbox of adds, aborts and calls on the engine (a
-prefilled request's KV read, its decoding added), steps the engine, and hands each iteration's
+"""The step thread: drains a thread-safe inbox of adds, aborts and calls on the engine (such as
+decoding a request another engine prefilled), steps the engine, and hands each iteration's
 outputs for all requests, with the engine's stats snapshot, to one callback. Idle means blocked
 on the inbox."""
 
