@@ -204,3 +204,11 @@ def test_transfers_of_one_size_move_the_latency_and_keep_a_positive_bandwidth():
     # What one size can tell: the predicted time of that size is right.
     assert fit.current.seconds(1_000_000) == pytest.approx(0.010, rel=0.02)
     assert fit.current.latency_s >= 0 and fit.current.bandwidth_bytes_s > 0
+
+
+def test_serve_refuses_prefill_replicas_that_leave_no_decode_replica(capsys):
+    argv = ["serve", "--replicas", "2", "--prefill-replicas", "2", "--port", "0"]
+    assert main(argv) == 2
+    assert (
+        "--prefill-replicas 2 leaves no decode replica of --replicas 2" in capsys.readouterr().err
+    )
