@@ -25,6 +25,7 @@ from baton.app.replicas.replica_settings import ReplicaModel, ReplicaSettings
 from baton.app.request_defaults import read_request_defaults
 from baton.app.settings import ServerSettings
 from baton.core.config import EngineConfig
+from baton.core.replicas.disaggregation_settings import DisaggregationSettings
 from baton.core.sampling_params import InvalidRequestError, SamplingParams
 from baton.kernels.cpu_threads import prefer_passive_waits
 
@@ -32,6 +33,12 @@ MODEL = FlagGroup(ModelSettings, "model")
 ENGINE = FlagGroup(EngineConfig, "engine")
 SERVER = FlagGroup(ServerSettings, "server")
 REPLICAS = FlagGroup(ReplicaSettings, "replicas")
+# The modelled KV shape is the simulator's: a server moves its model's own KV.
+DISAGGREGATION = FlagGroup(
+    DisaggregationSettings,
+    "prefill and decode apart",
+    only=("prefill_replicas", "disaggregate", "kv_transfer_latency_ms", "kv_transfer_gbps"),
+)
 GENERATE = FlagGroup(GenerateSettings, "prompts")
 # Every request field that is a flag; a bare `baton generate` shows a few sentences, more
 # tokens than a request's default.
@@ -62,6 +69,12 @@ def serve(args: argparse.Namespace) -> int:
 
     settings = server_settings_from(args)
     replicas = REPLICAS.build(args)
+    disaggregation = DISAGGREGATION.build(args)
+    if disaggregation.prefill_replicas and disaggregation.prefill_replicas >= replicas.num_replicas:
+        raise ValueError(
+            f"--prefill-replicas {disaggregation.prefill_replicas} leaves no decode replica of "
+            f"--replicas {replicas.num_replicas}; give fewer prefill replicas or more replicas"
+        )
     configure_logging()  # before resolving: converting a GGUF file logs what it does
     sock = bind_socket(settings)
     # After the port is taken, so a busy port fails before a download too.
@@ -75,7 +88,7 @@ def serve(args: argparse.Namespace) -> int:
         replicas.confine_ray()
         from baton.app.replicas.replica_server import serve_replicas  # Ray loads only with replicas
 
-        serve_replicas(spec, name, settings, replicas, sock, defaults)
+        serve_replicas(spec, name, settings, replicas, sock, defaults, disaggregation)
         exit_without_teardown(0)
     start = time.perf_counter()
     engine = spec.build_engine()
@@ -186,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(handler=run_generate)
     srv = commands.add_parser("serve", help="serve the OpenAI API, WebSockets and the chat UI")
     add_model_positional(srv)
-    for group in (MODEL, ENGINE, SERVER, REPLICAS):
+    for group in (MODEL, ENGINE, SERVER, REPLICAS, DISAGGREGATION):
         group.add_to(srv)
     srv.set_defaults(handler=serve)
     add_simulate_parser(commands)

@@ -218,9 +218,15 @@ class Engine:
         request.first_token_time = prefilled.first_token_time
         request.num_cached_tokens = prefilled.num_cached_tokens
         request.token_times.append(prefilled.first_token_time)
+        request.prefill_chunks.extend(prefilled.prefill_chunks)
         if self.scheduler.add_prefilled(request, prefilled.block_hashes) and kv is not None:
             table = self.kv_cache.block_table(request.request_id)
-            cast(KVTransfer, self.executor).write_kv(table, kv)
+            try:
+                cast(KVTransfer, self.executor).write_kv(table, kv)
+            except Exception:
+                # A transfer that fails leaves nothing of the request here: its blocks go back.
+                self.scheduler.finish_request(request, FinishReason.ERROR, self.clock())
+                raise
         self.outputs.add(request)
         return request
 
@@ -347,6 +353,7 @@ class Engine:
             request.first_scheduled_time,
             request.first_token_time,
             request.num_cached_tokens or 0,
+            tuple(request.prefill_chunks),
         )
 
     def _isolate_fault(

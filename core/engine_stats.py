@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from baton.core.replicas.kv_transfer import TransferTotals
 from baton.core.scheduling.step_cost import CostCoefficients
 from baton.core.speculative.acceptance import SpecDecodeStats
 
@@ -39,7 +40,7 @@ class EngineStats:
 @dataclass(slots=True, frozen=True)
 class ReplicaStatus:
     """One engine replica as `/v1/stats` and `/metrics` show it: where it runs, whether it
-    serves, its last snapshot, and the front end's counts of the requests it sent there."""
+    serves, its last snapshot, the front end's counts of the requests it sent there, its role."""
 
     replica_id: int
     node: str
@@ -49,3 +50,7 @@ class ReplicaStatus:
     requests_in_flight: int = 0
     requests_routed: int = 0
     requests_finished: int = 0
+    # prefill, decode or both (core/replicas/disaggregation.py's Role), and the KV transfers it
+    # sent or received.
+    role: str = "both"
+    kv_transfers: TransferTotals = field(default_factory=TransferTotals)

@@ -23,6 +23,8 @@ class PrefilledRequest:
     first_scheduled_time: float
     first_token_time: float
     num_cached_tokens: int
+    # The prompt's chunks on the prefill engine, (start, end, num_tokens), for the request's trace.
+    prefill_chunks: tuple[tuple[float, float, int], ...] = ()
 
     @property
     def request_id(self) -> str:

@@ -1,6 +1,7 @@
-"""The step thread: drains a thread-safe inbox of adds and aborts, steps the engine, and hands
-each iteration's outputs for all requests, with the engine's stats snapshot, to one callback.
-Idle means blocked on the inbox."""
+"""The step thread: drains a thread-safe inbox of adds, aborts and calls on the engine (such as
+decoding a request another engine prefilled), steps the engine, and hands each iteration's
+outputs for all requests, with the engine's stats snapshot, to one callback. Idle means blocked
+on the inbox."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from baton.core.engine import INTERNAL_ERROR, Engine
 from baton.core.engine_stats import EngineStats
@@ -23,6 +26,21 @@ logger = logging.getLogger(__name__)
 @dataclass(slots=True)
 class AbortRequest:
     request_id: str
+
+
+@dataclass(slots=True)
+class PrefillOnly:
+    """Add `request` to be prefilled only (`Engine.add_request(hand_off=True)`)."""
+
+    request: EngineRequest
+
+
+@dataclass(slots=True)
+class EngineCall:
+    """Run `work` on the engine between steps; its result or error settles `future`."""
+
+    work: Callable[[Engine], Any]
+    future: Future
 
 
 class _Stop:
@@ -41,14 +59,22 @@ class StepLoop:
         self.engine = engine
         self.deliver = deliver
         self.on_death = on_death
-        self._inbox: queue.SimpleQueue[EngineRequest | AbortRequest | _Stop] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[
+            EngineRequest | PrefillOnly | AbortRequest | EngineCall | _Stop
+        ] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopping = False
         # Requests added since the last step that went through: the suspects when one fails.
         self._newcomers: list[str] = []
 
-    def submit(self, request: EngineRequest) -> None:
-        self._inbox.put(request)
+    def submit(self, request: EngineRequest, *, hand_off: bool = False) -> None:
+        self._inbox.put(PrefillOnly(request) if hand_off else request)
+
+    def call(self, work: Callable[[Engine], Any]) -> Future:
+        """Run `work(engine)` on the step thread between steps; the future holds its result."""
+        future: Future = Future()
+        self._inbox.put(EngineCall(work, future))
+        return future
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(AbortRequest(request_id))
@@ -105,8 +131,14 @@ class StepLoop:
                 if aborted is not None:
                     outputs.append(aborted)
                 continue
+            if isinstance(message, EngineCall):
+                _settle(message, self.engine)
+                continue
+            hand_off = isinstance(message, PrefillOnly)
+            if isinstance(message, PrefillOnly):
+                message = message.request
             try:
-                self.engine.add_request(message)
+                self.engine.add_request(message, hand_off=hand_off)
             except InvalidRequestError as error:
                 outputs.append(_rejected(message, str(error)))
             except Exception:
@@ -145,6 +177,16 @@ class StepLoop:
                 outputs.append(output)
         if outputs:
             self.deliver(outputs, self.engine.make_stats())
+
+
+def _settle(call: EngineCall, engine: Engine) -> None:
+    if not call.future.set_running_or_notify_cancel():
+        return
+    try:
+        call.future.set_result(call.work(engine))
+    except Exception as error:
+        # The caller gets the error; the thread every request runs on goes on.
+        call.future.set_exception(error)
 
 
 def _rejected(request: EngineRequest, message: str) -> RequestOutput:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from baton.gpu.kv_cache import (
     cuda_num_kv_blocks,
     kv_cache_bytes_per_block,
 )
+from baton.gpu.kv_transfer import read_blocks, write_blocks
 from baton.gpu.loader import load_model
 from baton.gpu.models.cpu_layers import CpuLayers, streamed_weights
 from baton.gpu.models.model import uses_f32_kernel
@@ -229,6 +231,10 @@ class TorchExecutor:
             self.draft.allocate(
                 self.num_kv_blocks, self.block_size, self.kv_cache_dtype, self.device
             )
+        self.kv_bytes_per_token = (
+            kv_cache_bytes_per_block(model_config, self.block_size, self.kv_cache_dtype)
+            // self.block_size
+        )
         self._log_kv_capacity()
         if self.device.type == "cpu":
             release_freed_heap()
@@ -306,6 +312,27 @@ class TorchExecutor:
         self.num_steps += 1
         self.step_time_s += time.perf_counter() - start
         return output
+
+    def read_kv(self, block_ids: Sequence[int]) -> object:
+        """The KV of `block_ids` for another engine's `write_kv` (core/executor.py's KVTransfer):
+        with a draft model, its KV of the same blocks beside the model's, so the decoding engine
+        drafts from the whole prompt."""
+        contents = read_blocks(self.kv_caches, block_ids)
+        if self.draft is None:
+            return contents
+        return contents, read_blocks(self.draft.kv_caches, block_ids)
+
+    def write_kv(self, block_ids: Sequence[int], contents: object) -> None:
+        if self.draft is None:
+            write_blocks(self.kv_caches, block_ids, contents)
+            return
+        if not isinstance(contents, tuple) or len(contents) != 2:
+            raise ValueError(
+                "KV contents without a draft model's KV: the prefill and decode replicas must "
+                "serve the same --speculative-model"
+            )
+        write_blocks(self.kv_caches, block_ids, contents[0])
+        write_blocks(self.draft.kv_caches, block_ids, contents[1])
 
     @property
     def grammar_compiler(self) -> XGrammarCompiler:

@@ -2,8 +2,8 @@
 transfers): `auto` keeps a prompt that fits one capped step local and sends a longer one through
 a prefill replica, lets a prefill replica serve whole requests when the decode replicas cannot
 keep the TPOT target, and hands a prefilled request to a decode replica with room; `never` and
-`always` are the two fixed layouts; simulated transfers cost latency + bytes / bandwidth; the
-report names roles and transfers."""
+`always` are the two fixed layouts; simulated transfers cost latency + bytes / bandwidth, and a
+server fits that link to the transfers it measures; the report names roles and transfers."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from baton.app.cli import main
 from baton.core.replicas.disaggregation import DisaggregatingRouter, replica_roles
 from baton.core.replicas.disaggregation_settings import DisaggregationSettings
-from baton.core.replicas.kv_transfer import KVShape, TransferCost
+from baton.core.replicas.kv_transfer import KVShape, TransferCost, TransferFit
 from baton.core.replicas.replica_ledger import ReplicaLedger
 from baton.core.replicas.router import Router, RouteRequest
 from baton.core.request import SLO
@@ -182,3 +182,33 @@ def test_simulate_reports_roles_and_transfers(capsys):
     assert "roles P/D/D" in " ".join(capsys.readouterr().out.split())
     assert main([*argv[:-4], "--prefill-replicas", "3"]) == 2
     assert "leaves no decode replica" in capsys.readouterr().err
+
+
+def test_a_served_link_is_fitted_to_the_transfers_measured():
+    prior = TransferCost(0.0005, 50e9)
+    fit = TransferFit(prior)
+    assert fit.current == prior
+    # A link of 2 ms and 1 GB/s, transfers of 0.5 to 14 MB.
+    for index in range(60):
+        num_bytes = 500_000 + index % 7 * 2_000_000
+        fit.observe(num_bytes, 0.002 + num_bytes / 1e9)
+    assert fit.current.latency_s == pytest.approx(0.002, rel=0.05)
+    assert fit.current.bandwidth_bytes_s == pytest.approx(1e9, rel=0.05)
+    assert fit.num_observations == 60
+
+
+def test_transfers_of_one_size_move_the_latency_and_keep_a_positive_bandwidth():
+    fit = TransferFit(TransferCost(0.0005, 50e9))
+    for _ in range(40):
+        fit.observe(1_000_000, 0.010)
+    # What one size can tell: the predicted time of that size is right.
+    assert fit.current.seconds(1_000_000) == pytest.approx(0.010, rel=0.02)
+    assert fit.current.latency_s >= 0 and fit.current.bandwidth_bytes_s > 0
+
+
+def test_serve_refuses_prefill_replicas_that_leave_no_decode_replica(capsys):
+    argv = ["serve", "--replicas", "2", "--prefill-replicas", "2", "--port", "0"]
+    assert main(argv) == 2
+    assert (
+        "--prefill-replicas 2 leaves no decode replica of --replicas 2" in capsys.readouterr().err
+    )

@@ -222,3 +222,39 @@ def test_the_simulator_accepts_a_draft_models_placeholders_at_the_workload_rate(
     spec = engine.make_stats().spec_decode
     assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens
     assert sum(len(output.new_token_ids) for output in outputs["r"]) == 40
+
+
+def test_a_request_prefilled_elsewhere_drafts_from_the_moved_draft_kv(checkpoint, plain):
+    # The prefill side's draft KV of the prompt moves with the model's: with the model as its
+    # own draft, the decoding side then has every draft accepted from its first step.
+    prompts, params = workload(512)
+    prefill = drafting(checkpoint, checkpoint, num_kv_blocks=256)
+    decode = drafting(checkpoint, checkpoint, num_kv_blocks=256)
+    handed = []
+    for i in range(3):
+        spec = prefill.engine.validator.validate(
+            make_request(
+                f"r{i}",
+                prompts[i],
+                max_tokens=params[i].max_tokens,
+                temperature=0.0,
+                ignore_eos=True,
+            )
+        )
+        prefill.engine.add_request(spec, hand_off=True)
+    while prefill.engine.has_unfinished_requests:
+        handed += [o.prefilled for o in prefill.engine.step() if o.prefilled is not None]
+    tokens = {}
+    for prefilled in handed:
+        kv = prefill.engine.read_prefilled_kv(prefilled.request_id)
+        prefill.engine.release_prefilled(prefilled.request_id)
+        decode.engine.add_prefilled(prefilled, kv)
+        tokens[prefilled.request_id] = [prefilled.first_token_id]
+    while decode.engine.has_unfinished_requests:
+        for output in decode.engine.step():
+            tokens[output.request_id] += output.new_token_ids
+    assert [tokens[f"r{i}"] for i in range(3)] == plain[:3]
+    stats = decode.engine.make_stats().spec_decode
+    assert stats.num_draft_tokens > 30
+    assert stats.acceptance_rate > 0.99
+    assert prefill.engine.kv_cache.pool.num_free_blocks == 256

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from baton.core.engine import Engine
 from baton.core.prefilled import PrefilledRequest
 from baton.core.simulation.simulated_executor import SimulatedExecutor
@@ -149,6 +151,27 @@ def test_kv_contents_read_on_the_prefill_side_are_written_into_the_decode_side_b
     decode.add_prefilled(prefilled, contents)
     assert decode_executor.written == [(decode.kv_cache.block_table("r"), ("kv of", source_table))]
     assert len(source_table) == -(-len(PROMPTS["r2"]) // 16)
+
+
+class _FailingWriteExecutor(_RecordingExecutor):
+    def write_kv(self, block_ids: Sequence[int], contents: object) -> None:
+        raise ValueError("KV contents do not fit")
+
+
+def test_a_failed_kv_write_leaves_nothing_of_the_request_on_the_decode_side():
+    prefill = _engine_on(_RecordingExecutor())
+    decode = _engine_on(_FailingWriteExecutor())
+    spec = prefill.validator.validate(make_request("r", PROMPTS["r2"], max_tokens=4))
+    prefill.add_request(spec, hand_off=True)
+    (output,) = prefill.step()
+    assert output.prefilled is not None
+    with pytest.raises(ValueError, match="do not fit"):
+        decode.add_prefilled(output.prefilled, prefill.read_prefilled_kv("r"))
+    assert not decode.has_unfinished_requests
+    assert decode.kv_cache.pool.num_free_blocks == decode.kv_cache.num_blocks
+    # The same id can come again: nothing of the failed one is held.
+    decode.add_prefilled(output.prefilled)
+    assert decode.has_unfinished_requests
 
 
 def _text_engine(tokenizer: Tokenizer) -> Engine:

@@ -1,6 +1,7 @@
 """The dashboard's Replicas card in Debian's chromium, headless (as tests/test_ui.py drives the
-page): one row per replica from `/v1/stats`, a restarting one marked, and the card hidden for a
-single engine, whose figures the other cards already show."""
+page): one row per replica from `/v1/stats` with its role and the KV transfers it received, a
+restarting one marked, and the card hidden for a single engine, whose figures the other cards
+already show."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def _replica(replica_id: int, **fields) -> dict:
         "requests_finished": 0,
         "prefix_cache_hits": 0,
         "prefix_cache_queries": 0,
+        "role": "both",
+        "kv_transfers": {"count": 0, "failed": 0, "bytes": 0, "mean_ms": 0.0},
         **fields,
     }
 
@@ -43,9 +46,19 @@ TWO_REPLICAS = [
         requests_finished=8,
         prefix_cache_hits=96,
         prefix_cache_queries=128,
+        role="prefill",
     ),
-    _replica(1, node="node-b", healthy=False, requests_routed=5, requests_finished=5),
+    _replica(
+        1,
+        node="node-b",
+        healthy=False,
+        requests_routed=5,
+        requests_finished=5,
+        role="decode",
+        kv_transfers={"count": 5, "failed": 1, "bytes": 3 * 1024 * 1024, "mean_ms": 2.25},
+    ),
 ]
+KV_TRANSFERS = {"count": 5, "failed": 1, "bytes": 3 * 1024 * 1024, "mean_ms": 2.25}
 
 
 @pytest.fixture
@@ -64,7 +77,7 @@ def dashboard(browser: Browser, llama_checkpoint) -> Iterator[tuple[Page, list[d
                 status=200, content_type="application/json", body=json.dumps(answers[-1])
             ),
         )
-        answers.append({**EMPTY_WINDOW, "replicas": TWO_REPLICAS})
+        answers.append({**EMPTY_WINDOW, "replicas": TWO_REPLICAS, "kv_transfers": KV_TRANSFERS})
         page.goto(base_url(state) + "/dashboard.html")
         yield page, answers
         context.close()
@@ -81,14 +94,19 @@ def test_replicas_card_lists_each_replica_and_marks_a_restarting_one(dashboard):
     expect(card).to_be_visible(timeout=WAIT_MS)
     expect(card.locator("tbody tr")).to_have_count(2)
     expect(card.locator("[data-field=replicas-serving]")).to_have_text("1 of 2")
-    # id, node, pid, state; running, waiting, KV cache; in flight, routed, finished, hits
+    # id, node, pid, state; running, waiting, KV cache; in flight, routed, finished, hits;
+    # role, KV transfers received
     assert _cells(page, 0) == [
         *("0", "node-a", "4100", "serving"),
         *("3", "1", "25%"),
         *("4", "12", "8", "75%"),
+        *("prefill", "–"),
     ]
     assert _cells(page, 1)[:4] == ["1", "node-b", "4101", "restarting"]
-    assert _cells(page, 1)[8:] == ["5", "5", "–"]
+    assert _cells(page, 1)[8:] == ["5", "5", "–", "decode", "5 (1 failed) · 3.0 MiB · 2.3 ms"]
+    expect(card.locator("[data-field=kv-transfers]")).to_have_text(
+        "5 (1 failed) · 3.0 MiB · 2.3 ms"
+    )
     expect(card.locator("tr[data-replica='1']")).to_have_attribute("data-state", "restarting")
     screenshot(page, "dashboard-replicas")
     # The replica comes back with a new process; a poll later the card says so.

@@ -1,7 +1,7 @@
-"""`/metrics`' per-replica series: every one carries a `replica` label, and a single-process
-server exports them too, as replica "0", with the same counts as its own series, so a
-dashboard's per-replica panels read one server and N replicas alike (N replicas on Ray:
-tests/test_replicas.py)."""
+"""`/metrics`' per-replica series: every one carries a `replica` and a `role` label, and a
+single-process server exports them too, as replica "0" of role both, with the same counts as
+its own series, so a dashboard's per-replica panels read one server and N replicas alike (N
+replicas on Ray: tests/test_replicas.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ PER_REPLICA = (
     "baton:replica_num_preemptions_total",
     "baton:replica_prefix_cache_queries_total",
     "baton:replica_prefix_cache_hits_total",
+    "baton:replica_kv_transfers_total",
+    "baton:replica_kv_transfers_failed_total",
+    "baton:replica_kv_transfer_bytes_total",
+    "baton:replica_kv_transfer_seconds_total",
 )
 
 
@@ -39,7 +43,7 @@ def test_a_single_server_is_replica_0_in_every_per_replica_series(llama_checkpoi
     }
     replica_series = sorted(name for name in samples if name.startswith("baton:replica_"))
     assert replica_series == sorted(PER_REPLICA)
-    assert all(samples[name].labels == {"replica": "0"} for name in PER_REPLICA)
+    assert all(samples[name].labels == {"replica": "0", "role": "both"} for name in PER_REPLICA)
 
     def value(name: str) -> float:
         return samples[name].value

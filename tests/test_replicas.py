@@ -112,10 +112,10 @@ def test_greedy_outputs_equal_the_single_process_servers(replicas, llama_checkpo
     assert all(s.attributes["gen_ai.usage.output_tokens"] == 12 for s in roots)
     assert stats["totals"]["requests"] >= 4  # the replicas' finishes reach the metrics
     metrics = httpx.get(f"{base_url(state)}/metrics").text
-    assert 'baton:replica_requests_routed_total{replica="1"} 2.0' in metrics
-    assert 'baton:replica_num_requests_running{replica="0"} 0.0' in metrics
-    assert 'baton:replica_requests_finished_total{replica="0"} 2.0' in metrics
-    assert 'baton:replica_healthy{replica="1"} 1.0' in metrics
+    assert 'baton:replica_requests_routed_total{replica="1",role="both"} 2.0' in metrics
+    assert 'baton:replica_num_requests_running{replica="0",role="both"} 0.0' in metrics
+    assert 'baton:replica_requests_finished_total{replica="0",role="both"} 2.0' in metrics
+    assert 'baton:replica_healthy{replica="1",role="both"} 1.0' in metrics
 
 
 @pytest.mark.slow

@@ -210,3 +210,26 @@ def test_each_iteration_publishes_a_snapshot_and_the_last_shows_the_engine_idle(
     assert (last.num_running, last.num_waiting, last.kv_cache_usage) == (0, 0, 0.0)
     assert last.num_steps == loop.engine.num_steps
     assert [s.num_steps for s in collector.stats] == sorted(s.num_steps for s in collector.stats)
+
+
+def test_a_prefill_only_request_is_handed_off_at_its_first_token_on_the_step_thread():
+    loop, collector = make_loop()
+    try:
+        loop.submit(make_request("p", list(range(1, 40)), max_tokens=10), hand_off=True)
+        deadline = time.monotonic() + 10
+        while "p" not in collector.tokens:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        (handed,) = [o for d in collector.deliveries for o in d if o.request_id == "p"]
+        assert handed.prefilled is not None and not handed.finished
+        assert collector.tokens["p"] == [handed.prefilled.first_token_id]
+        # Calls run on the step thread between steps: its result, or its error, come back.
+        thread = loop.call(lambda engine: threading.current_thread().name).result(5)
+        assert thread == "baton-step"
+        assert loop.call(lambda engine: engine.release_prefilled("p")).result(5) is None
+        assert loop.engine.kv_cache.pool.num_free_blocks == 256
+        failed = loop.call(lambda engine: engine.read_prefilled_kv("nobody"))
+        assert isinstance(failed.exception(5), KeyError)
+        assert loop.is_alive
+    finally:
+        loop.stop(timeout=5)

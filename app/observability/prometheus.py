@@ -78,11 +78,12 @@ def _histogram(name: str, doc: str, read: Callable[[Sources], Histogram], *vllm:
 
 
 def _per_replica(read: Callable[[ReplicaStatus], float]) -> Callable[[Sources], Points]:
-    """A reading per replica, labelled `replica`: a single-process server is replica "0", so
-    a dashboard's per-replica panels read one server and N replicas alike."""
+    """A reading per replica, labelled `replica` and its `role` (prefill, decode, or both): a
+    single-process server is replica "0", so a dashboard's per-replica panels read one server
+    and N replicas alike."""
 
     def points(sources: Sources) -> Points:
-        return {(str(r.replica_id),): float(read(r)) for r in sources.replicas}
+        return {(str(r.replica_id), r.role): float(read(r)) for r in sources.replicas}
 
     return points
 
@@ -92,6 +93,8 @@ def _spec(sources: Sources, name: str) -> Points:
     spec = sources.stats.spec_decode
     return None if spec is None else float(getattr(spec, name))
 
+
+REPLICA_LABELS = ("replica", "role")
 
 SERIES: tuple[Series, ...] = (
     _gauge("num_requests_running", "Requests running.", lambda s: s.stats.num_running,
@@ -186,25 +189,37 @@ SERIES: tuple[Series, ...] = (
                "|predicted - measured| / measured step time of the step-cost model.",
                lambda s: s.aggregates.step_cost_error),
     Series("replica_healthy", "gauge", "1 while the engine replica serves, 0 while it restarts.",
-           _per_replica(lambda r: r.healthy), labels=("replica",)),
+           _per_replica(lambda r: r.healthy), labels=REPLICA_LABELS),
     Series("replica_num_requests_running", "gauge", "Requests running, per engine replica.",
-           _per_replica(lambda r: r.stats.num_running), labels=("replica",)),
+           _per_replica(lambda r: r.stats.num_running), labels=REPLICA_LABELS),
     Series("replica_num_requests_waiting", "gauge", "Requests waiting, per engine replica.",
-           _per_replica(lambda r: r.stats.num_waiting), labels=("replica",)),
+           _per_replica(lambda r: r.stats.num_waiting), labels=REPLICA_LABELS),
     Series("replica_kv_cache_usage_perc", "gauge", "KV blocks in use (0-1), per engine replica.",
-           _per_replica(lambda r: r.stats.kv_cache_usage), labels=("replica",)),
+           _per_replica(lambda r: r.stats.kv_cache_usage), labels=REPLICA_LABELS),
     Series("replica_requests_routed", "counter", "Requests the router sent to each replica.",
-           _per_replica(lambda r: r.requests_routed), labels=("replica",)),
+           _per_replica(lambda r: r.requests_routed), labels=REPLICA_LABELS),
     Series("replica_requests_finished", "counter", "Requests each replica finished.",
-           _per_replica(lambda r: r.requests_finished), labels=("replica",)),
+           _per_replica(lambda r: r.requests_finished), labels=REPLICA_LABELS),
     Series("replica_num_preemptions", "counter", "Preemptions, per engine replica.",
-           _per_replica(lambda r: r.stats.num_preemptions), labels=("replica",)),
+           _per_replica(lambda r: r.stats.num_preemptions), labels=REPLICA_LABELS),
     Series("replica_prefix_cache_queries", "counter",
            "Prompt tokens looked up in each replica's prefix cache.",
-           _per_replica(lambda r: r.stats.prefix_cache_queries), labels=("replica",)),
+           _per_replica(lambda r: r.stats.prefix_cache_queries), labels=REPLICA_LABELS),
     Series("replica_prefix_cache_hits", "counter",
            "Prompt tokens served from each replica's prefix cache.",
-           _per_replica(lambda r: r.stats.prefix_cache_hits), labels=("replica",)),
+           _per_replica(lambda r: r.stats.prefix_cache_hits), labels=REPLICA_LABELS),
+    Series("replica_kv_transfers", "counter",
+           "Prefilled requests' KV transfers each replica sent or received, failed ones too.",
+           _per_replica(lambda r: r.kv_transfers.count), labels=REPLICA_LABELS),
+    Series("replica_kv_transfers_failed", "counter",
+           "KV transfers each replica sent or received that failed.",
+           _per_replica(lambda r: r.kv_transfers.failed), labels=REPLICA_LABELS),
+    Series("replica_kv_transfer_bytes", "counter",
+           "Bytes of KV each replica sent or received.",
+           _per_replica(lambda r: r.kv_transfers.num_bytes), labels=REPLICA_LABELS),
+    Series("replica_kv_transfer_seconds", "counter",
+           "Seconds each replica's KV transfers took, from the read asked to the write done.",
+           _per_replica(lambda r: r.kv_transfers.seconds), labels=REPLICA_LABELS),
 )  # fmt: skip
 
 

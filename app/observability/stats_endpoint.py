@@ -15,6 +15,7 @@ from starlette.responses import Response
 from baton.app.state import ServerState, json_response, server_state
 from baton.core.metrics.latency import percentile
 from baton.core.metrics.metric_aggregates import FinishedRecord, StepRecord
+from baton.core.replicas.kv_transfer import TransferTotals
 
 if TYPE_CHECKING:
     from baton.app.observability.prometheus import ServerMetrics
@@ -73,6 +74,7 @@ class WindowSummary:
 
 def snapshot(state: ServerState, summary: WindowSummary) -> dict[str, Any]:
     engine = state.engine
+    replicas = engine.replica_status()
     stats = engine.stats
     server_metrics = summary.server_metrics
     window = summary.read()
@@ -96,7 +98,8 @@ def snapshot(state: ServerState, summary: WindowSummary) -> dict[str, Any]:
         "step_cost": step_cost(stats),
         "spec_decode": spec_decode(stats),
         "totals": total,
-        "replicas": [_replica(status) for status in engine.replica_status()],
+        "replicas": [_replica(status) for status in replicas],
+        "kv_transfers": _transfers(_sum_transfers(replicas)),
     }
 
 
@@ -115,6 +118,28 @@ def _replica(status: ReplicaStatus) -> dict[str, Any]:
         "requests_finished": status.requests_finished,
         "prefix_cache_hits": stats.prefix_cache_hits,
         "prefix_cache_queries": stats.prefix_cache_queries,
+        "role": status.role,
+        "kv_transfers": _transfers(status.kv_transfers),
+    }
+
+
+def _sum_transfers(replicas: list[ReplicaStatus]) -> TransferTotals:
+    """Every replica's received transfers: each transfer once."""
+    received = [status.kv_transfers for status in replicas]
+    return TransferTotals(
+        sum(totals.count for totals in received),
+        sum(totals.failed for totals in received),
+        sum(totals.num_bytes for totals in received),
+        sum(totals.seconds for totals in received),
+    )
+
+
+def _transfers(totals: TransferTotals) -> dict[str, Any]:
+    return {
+        "count": totals.count,
+        "failed": totals.failed,
+        "bytes": totals.num_bytes,
+        "mean_ms": totals.mean_ms,
     }
 
 

@@ -1,6 +1,7 @@
 """Per-request OpenTelemetry tracing: one SERVER span per engine request, with children for the
-queue, each prefill chunk and the decode, built once the request has finished from the engine's
-own timestamps. With no exporter configured none of it exists."""
+queue, each prefill chunk, the KV transfer of a request prefilled on one replica and decoded on
+another, and the decode, built once the request has finished from the engine's own timestamps.
+With no exporter configured none of it exists."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from baton.app.settings import ServerSettings
 from baton.core.metrics.latency import percentile, slo_outcome
 from baton.core.metrics.metric_aggregates import token_gaps
 from baton.core.outputs import RequestOutput, RequestTiming
+from baton.core.replicas.kv_transfer import KVHandOff
 from baton.core.request import FinishReason, Request
 
 logger = logging.getLogger("baton.telemetry")
@@ -43,6 +45,8 @@ class TraceStart:
 
     operation: str
     parent: SpanContext | None
+    # Set by the replicas' front end on a request that moved from a prefill replica.
+    hand_off: KVHandOff | None = None
 
 
 def parent_context(traceparent: object) -> SpanContext | None:
@@ -130,9 +134,19 @@ class Tracing:
             recompute = first_preemption is not None and chunk_start >= first_preemption
             attributes = {"baton.prefill.tokens": num_tokens, "baton.prefill.recompute": recompute}
             self._span("prefill", root, chunk_start, chunk_end, attributes)
-        if request.first_token_time is not None:
+        hand_off = start.hand_off
+        decode_start = request.first_token_time
+        if hand_off is not None:
+            transfer = {
+                "baton.kv_transfer.bytes": hand_off.num_bytes,
+                "baton.prefill_replica": hand_off.prefill_replica,
+                "baton.decode_replica": hand_off.decode_replica,
+            }
+            self._span("kv_transfer", root, hand_off.started, hand_off.finished, transfer)
+            decode_start = hand_off.finished
+        if decode_start is not None:
             attributes = {"baton.decode.tokens": max(0, request.num_output_tokens - 1)}
-            self._span("decode", root, request.first_token_time, finish, attributes)
+            self._span("decode", root, decode_start, finish, attributes)
         events = [Event("preempted", timestamp=self._ns(t)) for t in request.preempted_times]
         events += [Event("resumed", timestamp=self._ns(t)) for t in request.resumed_times]
         status = Status(StatusCode.UNSET)
@@ -142,6 +156,11 @@ class Tracing:
             status = Status(StatusCode.ERROR, message)
         name = f"{start.operation} {self.model_name}"
         attributes = self._attributes(request, timing, start.operation)
+        if hand_off is not None:
+            attributes["baton.prefill_replica"] = hand_off.prefill_replica
+            attributes["baton.decode_replica"] = hand_off.decode_replica
+            attributes["baton.kv_transfer.bytes"] = hand_off.num_bytes
+            attributes["baton.kv_transfer.ms"] = hand_off.seconds * 1000
         self._end(
             ReadableSpan(
                 name,
@@ -167,7 +186,7 @@ class Tracing:
         parent: SpanContext,
         begin: float,
         end: float,
-        attributes: dict[str, int | bool] | None = None,
+        attributes: dict[str, int | float | bool] | None = None,
     ) -> None:
         self._end(
             ReadableSpan(

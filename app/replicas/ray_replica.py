@@ -1,25 +1,32 @@
 """One engine replica as a Ray actor (`baton serve --replicas N`): the engine on its own step
 thread, exactly as in a single-process server, and one message per step back to the front end
-(every request's new tokens of that step, the stats snapshot, the step's record and the
-requests that finished) through a Ray streaming generator. Imported only when serving with
-replicas: Ray is an optional extra (`pip install baton[ray]`)."""
+(every request's new tokens of that step, the stats snapshot, the step's record, the requests
+that finished, and the KV of those handed off to a decode replica, in Ray's object store)
+through a Ray streaming generator. Imported only when serving with replicas: Ray is an optional
+extra (`pip install baton[ray]`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import queue
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import ray
+
 from baton.app.replicas.replica_settings import ReplicaModel
 from baton.core.engine_stats import EngineStats
 from baton.core.outputs import RequestOutput
+from baton.core.prefilled import PrefilledRequest
 from baton.core.request import EngineRequest, Request
 from baton.core.request_validator import ModelLimits
 from baton.core.step_loop import StepLoop
 from baton.core.step_stats import StepStats
+
+logger = logging.getLogger("baton.replicas")
 
 
 @dataclass(slots=True)
@@ -32,6 +39,9 @@ class ReplicaStep:
     stats: EngineStats
     steps: list[StepStats]
     finished: list[tuple[Request, RequestOutput]]
+    # The prompt KV of each request handed off this step, in Ray's object store (None: it could
+    # not be read).
+    kv: dict[str, ray.ObjectRef | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +52,8 @@ class ReplicaInfo:
     pid: int
     limits: ModelLimits
     stats: EngineStats
+    # Bytes of KV one token holds in its cache: a prefilled request's transfer size.
+    kv_bytes_per_token: int = 0
 
 
 class _Died:
@@ -72,10 +84,19 @@ class EngineReplica:
             os.getpid(),
             engine.limits,
             engine.make_stats(),
+            engine.kv_bytes_per_token,
         )
 
-    def submit(self, request: EngineRequest) -> None:
-        self._loop.submit(request)
+    def submit(self, request: EngineRequest, hand_off: bool = False) -> None:
+        """Queue `request`; with `hand_off`, to its first token only: that output carries the
+        `PrefilledRequest` another replica decodes it from."""
+        self._loop.submit(request, hand_off=hand_off)
+
+    def add_prefilled(self, prefilled: PrefilledRequest, kv: object) -> int:
+        """Decode a request a prefill replica handed off, from its KV (Ray resolves the object
+        reference the front end passed before this runs); returns the bytes written."""
+        self._loop.call(lambda engine: engine.add_prefilled(prefilled, kv)).result()
+        return int(getattr(kv, "nbytes", 0))
 
     def abort(self, request_id: str) -> None:
         self._loop.abort(request_id)
@@ -93,11 +114,26 @@ class EngineReplica:
         self._loop.stop(5.0)
 
     def _deliver(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
+        kv = {o.request_id: self._put_kv(o.request_id) for o in outputs if o.prefilled}
+        if kv:
+            stats = self.engine.make_stats()  # without the blocks just freed
         steps = list(self._steps)
         self._steps.clear()
         finished = [_shippable(request, output) for request, output in self._finished]
         self._finished.clear()
-        self._queue.put(ReplicaStep(outputs, stats, steps, finished))
+        self._queue.put(ReplicaStep(outputs, stats, steps, finished, kv))
+
+    def _put_kv(self, request_id: str) -> ray.ObjectRef | None:
+        """A request handed off this step: its prompt's KV copied into Ray's object store, the
+        transfer's source from now on, and its blocks here freed at once (on the step thread,
+        between steps, so no later step waits for the transfer)."""
+        try:
+            return ray.put(self.engine.read_prefilled_kv(request_id))
+        except Exception:
+            logger.exception("could not read request %s's KV for its transfer", request_id)
+            return None
+        finally:
+            self.engine.release_prefilled(request_id)
 
     def _on_death(self, error: BaseException) -> None:
         self._queue.put(_Died())

@@ -1,6 +1,7 @@
 """Starting `baton serve --replicas N`: Ray (local, or the cluster at `--ray-address`), N
 engine replica actors with their resources and restart budget, and the front end's
-`ReplicatedEngine` over them. Imported only with more than one replica: Ray is optional."""
+`ReplicatedEngine` over them, in the roles `--prefill-replicas` gives. Imported only with more
+than one replica: Ray is optional."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from baton.app.replicas.replica_settings import ReplicaModel, ReplicaSettings
 from baton.app.replicas.replicated_engine import ReplicatedEngine
 from baton.app.request_defaults import NO_REQUEST_DEFAULTS, RequestDefaults
 from baton.app.settings import ServerSettings
+from baton.core.replicas.disaggregation_settings import DisaggregationSettings
 from baton.core.request_validator import RequestValidator
 from baton.core.text.tokenizer import Tokenizer
 
@@ -25,6 +27,7 @@ def start_replicas(
     spec: ReplicaModel,
     settings: ReplicaSettings,
     max_queued_requests: int,
+    disaggregation: DisaggregationSettings | None = None,
     **ray_init: object,
 ) -> ReplicatedEngine:
     """Start the replicas and wait until each has built its engine; `ray_init` goes to
@@ -51,6 +54,7 @@ def start_replicas(
         max_queued_requests,
         validator,
         stall_timeout_s=settings.stall_timeout_s,
+        disaggregation=disaggregation,
     )
 
 
@@ -61,9 +65,10 @@ def serve_replicas(
     replicas: ReplicaSettings,
     sock: socket.socket | None = None,
     defaults: RequestDefaults = NO_REQUEST_DEFAULTS,
+    disaggregation: DisaggregationSettings | None = None,
 ) -> None:
     """`baton serve --replicas N`: start the replicas, then the one front end; blocks."""
-    engine = start_replicas(spec, replicas, settings.max_queued_requests)
+    engine = start_replicas(spec, replicas, settings.max_queued_requests, disaggregation)
     try:
         tokenizer = Tokenizer.from_pretrained(spec.model)
         serve_front_end(engine, tokenizer, model_name, settings, sock, defaults)

@@ -1,26 +1,34 @@
 """The front end's engine over N replica actors (`baton serve --replicas N`): an `EngineClient`
 (app/engine/client.py), with each request routed by core/replicas/router.py on the replicas'
-ledgers, one task per replica reading its per-step messages, and a dead or hung replica's
-requests failed cleanly or, when they had sent no token yet, retried on another replica while
-Ray restarts it."""
+ledgers (with `--prefill-replicas`, placed by core/replicas/disaggregation.py and, when split,
+moved at its first token by app/replicas/kv_handoff.py), one task per replica reading its
+per-step messages, and a dead or hung replica's requests failed cleanly or, when they had sent
+no token yet, retried on another replica while Ray restarts it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import ray
 from ray.exceptions import RayActorError, RayError
 
 from baton.app.engine.client import EngineDeadError, EngineStream, QueueFullError
+from baton.app.replicas.kv_handoff import KVHandOffs
 from baton.app.replicas.ray_replica import ReplicaInfo, ReplicaStep
+from baton.app.replicas.replica_views import combined_stats, new_ledger, replica_statuses
 from baton.core.config import EngineConfig
 from baton.core.engine_stats import EngineStats, ReplicaStatus
 from baton.core.metrics.metric_aggregates import EngineMetrics
 from baton.core.outputs import RequestOutput
+from baton.core.prefilled import PrefilledRequest
+from baton.core.replicas.disaggregation import DisaggregatingRouter
+from baton.core.replicas.disaggregation_settings import DisaggregationSettings
 from baton.core.replicas.replica_ledger import ReplicaLedger
 from baton.core.replicas.router import NoReplicaError, Router, RouteRequest
 from baton.core.request import SLO, EngineRequest, Request
@@ -37,6 +45,11 @@ REPLICA_DIED = (
     "the engine replica serving this request stopped; the tokens sent so far are all there "
     "will be: send the request again"
 )
+# What a request whose KV could not move to its decode replica is told.
+TRANSFER_FAILED = (
+    "moving this request from its prefill replica to a decode replica failed; the tokens sent "
+    "so far are all there will be: send the request again"
+)
 
 
 class ReplicatedEngine:
@@ -52,6 +65,7 @@ class ReplicatedEngine:
         validator: RequestValidator,
         *,
         stall_timeout_s: float = 60.0,
+        disaggregation: DisaggregationSettings | None = None,
     ) -> None:
         self.actors = list(actors)
         self.infos = list(infos)
@@ -60,9 +74,15 @@ class ReplicatedEngine:
         self.max_queued_requests = max_queued_requests
         self.stall_timeout_s = stall_timeout_s
         factor = config.slo_admission_factor if config.scheduling_policy == "slo" else 0.0
-        self.router = Router(
-            router, [self._ledger(i, info) for i, info in enumerate(infos)], factor
+        apart = disaggregation or DisaggregationSettings()
+        self.placement = DisaggregatingRouter(
+            Router(router, [new_ledger(config, i, info) for i, info in enumerate(infos)], factor),
+            apart.prefill_replicas,
+            apart.disaggregate,
+            apart.transfer(),
+            infos[0].kv_bytes_per_token,
         )
+        self.hand_offs = KVHandOffs(self.actors, apart.transfer())
         self.step_listeners: list[Callable[[StepStats], None]] = []
         self.finish_listeners: list[Callable[[Request, RequestOutput], None]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -77,6 +97,17 @@ class ReplicatedEngine:
         # clock, the front end's own on one machine).
         self._trace_contexts: dict[str, object] = {}
         self._tasks: list[asyncio.Task] = []
+        self._moves: set[asyncio.Task] = set()
+        # KV moves in flight to each replica: what it holds but cannot yet be slow at.
+        self._moving: Counter[int] = Counter()
+
+    @property
+    def router(self) -> Router:
+        return self.placement.router
+
+    @router.setter
+    def router(self, router: Router) -> None:
+        self.placement.router = router
 
     @property
     def config(self) -> EngineConfig:
@@ -95,36 +126,12 @@ class ReplicatedEngine:
 
     @property
     def stats(self) -> EngineStats:
-        """All replicas' last snapshots as one engine's: counts summed, cache usage averaged,
-        the cost fit and lifetime of the first healthy replica."""
-        snapshots = [ledger.stats for ledger in self.ledgers]
-        first = next((r.stats for r in self.ledgers if r.healthy), snapshots[0])
-        return dataclasses.replace(
-            first,
-            num_running=sum(s.num_running for s in snapshots),
-            num_waiting=sum(s.num_waiting for s in snapshots),
-            waiting_by_priority=(),
-            kv_cache_usage=sum(s.kv_cache_usage for s in snapshots) / len(snapshots),
-            num_steps=sum(s.num_steps for s in snapshots),
-            num_preemptions=sum(s.num_preemptions for s in snapshots),
-            prefix_cache_queries=sum(s.prefix_cache_queries for s in snapshots),
-            prefix_cache_hits=sum(s.prefix_cache_hits for s in snapshots),
-        )
+        return combined_stats(self.ledgers)
 
     def replica_status(self) -> list[ReplicaStatus]:
-        return [
-            ReplicaStatus(
-                ledger.replica_id,
-                info.node,
-                info.pid,
-                ledger.healthy,
-                ledger.stats,
-                ledger.num_in_flight,
-                ledger.num_routed,
-                ledger.num_finished,
-            )
-            for ledger, info in zip(self.ledgers, self.infos, strict=True)
-        ]
+        return replica_statuses(
+            self.ledgers, self.infos, self.placement.roles, self.hand_offs.totals
+        )
 
     def attach(self, metrics: EngineMetrics) -> None:
         """Let `metrics` subscribe to every replica's steps and finishes, which the front end
@@ -219,22 +226,28 @@ class ReplicatedEngine:
             self.abort(request_id)
 
     def _send(self, request: EngineRequest) -> None:
-        """Route one request (admission has judged it already) and hand it to its replica."""
+        """Place one request (admission has judged it already) and hand it to its replica:
+        split (prefilled there, decoded elsewhere) or whole. One that no split can take now
+        (its prefill replicas down, or none predicted to keep its targets) runs whole on any
+        replica, as it would without roles."""
         now = time.monotonic()
-        route = self.router.route(
-            RouteRequest.of(
-                request.request_id, request.prompt_token_ids, request.slo, self._block_size
-            ),
-            now,
-            admit=False,
+        route = RouteRequest.of(
+            request.request_id, request.prompt_token_ids, request.slo, self._block_size
         )
-        replica = route.replica_id
+        replica, split = None, False
+        if self.placement.mode != "never":
+            with contextlib.suppress(NoReplicaError):
+                placement = self.placement.route(route, now)
+                replica, split = placement.replica_id, placement.split
+        if replica is None:
+            replica = self.router.route(route, now, admit=False).replica_id
         assert replica is not None
         self._replica_of[request.request_id] = replica
         self._unanswered[request.request_id] = request
         if request.trace_context is not None:
             self._trace_contexts[request.request_id] = request.trace_context
-        self.actors[replica].submit.remote(dataclasses.replace(request, trace_context=None))
+        untraced = dataclasses.replace(request, trace_context=None)
+        self.actors[replica].submit.remote(untraced, split)
 
     @property
     def _block_size(self) -> int:
@@ -245,6 +258,7 @@ class ReplicatedEngine:
         if self._streams.pop(request_id, None) is None:
             return
         self._unanswered.pop(request_id, None)
+        self.hand_offs.finished(request_id)
         replica = self._replica_of.pop(request_id, None)
         if replica is None:
             return
@@ -280,7 +294,7 @@ class ReplicatedEngine:
             await asyncio.sleep(period)
             now = time.monotonic()
             for ledger in list(self.ledgers):
-                if not ledger.stalled(now, self.stall_timeout_s):
+                if self._moving[ledger.replica_id] or not ledger.stalled(now, self.stall_timeout_s):
                     continue
                 replica = ledger.replica_id
                 logger.error(
@@ -303,7 +317,10 @@ class ReplicatedEngine:
                 listener(stats)
         for output in step.outputs:
             if self._replica_of.get(output.request_id) != replica:
-                continue  # a request moved away from this replica, or released
+                # Moved away, released, or given up on while its KV moved here: stop it here.
+                if not output.finished:
+                    self.actors[replica].abort.remote(output.request_id)
+                continue
             ledger.receive(output, now)
             if output.new_token_ids or output.finished:
                 self._unanswered.pop(output.request_id, None)
@@ -312,16 +329,79 @@ class ReplicatedEngine:
             stream = self._streams.get(output.request_id)
             if stream is not None:
                 stream.put(output)
+            if output.prefilled is not None:
+                self._hand_off(replica, output.prefilled, step.kv.get(output.request_id), now)
         for request, output in step.finished:
-            request.trace_context = self._trace_contexts.pop(request.request_id, None)
+            context = self._trace_contexts.pop(request.request_id, None)
+            record = self.hand_offs.finished(request.request_id)
+            if record is not None and context is not None:
+                context = dataclasses.replace(context, hand_off=record)
+            request.trace_context = context
             for listener in self.finish_listeners:
                 listener(request, output)
+
+    def _hand_off(
+        self, source: int, prefilled: PrefilledRequest, kv: ray.ObjectRef | None, now: float
+    ) -> None:
+        """Replica `source` sent a split request's first token and put its KV in the object
+        store (`kv`): choose its decode replica and move it there; a request no decode replica
+        can take ends with a clean error."""
+        request_id = prefilled.request_id
+        self.ledgers[source].remove(request_id)
+        if request_id not in self._streams:
+            return
+        try:
+            target = self.placement.hand_off(
+                request_id,
+                prefilled.num_prompt_tokens,
+                prefilled.request.slo,
+                prefilled.block_hashes,
+                source,
+                now,
+            )
+        except NoReplicaError as error:
+            self._replica_of.pop(request_id, None)
+            self._end_with_error(request_id, f"{error}; {TRANSFER_FAILED}")
+            return
+        self._replica_of[request_id] = target
+        self._moving[target] += 1
+        move = self.loop.create_task(self._move(prefilled, kv, source, target))
+        self._moves.add(move)
+        move.add_done_callback(self._moves.discard)
+
+    async def _move(
+        self, prefilled: PrefilledRequest, kv: ray.ObjectRef | None, source: int, target: int
+    ) -> None:
+        request_id = prefilled.request_id
+        try:
+            record = await self.hand_offs.move(prefilled, kv, source, target, self.stall_timeout_s)
+        finally:
+            # The stall timeout runs from the move's end: a slow move is the move's to time out.
+            self._moving[target] -= 1
+            self.ledgers[target].progressed(time.monotonic())
+        # Placement counts the link as measured, not as the flags modelled it.
+        self.placement.transfer = self.hand_offs.link.current
+        if record.error is not None:
+            # Unless the decode replica's death has ended the request already.
+            if self._replica_of.get(request_id) == target:
+                self._replica_of.pop(request_id)
+                self.ledgers[target].remove(request_id)
+                self._end_with_error(request_id, TRANSFER_FAILED)
+        elif request_id not in self._streams:
+            # Its client left while it moved: the abort went ahead of it.
+            self.actors[target].abort.remote(request_id)
+
+    def _end_with_error(self, request_id: str, message: str) -> None:
+        self._trace_contexts.pop(request_id, None)
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.put(EngineDeadError(message))
 
     def _lost(self, replica: int) -> None:
         """Replica `replica` died or hung: the router stops sending to it at once; its requests that
         sent no token go to another replica, the others end with a clean error."""
         old = self.ledgers[replica]
-        fresh = self._ledger(replica, self.infos[replica])
+        fresh = new_ledger(self._config, replica, self.infos[replica])
         fresh.healthy = False
         self.router.replicas[replica] = fresh
         for request_id in old.request_ids:
@@ -337,8 +417,7 @@ class ReplicatedEngine:
                     continue
                 except NoReplicaError:
                     pass
-            self._trace_contexts.pop(request_id, None)
-            stream.put(EngineDeadError(REPLICA_DIED))
+            self._end_with_error(request_id, REPLICA_DIED)
 
     async def _rejoin(self, replica: int) -> None:
         """Wait until Ray has restarted the replica and it answers; then route to it again."""
@@ -351,18 +430,6 @@ class ReplicatedEngine:
                 await asyncio.sleep(1.0)
                 continue
             self.infos[replica] = info
-            self.router.replicas[replica] = self._ledger(replica, info)
+            self.router.replicas[replica] = new_ledger(self._config, replica, info)
             logger.info("engine replica %d is back (pid %d)", replica, info.pid)
             return
-
-    def _ledger(self, replica: int, info: ReplicaInfo) -> ReplicaLedger:
-        config = self._config
-        return ReplicaLedger(
-            replica,
-            info.stats,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            max_wait_s=config.max_wait_ms / 1000,
-            block_size=info.limits.block_size,
-            num_kv_blocks=info.limits.num_kv_blocks,
-        )

@@ -29,7 +29,8 @@ class DisaggregationSettings:
     )
     kv_transfer_latency_ms: float = setting(
         0.5,
-        help="fixed cost of moving one request's KV between replicas (set-up and hand-off), in ms",
+        help="fixed cost of moving one request's KV between replicas (set-up and hand-off), in "
+        "ms; baton serve starts from it and fits the link to the transfers it measures",
     )
     kv_transfer_gbps: float = setting(
         50.0,

@@ -112,7 +112,7 @@ export function showStats(stats) {
   setField("generation-tps", perSecond("tok")(throughput.generation_tokens_per_s));
   setField("prompt-tps", perSecond("tok")(throughput.prompt_tokens_per_s));
   setField("rps", perSecond("req")(throughput.requests_per_s));
-  showReplicas($("#replicas-card"), stats.replicas);
+  showReplicas($("#replicas-card"), stats.replicas, stats.kv_transfers);
 
   charts.requests.push([stats.running, stats.waiting]);
   charts.kv.push([stats.kv_cache_usage]);
