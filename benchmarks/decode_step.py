@@ -27,7 +27,8 @@ from baton.core.batch import Batch, ScheduledSequence
 from baton.core.checkpoint.model_config import ModelConfig
 from baton.core.config import EngineConfig
 from baton.core.sampling_params import SamplingParams
-from baton.gpu.executor import DTYPES, TorchExecutor
+from baton.gpu.device import DTYPES
+from baton.gpu.executor import TorchExecutor
 from baton.gpu.kv_cache import kv_cache_bytes_per_block
 
 LLAMA_8B = Path(__file__).parent / "configs" / "llama-3.1-8b.json"

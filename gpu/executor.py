@@ -15,11 +15,11 @@ from baton.core.batch import Batch, ExecutorOutput, ScheduledSequence
 from baton.core.checkpoint.model_config import ModelConfig
 from baton.core.config import EngineConfig
 from baton.core.kv_cache.host_memory import format_size, release_freed_heap
-from baton.core.sampling_params import SamplingParams
 from baton.gpu.cuda_graph import DecodeGraphs, graph_batch_sizes
+from baton.gpu.device import resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from baton.gpu.draft_runner import DraftRunner
 from baton.gpu.huge_pages import huge_page_bytes, move_to_huge_pages
-from baton.gpu.input_batch import InputBuffers, prepare_inputs
+from baton.gpu.input_batch import InputBuffers
 from baton.gpu.kv_cache import (
     allocate_kv_caches,
     budget_num_kv_blocks,
@@ -29,6 +29,7 @@ from baton.gpu.kv_cache import (
 )
 from baton.gpu.kv_transfer import read_blocks, write_blocks
 from baton.gpu.loader import load_model
+from baton.gpu.memory_profile import profile_peak_memory
 from baton.gpu.models.cpu_layers import CpuLayers, streamed_weights
 from baton.gpu.models.model import uses_f32_kernel
 from baton.gpu.models.quantization import check_quantization, quantize_as_loaded, quantize_lm_head
@@ -45,44 +46,6 @@ if TYPE_CHECKING:  # xgrammar (and transformers) load with the first structured-
     from baton.gpu.structured_output import GrammarMask, GrammarMatchers, XGrammarCompiler
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(device: str) -> torch.device:
-    """`auto` picks CUDA when a GPU is visible, else the CPU."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"--device must be auto, cpu or cuda, got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but torch sees no CUDA GPU; use --device cpu")
-    return torch.device(device)
-
-
-def resolve_kv_cache_dtype(
-    kv_cache_dtype: str, device: torch.device, model_dtype: torch.dtype
-) -> torch.dtype:
-    """`auto` is the model's dtype; float16 is taken on the CPU only, where attention widens
-    what it reads (the GPU kernels read the cache in the model's dtype)."""
-    if kv_cache_dtype == "auto":
-        return model_dtype
-    dtype = DTYPES[kv_cache_dtype]
-    if device.type != "cpu" and dtype != model_dtype:
-        raise ValueError(
-            f"--kv-cache-dtype {kv_cache_dtype} is for the CPU; on {device.type} the KV cache "
-            "is in the model's dtype (--kv-cache-dtype auto, or set --dtype)"
-        )
-    return dtype
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`auto` is float32 on the CPU (the exact reference path) and bfloat16 on CUDA."""
-    if dtype == "auto":
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    if dtype not in DTYPES:
-        raise ValueError(f"--dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
-    return DTYPES[dtype]
 
 
 class TorchExecutor:
@@ -441,7 +404,16 @@ class TorchExecutor:
                 self.kv_cache_dtype,
                 draft=self.draft_config,
             )
-        self._profile_forward()
+        profile_peak_memory(
+            self.model,
+            self.model_config,
+            self.engine_config,
+            self.max_model_len,
+            self.block_size,
+            self.kv_cache_dtype,
+            self.device,
+            self.dtype,
+        )
         return cuda_num_kv_blocks(
             self.model_config,
             self.block_size,
@@ -450,47 +422,3 @@ class TorchExecutor:
             self.device,
             self.draft_config,
         )
-
-    @torch.inference_mode()
-    def _profile_forward(self) -> None:
-        """Run a step as large as the scheduler may send, so the allocator's peak covers it.
-
-        It writes into a throwaway cache just big enough, which the peak then slightly overstates.
-        """
-        batch = self._largest_batch()
-        num_blocks = sum(len(seq.block_table) for seq in batch.sequences)
-        kv_caches = allocate_kv_caches(
-            self.model_config, num_blocks, self.block_size, self.kv_cache_dtype, self.device
-        )
-        inputs = prepare_inputs(batch, self.block_size, self.device, self.dtype)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata, kv_caches)
-        num_sampled = min(self.engine_config.max_num_seqs, batch.num_tokens)
-        self.model.compute_logits(hidden[-num_sampled:]).float()
-        del kv_caches, hidden
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-
-    def _largest_batch(self) -> Batch:
-        """`max_num_batched_tokens` prompt tokens in sequences of at most `max_model_len`."""
-        batch = Batch()
-        remaining = self.engine_config.max_num_batched_tokens
-        next_block = 0
-        while remaining > 0:
-            token_ids = [0] * min(remaining, self.max_model_len)
-            num_blocks = -(-len(token_ids) // self.block_size)
-            batch.sequences.append(
-                ScheduledSequence(
-                    request_id=f"profile-{len(batch.sequences)}",
-                    token_ids=token_ids,
-                    start_position=0,
-                    block_table=list(range(next_block, next_block + num_blocks)),
-                    sample=True,
-                    sampling_params=SamplingParams(),
-                    all_token_ids=token_ids,
-                    num_prompt_tokens=len(token_ids),
-                )
-            )
-            batch.num_prefill_tokens += len(token_ids)
-            remaining -= len(token_ids)
-            next_block += num_blocks
-        return batch

@@ -17,7 +17,8 @@ from baton.app.model_settings import DEMO_MODEL
 from baton.core.checkpoint.model_config import ModelConfig
 from baton.core.config import EngineConfig
 from baton.core.sampling_params import SamplingParams
-from baton.gpu.executor import TorchExecutor, resolve_kv_cache_dtype
+from baton.gpu.device import resolve_kv_cache_dtype
+from baton.gpu.executor import TorchExecutor
 from baton.gpu.kv_cache import kv_cache_bytes_per_block
 from baton.kernels.cpu_attention_plan import cpu_attention_plan, plain_torch_decodes
 from baton.kernels.kv_cache import write_kv_cache_ref
