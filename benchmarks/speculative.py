@@ -106,11 +106,18 @@ def server_command(
 
 
 def one_stream(
-    base: str, model: str, pid: int, prompt: list[int], temperature: float, args: argparse.Namespace
+    client: httpx.Client,
+    model: str,
+    pid: int,
+    prompt: list[int],
+    temperature: float,
+    args: argparse.Namespace,
 ) -> tuple[Answer, float]:
     """One request alone, and the server's CPU seconds over it. The prompt is sent once before
     with one output token, so that both servers hold it in their prompt caches and the request
-    measured is its decoding: the prefill is the same work with speculation or without."""
+    measured is its decoding: the prefill is the same work with speculation or without. The
+    client is made once per server: a new one per request (`httpx.post`) builds an SSL context
+    inside the timed request, as long as a few decode steps."""
     body = {
         "model": model,
         "prompt": prompt,
@@ -118,11 +125,11 @@ def one_stream(
         "temperature": 0.0,
         "ignore_eos": True,
     }
-    httpx.post(f"{base}/v1/completions", json=body, timeout=600).raise_for_status()
+    client.post("/v1/completions", json=body).raise_for_status()
     body |= {"max_tokens": args.output_len, "temperature": temperature, "seed": args.seed}
     cpu_before = cpu_seconds(pid)
     started = time.perf_counter()
-    reply = httpx.post(f"{base}/v1/completions", json=body, timeout=600)
+    reply = client.post("/v1/completions", json=body)
     elapsed = time.perf_counter() - started
     cpu_s = cpu_seconds(pid) - cpu_before
     reply.raise_for_status()
@@ -132,9 +139,9 @@ def one_stream(
     return Answer(answer["usage"]["completion_tokens"], elapsed, drafted, accepted), cpu_s
 
 
-def baton_drafts(base: str) -> tuple[int, int]:
+def baton_drafts(client: httpx.Client) -> tuple[int, int]:
     """Baton's draft tokens and accepted ones since it started (0, 0 when it does not speculate)."""
-    spec = httpx.get(f"{base}/v1/stats").json().get("spec_decode") or {}
+    spec = client.get("/v1/stats").json().get("spec_decode") or {}
     return spec.get("num_draft_tokens", 0), spec.get("num_accepted_tokens", 0)
 
 
@@ -150,7 +157,7 @@ def measure(
     load = load_1min()
     base = f"http://127.0.0.1:{args.port}"
     figures, cpu_ms, acceptance = {}, {}, {}
-    with log_path.open("w") as log:
+    with log_path.open("w") as log, httpx.Client(base_url=base, timeout=600) as client:
         server = subprocess.Popen(
             server_command(side, args, gguf, context),
             cwd=REPO,
@@ -161,14 +168,16 @@ def measure(
         )
         try:
             first_answer(server, args.port, time.perf_counter(), args.start_timeout)
-            model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
+            model = client.get("/v1/models").json()["data"][0]["id"]
             for workload, temperature in WORKLOADS.items():
-                drafts_before = baton_drafts(base) if side.llama_server is None else (0, 0)
-                timed = [one_stream(base, model, server.pid, p, temperature, args) for p in prompts]
+                drafts_before = baton_drafts(client) if side.llama_server is None else (0, 0)
+                timed = [
+                    one_stream(client, model, server.pid, p, temperature, args) for p in prompts
+                ]
                 runs = [run for run, _ in timed]
                 used = sum(cpu_s for _, cpu_s in timed)
                 if side.llama_server is None:
-                    after = baton_drafts(base)
+                    after = baton_drafts(client)
                     drafted, accepted = (a - b for a, b in zip(after, drafts_before, strict=True))
                 else:
                     drafted = sum(run.drafted for run in runs)

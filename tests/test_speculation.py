@@ -11,7 +11,7 @@ from baton.core.scheduling.speculation import expected_tokens, plan_drafts
 from baton.core.scheduling.step_cost import CostCoefficients
 from baton.core.speculative.acceptance import DraftRecord, SpecDecodeCounters
 from baton.core.speculative.ngram_proposer import NgramProposer
-from baton.core.speculative.speculator import Speculator
+from baton.core.speculative.speculator import DRAFT_COST_MEMORY_STEPS, Speculator
 from baton.core.step_stats import StepStats
 from tests.factory import add_request, make_core_request, make_engine, make_request
 
@@ -233,3 +233,20 @@ def test_a_step_stalled_by_the_os_does_not_stop_speculation():
     request = make_core_request("r", PROMPT + PROMPT[:3], max_tokens=40)
     request.drafts.record(8, 4)  # a rate of about one half: three drafts pay at 0.5 ms each
     assert speculator.drafts([request], 64, 0) == [PROMPT[3:6]]
+
+
+def test_a_price_measured_on_one_stalled_step_expires():
+    # The first drafted step is preempted for 200 ms: its one sample prices every draft out, so
+    # no drafted step comes to replace it; once it is old enough it is forgotten and drafting
+    # resumes at the fit's price.
+    fit = CostCoefficients(base_s=0.01, per_prefill_token_s=0.0, per_decode_token_s=0.0)
+    speculator = Speculator(NgramProposer(2, 4), 4, fit)
+    speculator.observe_step(StepStats(0.0, 0.2, 0.2, 1, 0, 1, 100, num_draft_tokens=4))
+    request = make_core_request("r", PROMPT + PROMPT[:3], max_tokens=40)
+    request.drafts.record(8, 4)
+    assert speculator.drafts([request], 64, 0) == [[]]
+    undrafted = StepStats(0.0, 0.01, 0.01, 1, 0, 1, 100)
+    for _ in range(DRAFT_COST_MEMORY_STEPS):
+        speculator.observe_step(undrafted)
+    assert speculator.draft_token_s == 0.0
+    assert speculator.drafts([request], 64, 0) == [PROMPT[3:7]]

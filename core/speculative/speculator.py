@@ -17,6 +17,9 @@ from baton.core.step_stats import StepStats
 # Drafted steps whose median sets a draft token's measured cost: a step the OS preempted is one
 # long sample among them, where a running mean would carry it for many steps.
 DRAFT_COST_WINDOW = 32
+# Steps after which a sample is forgotten, drafted or not: a price that stops all drafting gets
+# no drafted step to replace it, so one stalled first sample would otherwise end speculation.
+DRAFT_COST_MEMORY_STEPS = 2 * DRAFT_COST_WINDOW
 
 
 class Speculator:
@@ -32,13 +35,17 @@ class Speculator:
         # a verified row as a prompt token, but a few rows cost more each than a long prompt's
         # (and a sampled row's sampling) do, which a linear fit over all steps cannot tell
         # apart. A draft model's forwards that propose the tokens are measured in it too.
-        self._draft_costs: deque[float] = deque(maxlen=DRAFT_COST_WINDOW)
+        # Each as (the step it was measured at, seconds per draft token).
+        self._draft_costs: deque[tuple[int, float]] = deque(maxlen=DRAFT_COST_WINDOW)
+        self._num_steps = 0
 
     @property
     def draft_token_s(self) -> float:
         """Seconds a draft token adds to a step, measured: the median over recent drafted steps
-        (0 before any)."""
-        return statistics.median(self._draft_costs) if self._draft_costs else 0.0
+        (0 before any, or once the last is DRAFT_COST_MEMORY_STEPS steps old)."""
+        return (
+            statistics.median(cost for _, cost in self._draft_costs) if self._draft_costs else 0.0
+        )
 
     def drafts_beside(
         self, decodes: Sequence[Request], prefilling: Iterable[Request], token_budget: int
@@ -80,13 +87,19 @@ class Speculator:
 
     def observe_step(self, stats: StepStats) -> None:
         """A step listener: what the step's drafts added to it beyond the fit's prediction of
-        the same step without them."""
+        the same step without them. Every step ages the samples, drafted or not."""
+        self._num_steps += 1
+        costs = self._draft_costs
+        while costs and costs[0][0] <= self._num_steps - DRAFT_COST_MEMORY_STEPS:
+            costs.popleft()
         if not stats.num_draft_tokens:
             return
         without = self.cost.predict_step(
             stats.num_prefill_tokens, stats.num_decode_tokens, stats.num_context_tokens
         )
-        self._draft_costs.append(max(0.0, stats.duration_s - without) / stats.num_draft_tokens)
+        costs.append(
+            (self._num_steps, max(0.0, stats.duration_s - without) / stats.num_draft_tokens)
+        )
 
     def observe(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         request.drafts.record(num_drafted, num_accepted)
