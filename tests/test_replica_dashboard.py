@@ -1,7 +1,7 @@
 """The dashboard's Replicas card in Debian's chromium, headless (as tests/test_ui.py drives the
 page): one row per replica from `/v1/stats` with its role and the KV transfers it received, a
 restarting one marked, and the card hidden for a single engine, whose figures the other cards
-already show."""
+already show; and speculative decoding's acceptance, shown only by a server that speculates."""
 
 from __future__ import annotations
 
@@ -127,3 +127,23 @@ def test_replicas_card_is_hidden_for_a_single_engine(dashboard):
     answers.append(EMPTY_WINDOW)
     expect(card).to_be_hidden(timeout=WAIT_MS)
     expect(card.locator("tbody tr")).to_have_count(0)
+
+
+def test_speculation_shows_its_acceptance_only_on_a_server_that_speculates(dashboard):
+    page, answers = dashboard
+    figure = page.locator("#spec-figure")
+    expect(page.locator("#replicas-card")).to_be_visible(timeout=WAIT_MS)
+    expect(figure).to_be_hidden()
+    spec = {
+        "num_drafts": 40,
+        "num_draft_tokens": 160,
+        "num_accepted_tokens": 124,
+        "accepted_per_position": [38, 33, 28, 25],
+        "acceptance_rate": 124 / 160,
+        "mean_acceptance_length": (124 + 40) / 40,
+    }
+    answers.append({**EMPTY_WINDOW, "spec_decode": spec})
+    expect(figure).to_be_visible(timeout=WAIT_MS)
+    expect(figure.locator("[data-field=spec-decode]")).to_have_text("78% · 4.10 tok a step")
+    answers.append({**EMPTY_WINDOW, "spec_decode": None})
+    expect(figure).to_be_hidden(timeout=WAIT_MS)

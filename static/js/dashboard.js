@@ -99,6 +99,16 @@ export function showStats(stats) {
   setField("decode-per-step", number(1)(steps.decode_tokens_per_step));
   setField("batch-size", number(1)(steps.batch_size));
   setField("step-ms", ms(steps.step_ms_p50));
+  // Only a server that speculates reports it (`--speculative-method`): share of draft tokens
+  // accepted, and tokens a drafting sequence gained per step.
+  const spec = stats.spec_decode ?? null;
+  $("#spec-figure").hidden = spec === null;
+  setField(
+    "spec-decode",
+    spec === null || !isNumber(spec.acceptance_rate)
+      ? "–"
+      : `${percent(spec.acceptance_rate)} · ${number(2)(spec.mean_acceptance_length)} tok a step`,
+  );
   setField("ttft-p50", ms(ttft.p50));
   setField("ttft-p99", ms(ttft.p99));
   setField("tpot-p50", ms(tpot.p50));
