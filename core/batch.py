@@ -81,17 +81,19 @@ class Batch:
     costs one test; `num_pooled` counts the sequences whose final hidden states are pooled this
     step (an embedding's every chunk under mean pooling, its last under last-token pooling).
     `num_draft_tokens` counts the decodes' draft tokens (speculative decoding), which the step
-    computes like prefill tokens. `finished_request_ids` are requests that ended since the
-    previous batch, so an executor that keeps state per request (grammar matchers) can drop
-    theirs. `padding` is a cost
-    only (static batching, core/scheduling/static_batch.py): an executor packs the sequences and
-    never computes it, so it cannot change a token; a simulated one charges it.
+    computes like prefill tokens. `num_constrained_rows` counts the positions sampled under an
+    output constraint (a grammar's mask is filled for each). `finished_request_ids` are
+    requests that ended since the previous batch, so an executor that keeps state per request
+    (grammar matchers) can drop theirs. `padding` is a cost only (static batching,
+    core/scheduling/static_batch.py): an executor packs the sequences and never computes it, so
+    it cannot change a token; a simulated one charges it.
     """
 
     sequences: list[ScheduledSequence] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     num_draft_tokens: int = 0
+    num_constrained_rows: int = 0
     num_prompt_logprobs: int = 0
     num_pooled: int = 0
     finished_request_ids: list[str] = field(default_factory=list)

@@ -283,6 +283,7 @@ class Engine:
                 num_decode_tokens=scheduled.num_decode_tokens,
                 num_context_tokens=num_context_tokens,
                 num_draft_tokens=scheduled.num_draft_tokens,
+                num_constrained_rows=scheduled.num_constrained_rows,
             )
             for listener in self.step_listeners:
                 listener(stats)

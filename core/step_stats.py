@@ -13,7 +13,8 @@ class StepStats:
     `started` is when scheduling began, `executed` when the forward returned and `finished`
     when every request's output for the step was processed. `num_context_tokens` is the number
     of KV entries the step's attention read: the sum of every scheduled sequence's length.
-    `num_draft_tokens` are the decodes' speculative draft tokens, verified beside them.
+    `num_draft_tokens` are the decodes' speculative draft tokens, verified beside them;
+    `num_constrained_rows` the positions sampled under an output constraint (grammar masks).
     """
 
     started: float
@@ -24,6 +25,7 @@ class StepStats:
     num_decode_tokens: int
     num_context_tokens: int
     num_draft_tokens: int = 0
+    num_constrained_rows: int = 0
 
     @property
     def duration_s(self) -> float:

@@ -4,6 +4,7 @@ keep running decodes within their TPOT target, and victims are chosen by priorit
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from baton.core.scheduling.policy_registry import make_policy
 from baton.core.scheduling.slo_policy import SLOPolicy
 from baton.core.scheduling.step_cost import CostCoefficients, StepCostModel, StepShape
 from baton.core.scheduling.step_cost_profile import profile_shapes, warm_up
+from baton.core.structured_output import GuideKind, StructuredOutput
 from tests.factory import add_request, make_engine
 
 VOCAB = 1000
@@ -331,3 +333,17 @@ def test_tpot_allowance_is_the_banked_slack_alone():
     assert policy.tpot_allowance_s(request, 0.5) == pytest.approx(0.1 + 0.02 * 49 - 0.5)
     # Behind its pace, it can absorb nothing.
     assert policy.tpot_allowance_s(request, 1.2) < 0
+
+
+def test_a_decode_under_a_grammar_leaves_less_room_for_prefill_when_masks_cost():
+    cost = StepCostModel(CostCoefficients(0.005, 1e-4, 2e-4, 1e-7, per_constrained_row_s=2e-3))
+    policy = make_policy("slo", PolicyContext(cost, max_num_batched_tokens=2048))
+    plain = decoding("a", SLO(None, 40))
+    constrained = decoding("b", SLO(None, 40))
+    digits = StructuredOutput(GuideKind.REGEX, "[0-9]+")
+    params = dataclasses.replace(plain.sampling_params, structured_output=digits)
+    constrained.sampling_params = params
+    budget_plain = policy.prefill_budget(SchedulerView(0.0, (), (plain,), 2047))
+    budget_constrained = policy.prefill_budget(SchedulerView(0.0, (), (constrained,), 2047))
+    # The mask's 2 ms is 20 prefill tokens' worth of the step's room.
+    assert budget_plain - budget_constrained == pytest.approx(2e-3 / (1e-4 + 1e-7), abs=1)

@@ -5,6 +5,7 @@ its coefficients give."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import itertools
 import random
@@ -23,6 +24,7 @@ from baton.core.scheduling.step_cost import (
 from baton.core.scheduling.step_cost_profile import profile_shapes, warm_up
 from baton.core.simulation.simulated_executor import SimulatedClock, SimulatedExecutor
 from baton.core.simulation.simulator import DEFAULT_COST
+from baton.core.structured_output import GuideKind, StructuredOutput
 from tests.factory import add_request, make_engine, make_request
 
 TRUE = CostCoefficients(0.008, 6e-5, 3e-4, 2e-7)
@@ -159,3 +161,40 @@ def test_a_warm_started_fit_finds_the_same_optimum_whatever_support_it_tries_fir
     for size in range(n + 1):
         for hint in itertools.combinations(range(n), size):
             assert anchored_nnls(gram, moment, anchor, 0.5, hint) == pytest.approx(cold)
+
+
+def test_fit_learns_what_a_row_sampled_under_a_grammar_costs():
+    true = CostCoefficients(0.008, 6e-5, 3e-4, 2e-7, per_constrained_row_s=4e-4)
+    rng = random.Random(7)
+    model = StepCostModel()
+    for shape in random_shapes(300, seed=3):
+        constrained = rng.randint(0, shape.num_decode_tokens)
+        shape = dataclasses.replace(shape, num_constrained_rows=constrained)
+        model.update(shape, true.predict(shape))
+    for fitted, expected in zip(model.coefficients, true.as_tuple(), strict=True):
+        assert fitted == pytest.approx(expected, rel=1e-3)
+    assert model.predict_step(0, 16, 4000, 16) - model.predict_step(0, 16, 4000) == pytest.approx(
+        16 * 4e-4, rel=1e-3
+    )
+
+
+def test_engine_counts_constrained_rows_and_its_fit_prices_them():
+    # Half the requests sample under a (pre-compiled) grammar; the simulated machine charges
+    # each such row: the engine's steps say how many, and its fit finds what one costs.
+    true = CostCoefficients(0.008, 6e-5, 3e-4, 2e-7, per_constrained_row_s=5e-4)
+    rows = []
+    engine = make_engine(
+        num_kv_blocks=512, cost=true, on_batch=lambda b: rows.append(b.num_constrained_rows)
+    )
+    digits = StructuredOutput(GuideKind.REGEX, "[0-9]+").compiled(object())
+    rng = random.Random(8)
+    for i in range(40):
+        tokens = [rng.randrange(1000) for _ in range(rng.randint(1, 300))]
+        constraint = {"structured_output": digits} if i % 2 else {}
+        request = make_request(f"r{i}", tokens, max_tokens=rng.randint(4, 60), **constraint)
+        add_request(engine, request)
+    while engine.has_unfinished_requests:
+        engine.step()
+    assert max(rows) > 0 and min(rows) == 0
+    fitted = engine.step_cost_model.current.per_constrained_row_s
+    assert fitted == pytest.approx(5e-4, rel=0.05)

@@ -67,6 +67,8 @@ def served_coefficients(base_url: str, api_key: str | None = None) -> CostCoeffi
         per_prefill_token_s=cost["prefill_us_per_token"] / 1e6,
         per_decode_token_s=cost["decode_us_per_token"] / 1e6,
         per_context_token_s=cost["context_ns_per_token"] / 1e9,
+        # A server from before the grammar term reports none.
+        per_constrained_row_s=cost.get("grammar_us_per_row", 0.0) / 1e6,
     )
 
 
@@ -87,5 +89,6 @@ def _serve_offline(engine: Engine, workload: list[WorkloadRequest]) -> None:
 def format_cost(cost: CostCoefficients) -> str:
     return (
         f"base={cost.base_s:.3g},prefill={cost.per_prefill_token_s:.3g},"
-        f"decode={cost.per_decode_token_s:.3g},context={cost.per_context_token_s:.3g}"
+        f"decode={cost.per_decode_token_s:.3g},context={cost.per_context_token_s:.3g},"
+        f"grammar={cost.per_constrained_row_s:.3g}"
     )

@@ -168,6 +168,7 @@ def step_cost(stats: EngineStats) -> dict[str, float | int | None]:
         "prefill_us_per_token": cost.per_prefill_token_s * 1e6,
         "decode_us_per_token": cost.per_decode_token_s * 1e6,
         "context_ns_per_token": cost.per_context_token_s * 1e9,
+        "grammar_us_per_row": cost.per_constrained_row_s * 1e6,
         "mean_abs_error_ratio": stats.step_cost_error,
         "observations": stats.step_cost_observations,
     }

@@ -410,6 +410,8 @@ class Scheduler:
             seq.token_ids.extend(draft)
             seq.draft_token_ids = draft
             batch.num_draft_tokens += len(draft)
+        if seq.sample and request.sampling_params.structured_output is not None:
+            batch.num_constrained_rows += 1 + len(seq.draft_token_ids)
         batch.sequences.append(seq)
         batch.num_pooled += seq.pools
         self._scheduled.add(request.request_id)

@@ -71,15 +71,16 @@ class SLOPolicy(SchedulingPolicy):
         """The step's prefill budget under the TPOT cap, and the budget a chunk uses per token
         of KV before it (its attention reads them) while the cap holds."""
         cost = self.context.cost_model
-        num_decodes = num_context = 0
+        num_decodes = num_context = num_constrained = 0
         targeted = []
         for request in view.running:
             if request.num_uncomputed_tokens == 1:
                 num_decodes += 1
                 num_context += request.num_tokens
+                num_constrained += request.sampling_params.structured_output is not None
                 if request.slo.tpot_ms is not None:
                     targeted.append(request)
-        decode_s = cost.predict_step(0, num_decodes, num_context)
+        decode_s = cost.predict_step(0, num_decodes, num_context, num_constrained)
         per_token_s = cost.prefill_token_s()
         if not targeted:
             return view.token_budget, 0.0
@@ -118,9 +119,11 @@ class SLOPolicy(SchedulingPolicy):
         cost = self.context.cost_model
         decoding = [r for r in view.running if r.num_uncomputed_tokens == 1]
         context = sum(r.num_tokens for r in decoding)
+        constrained = sum(r.sampling_params.structured_output is not None for r in decoding)
         error = self.error_headroom()
-        decode_s = cost.predict_step(0, len(decoding), context) * (1 + error)
-        step_s = cost.predict_step(num_prefill, len(decoding), context + num_prefill) * (1 + error)
+        decode_s = cost.predict_step(0, len(decoding), context, constrained) * (1 + error)
+        step_s = cost.predict_step(num_prefill, len(decoding), context + num_prefill, constrained)
+        step_s *= 1 + error
         at_risk = 0
         for request in decoding:
             if request.slo.tpot_ms is not None:

@@ -1,6 +1,9 @@
 """The step-cost model: how long a step takes, predicted from what it carries.
 
     seconds = base + prefill_tokens·a_p + decode_tokens·a_d + context_tokens·a_c
+              + constrained_rows·a_g
+
+(a constrained row is a position sampled under a grammar, whose mask the step fills).
 
 Non-negative coefficients, fitted online: least squares over the measured steps, older ones
 forgotten, constrained to be non-negative and pulled weakly toward an anchor (the warm-up
@@ -18,15 +21,16 @@ from typing import Protocol
 from baton.core.batch import Batch
 from baton.core.step_stats import StepStats
 
-NUM_FEATURES = 4
+NUM_FEATURES = 5
 # How quickly old steps are forgotten: an effective memory of about 1 / (1 - λ) = 200 steps.
 FORGETTING_FACTOR = 0.995
 # Weight of the anchor, in steps' worth of evidence (a weak prior): it settles only the
 # directions the traffic never varies (a chat-only load moves decodes and context together)
 # and is outvoted by a single step in the others.
 ANCHOR_WEIGHT = 1e-3
-# Typical size of each feature (1, prefill tokens, decode tokens, context tokens).
-FEATURE_SCALE = (1.0, 256.0, 64.0, 16384.0)
+# Typical size of each feature (1, prefill tokens, decode tokens, context tokens, constrained
+# rows).
+FEATURE_SCALE = (1.0, 256.0, 64.0, 16384.0, 8.0)
 # Weight of the newest error in the running mean of |error| / actual.
 ERROR_EMA_WEIGHT = 0.05
 
@@ -38,6 +42,7 @@ class StepShape:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     num_context_tokens: int = 0
+    num_constrained_rows: int = 0
 
     def features(self) -> tuple[float, ...]:
         return (
@@ -45,6 +50,7 @@ class StepShape:
             float(self.num_prefill_tokens),
             float(self.num_decode_tokens),
             float(self.num_context_tokens),
+            float(self.num_constrained_rows),
         )
 
     @classmethod
@@ -54,6 +60,7 @@ class StepShape:
             stats.num_prefill_tokens + stats.num_draft_tokens,
             stats.num_decode_tokens,
             stats.num_context_tokens,
+            stats.num_constrained_rows,
         )
 
     @classmethod
@@ -65,17 +72,20 @@ class StepShape:
             batch.num_prefill_tokens + batch.num_draft_tokens + padding.num_prefill_tokens,
             batch.num_decode_tokens + padding.num_decode_tokens,
             sum(seq.seq_len for seq in batch.sequences) + padding.num_context_tokens,
+            batch.num_constrained_rows,
         )
 
 
 @dataclass(slots=True)
 class CostCoefficients:
-    """Seconds per unit of each feature; the default is a rough guess for a small model."""
+    """Seconds per unit of each feature; the default is a rough guess for a small model, with
+    no cost for a constrained row until steps that carry them are measured."""
 
     base_s: float = 0.005
     per_prefill_token_s: float = 1e-4
     per_decode_token_s: float = 2e-4
     per_context_token_s: float = 1e-7
+    per_constrained_row_s: float = 0.0
 
     def as_tuple(self) -> tuple[float, ...]:
         return (
@@ -83,16 +93,18 @@ class CostCoefficients:
             self.per_prefill_token_s,
             self.per_decode_token_s,
             self.per_context_token_s,
+            self.per_constrained_row_s,
         )
 
     @classmethod
     def parse(cls, text: str) -> CostCoefficients:
-        """`base=0.01,prefill=1e-4,decode=5e-4,context=2e-7` (any subset)."""
+        """`base=0.01,prefill=1e-4,decode=5e-4,context=2e-7,grammar=1e-4` (any subset)."""
         names = {
             "base": "base_s",
             "prefill": "per_prefill_token_s",
             "decode": "per_decode_token_s",
             "context": "per_context_token_s",
+            "grammar": "per_constrained_row_s",
         }
         values = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
@@ -111,12 +123,15 @@ class CostCoefficients:
     def predict(self, shape: StepShape) -> float:
         return sum(c * x for c, x in zip(self.as_tuple(), shape.features(), strict=True))
 
-    def predict_step(self, num_prefill: int, num_decode: int, num_context: int) -> float:
+    def predict_step(
+        self, num_prefill: int, num_decode: int, num_context: int, num_constrained: int = 0
+    ) -> float:
         return (
             self.base_s
             + self.per_prefill_token_s * num_prefill
             + self.per_decode_token_s * num_decode
             + self.per_context_token_s * num_context
+            + self.per_constrained_row_s * num_constrained
         )
 
     def prefill_token_s(self) -> float:
@@ -128,7 +143,9 @@ class StepCost(Protocol):
     """What a forecast needs of a cost model: a frozen fit (`CostCoefficients`, as published
     in the engine's stats) or the live one (`StepCostModel`, on the step thread)."""
 
-    def predict_step(self, num_prefill: int, num_decode: int, num_context: int) -> float: ...
+    def predict_step(
+        self, num_prefill: int, num_decode: int, num_context: int, num_constrained: int = 0
+    ) -> float: ...
 
     def prefill_token_s(self) -> float: ...
 
@@ -169,9 +186,12 @@ class StepCostModel:
     def predict(self, shape: StepShape) -> float:
         return sum(c * x for c, x in zip(self.coefficients, shape.features(), strict=True))
 
-    def predict_step(self, num_prefill: int, num_decode: int, num_context: int) -> float:
+    def predict_step(
+        self, num_prefill: int, num_decode: int, num_context: int, num_constrained: int = 0
+    ) -> float:
         c = self.coefficients
-        return c[0] + c[1] * num_prefill + c[2] * num_decode + c[3] * num_context
+        decode_s = c[2] * num_decode + c[4] * num_constrained
+        return c[0] + c[1] * num_prefill + decode_s + c[3] * num_context
 
     def prefill_token_s(self) -> float:
         """Marginal seconds of one more prefill token (it is also read as context)."""
@@ -217,7 +237,7 @@ def anchored_nnls(
     steps plus a pull toward the anchor. The objective is strictly convex, so the optimum is
     the unconstrained solution on its support (set of non-zero coefficients) that meets the
     KKT conditions. The support `hint` (the last fit's: it rarely changes between steps) is
-    tried first, then the full one; failing both, with four unknowns every support is tried
+    tried first, then the full one; failing both, with five unknowns every support is tried
     and the best feasible one kept."""
     n = len(moment)
     matrix = [[gram[i][j] + (weight if i == j else 0.0) for j in range(n)] for i in range(n)]
