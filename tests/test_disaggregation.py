@@ -18,9 +18,9 @@ from baton.core.replicas.kv_transfer import KVShape, TransferCost, TransferFit
 from baton.core.replicas.replica_ledger import ReplicaLedger
 from baton.core.replicas.router import Router, RouteRequest
 from baton.core.request import SLO
+from baton.core.scheduling.step_cost_profile import profile_shapes, warm_up
 from baton.core.simulation.replica_simulator import simulate_replicas
 from baton.core.simulation.simulator import DEFAULT_COST, SimulationConfig
-from baton.core.scheduling.step_cost_profile import profile_shapes, warm_up
 from baton.core.simulation.workloads import LengthDistribution, RequestClass, WorkloadRequest
 from tests.factory import make_engine, make_replica_ledger, make_request
 
@@ -242,7 +242,9 @@ def test_a_moved_decode_is_paced_from_its_landing_and_keeps_prefill_capped():
     # The transfer took four TPOT targets: counted from its first token, the decode is late.
     decode.clock.now = handed.first_token_time + 4 * TIGHT.tpot_ms / 1000
     decode.add_prefilled(handed)
-    long = make_request("long", [i % 997 + 1 for i in range(1500)], slo=SLO(ttft_ms=5000), max_tokens=4)
+    long = make_request(
+        "long", [i % 997 + 1 for i in range(1500)], slo=SLO(ttft_ms=5000), max_tokens=4
+    )
     decode.add_request(decode.validator.validate(long))
     landed_s = decode.clock()
     outputs = decode.step()
