@@ -99,6 +99,20 @@ def test_auto_serves_a_request_whole_on_a_prefill_replica_when_decode_replicas_a
     assert placement.replica_id == 0 and not placement.split
 
 
+def test_a_prefill_replica_with_prompts_queued_decodes_when_decode_replicas_are_full():
+    router = _router("auto")
+    prefill, *decoders = router.router.replicas
+    for index in range(4):
+        prefill.add(f"queued-{index}", 1500, TIGHT, (), 0.0)
+    for ledger in decoders:
+        _decoding(ledger, 80)
+    # Its owed prompts do not fill its steps: the planner caps them for the decodes it holds,
+    # so the prefill replica's spare decode capacity serves a decode-bound load.
+    placement = router.route(_request("whole", 1500), 0.0)
+    assert placement.replica_id == 0 and not placement.split
+    assert router.hand_off("moved", 1500, TIGHT, (), source=0, now=0.0) == 0
+
+
 def test_hand_off_goes_to_the_decode_replica_with_room_and_records_it_as_decoding():
     router = _router("auto", num_replicas=4)
     replicas = router.router.replicas
