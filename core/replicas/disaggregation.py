@@ -195,7 +195,7 @@ class DisaggregatingRouter:
         accepts (the TTFT forecast's rule, and a TPOT some replica is predicted to keep), or
         None when it accepts none. A longer prompt never runs on a decode replica: its chunks
         would hold the steps at the cap of decodes that, moved there with a transfer behind
-        them, start late on their pace and which the planner stops protecting."""
+        them and paced from their landing, then end just over their target."""
         slo = request.slo
         ttft_s = math.inf if slo.ttft_ms is None else slo.ttft_ms / 1000
         tpot_s = math.inf if slo.tpot_ms is None else slo.tpot_ms / 1000
