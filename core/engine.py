@@ -216,6 +216,7 @@ class Engine:
         request.num_computed_tokens = request.num_prompt_tokens
         request.first_scheduled_time = prefilled.first_scheduled_time
         request.first_token_time = prefilled.first_token_time
+        request.pace_start_time = self.clock()
         request.num_cached_tokens = prefilled.num_cached_tokens
         request.token_times.append(prefilled.first_token_time)
         request.prefill_chunks.extend(prefilled.prefill_chunks)

@@ -101,6 +101,7 @@ class Request:
         "num_computed_tokens",
         "num_preemptions",
         "num_prompt_tokens",
+        "pace_start_time",
         "pooled",
         "preempted_times",
         "prefill_chunks",
@@ -141,6 +142,9 @@ class Request:
         self.block_hashes: list[bytes] = []
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
+        # When its TPOT pace starts here, if not at its first token: a request prefilled by
+        # another engine lands behind its pace (the transfer), and is paced from its landing.
+        self.pace_start_time: float | None = None
         self.finish_time: float | None = None
         self.finish_reason: FinishReason | None = None
         # What tracing and metrics read after the request ends, on the engine's clock: when each

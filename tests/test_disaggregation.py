@@ -18,10 +18,11 @@ from baton.core.replicas.kv_transfer import KVShape, TransferCost, TransferFit
 from baton.core.replicas.replica_ledger import ReplicaLedger
 from baton.core.replicas.router import Router, RouteRequest
 from baton.core.request import SLO
+from baton.core.scheduling.step_cost_profile import profile_shapes, warm_up
 from baton.core.simulation.replica_simulator import simulate_replicas
 from baton.core.simulation.simulator import DEFAULT_COST, SimulationConfig
 from baton.core.simulation.workloads import LengthDistribution, RequestClass, WorkloadRequest
-from tests.factory import make_replica_ledger
+from tests.factory import make_engine, make_replica_ledger, make_request
 
 BYTES_PER_TOKEN = KVShape(32, 8, 128, 2).bytes_per_token
 LINK = TransferCost(0.0005, 50e9)
@@ -96,6 +97,20 @@ def test_auto_serves_a_request_whole_on_a_prefill_replica_when_decode_replicas_a
     # 81 decodes make a step longer than the 25 ms target on either decode replica.
     placement = router.route(_request("r", 64), 0.0)
     assert placement.replica_id == 0 and not placement.split
+
+
+def test_a_prefill_replica_with_prompts_queued_decodes_when_decode_replicas_are_full():
+    router = _router("auto")
+    prefill, *decoders = router.router.replicas
+    for index in range(4):
+        prefill.add(f"queued-{index}", 1500, TIGHT, (), 0.0)
+    for ledger in decoders:
+        _decoding(ledger, 80)
+    # Its owed prompts do not fill its steps: the planner caps them for the decodes it holds,
+    # so the prefill replica's spare decode capacity serves a decode-bound load.
+    placement = router.route(_request("whole", 1500), 0.0)
+    assert placement.replica_id == 0 and not placement.split
+    assert router.hand_off("moved", 1500, TIGHT, (), source=0, now=0.0) == 0
 
 
 def test_hand_off_goes_to_the_decode_replica_with_room_and_records_it_as_decoding():
@@ -212,3 +227,43 @@ def test_serve_refuses_prefill_replicas_that_leave_no_decode_replica(capsys):
     assert (
         "--prefill-replicas 2 leaves no decode replica of --replicas 2" in capsys.readouterr().err
     )
+
+
+def _slo_engine(on_batch=None):
+    """An `slo` engine on the simulator's default cost, its step-cost model fitted exactly."""
+    engine = make_engine(
+        num_kv_blocks=1024,
+        max_model_len=8192,
+        cost=DEFAULT_COST,
+        scheduling_policy="slo",
+        max_num_batched_tokens=2048,
+        enable_prefix_caching=False,
+        on_batch=on_batch,
+    )
+    warm_up(engine.step_cost_model, DEFAULT_COST.predict, profile_shapes(2048, 64, 8192))
+    return engine
+
+
+def test_a_moved_decode_is_paced_from_its_landing_and_keeps_prefill_capped():
+    prefill = _slo_engine()
+    moved = make_request("moved", [i % 997 + 1 for i in range(300)], slo=TIGHT, max_tokens=20)
+    prefill.add_request(prefill.validator.validate(moved), hand_off=True)
+    (output,) = prefill.step()
+    handed = output.prefilled
+    assert handed is not None
+    prefill_tokens: list[int] = []
+    decode = _slo_engine(on_batch=lambda batch: prefill_tokens.append(batch.num_prefill_tokens))
+    # The transfer took four TPOT targets: counted from its first token, the decode is late.
+    decode.clock.now = handed.first_token_time + 4 * TIGHT.tpot_ms / 1000
+    decode.add_prefilled(handed)
+    long = make_request(
+        "long", [i % 997 + 1 for i in range(1500)], slo=SLO(ttft_ms=5000), max_tokens=4
+    )
+    decode.add_request(decode.validator.validate(long))
+    landed_s = decode.clock()
+    outputs = decode.step()
+    # The planner caps the step's prefill to keep the moved decode's pace from its landing,
+    # rather than giving up on it and running the whole prompt beside it.
+    assert 0 < prefill_tokens[0] < 1500
+    assert any(o.request_id == "moved" and o.new_token_ids for o in outputs)
+    assert decode.clock() - landed_s <= TIGHT.tpot_ms / 1000

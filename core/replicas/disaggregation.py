@@ -135,7 +135,7 @@ class DisaggregatingRouter:
         moved_s = self.transfer_s(num_prompt_tokens) / max(1.0, _mean_intervals(replicas))
 
         def rank(replica: ReplicaLedger) -> tuple:
-            step_s = _decode_step_s(replica, num_prompt_tokens, self.roles[replica.replica_id])
+            step_s = _decode_step_s(replica, num_prompt_tokens)
             delay_s = 0.0 if replica is prefiller else moved_s
             return (
                 step_s + delay_s > target_s or replica.num_in_flight >= replica.max_num_seqs,
@@ -163,9 +163,7 @@ class DisaggregatingRouter:
         prefillers = self._healthy(Role.PREFILL)
         options = []
         if decoders:
-            best_decode_s = min(
-                _decode_step_s(r, request.num_prompt_tokens, Role.DECODE) for r in decoders
-            )
+            best_decode_s = min(_decode_step_s(r, request.num_prompt_tokens) for r in decoders)
             split_tpot_s = best_decode_s + self.transfer_s(request.num_prompt_tokens) / max(
                 1.0, _mean_intervals(decoders)
             )
@@ -178,8 +176,7 @@ class DisaggregatingRouter:
                 candidate = self._candidate(replica, request, now)
                 uncached = request.num_prompt_tokens - candidate.cached_blocks * replica.block_size
                 one_chunk = uncached <= replica.forecast.capped_prefill_budget()
-                role = self.roles[replica.replica_id]
-                tpot_s = _decode_step_s(replica, request.num_prompt_tokens, role)
+                tpot_s = _decode_step_s(replica, request.num_prompt_tokens)
                 options.append(_Option(candidate, False, tpot_s, one_chunk))
         return options
 
@@ -198,7 +195,7 @@ class DisaggregatingRouter:
         accepts (the TTFT forecast's rule, and a TPOT some replica is predicted to keep), or
         None when it accepts none. A longer prompt never runs on a decode replica: its chunks
         would hold the steps at the cap of decodes that, moved there with a transfer behind
-        them, start late on their pace and which the planner stops protecting."""
+        them and paced from their landing, then end just over their target."""
         slo = request.slo
         ttft_s = math.inf if slo.ttft_ms is None else slo.ttft_ms / 1000
         tpot_s = math.inf if slo.tpot_ms is None else slo.tpot_ms / 1000
@@ -237,20 +234,14 @@ class DisaggregatingRouter:
         return next(o for o in options if o.candidate is chosen)
 
 
-def _decode_step_s(replica: ReplicaLedger, num_prompt_tokens: int, role: Role) -> float:
+def _decode_step_s(replica: ReplicaLedger, num_prompt_tokens: int) -> float:
     """A step on `replica` once its requests in flight, and one more of `num_prompt_tokens`,
-    all decode (as many as the batch holds): what the new request's TPOT comes to there. On a
-    prefill replica the step also carries the prefill it owes, at the full token budget: the
-    planner serves its queue of long prompts ahead of a few decodes. Elsewhere the planner's
-    cap keeps prefill within the decodes' targets."""
-    forecast = replica.forecast
+    all decode (as many as the batch holds): what the new request's TPOT comes to there. The
+    planner's cap keeps prefill within the decodes' targets on every replica, a prefill
+    replica's too: counting its owed prompts at the full budget would call its spare decode
+    capacity full and leave a decode-bound load to the decode replicas alone."""
     num_seqs = min(replica.num_in_flight + 1, replica.max_num_seqs)
-    num_prefill = 0
-    if role is Role.PREFILL:
-        num_prefill = min(forecast.owed_tokens, forecast.max_num_batched_tokens - num_seqs)
-    return replica.stats.step_cost.predict_step(
-        num_prefill, num_seqs, replica.num_tokens + num_prompt_tokens
-    )
+    return replica.stats.step_cost.predict_step(0, num_seqs, replica.num_tokens + num_prompt_tokens)
 
 
 def _mean_intervals(replicas: Sequence[ReplicaLedger]) -> float:

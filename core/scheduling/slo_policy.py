@@ -137,11 +137,16 @@ class SLOPolicy(SchedulingPolicy):
         tokens so far − now; the next token is `num_output_tokens` intervals after the first).
         Nothing is lent against the tokens it is predicted to make yet: one that ends before
         its predicted length would never repay it. One with a single prompt token left to
-        prefill gets one target."""
+        prefill gets one target. A request prefilled on another engine is paced from its
+        landing here (`pace_start_time`): counted from its first token it arrives already
+        behind, by the transfer, and would never be protected from prefill."""
         target_s = request.slo.tpot_ms / 1000
         if request.first_token_time is None:
             return target_s
-        return request.first_token_time + target_s * request.num_output_tokens - now
+        start = request.pace_start_time
+        if start is None:
+            start = request.first_token_time
+        return start + target_s * request.num_output_tokens - now
 
     def refuse(self, waiting: Sequence[Request], now: float) -> list[Request]:
         """SLO admission control's second half: a request that has waited longer than the
