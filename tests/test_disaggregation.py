@@ -63,19 +63,29 @@ def test_auto_keeps_a_short_prompt_local_and_sends_a_long_one_through_a_prefill_
     assert router.num_split == 1
 
 
-def test_auto_queues_a_long_prompt_for_the_prefill_replica_rather_than_chunk_it_beside_decodes():
+LOOSE = SLO(ttft_ms=1000, tpot_ms=60)
+
+
+@pytest.mark.parametrize(
+    ("decoders_slo", "replica_id", "split"), [(LOOSE, 0, True), (TIGHT, 1, False)]
+)
+def test_a_long_prompt_runs_whole_on_a_decode_replica_only_beside_its_own_tpot_target(
+    decoders_slo, replica_id, split
+):
     router = _router("auto")
     prefill, *decoders = router.router.replicas
     for index in range(10):
         prefill.add(f"queued-{index}", 2000, TIGHT, (), 0.0)
     for ledger in decoders:
-        _decoding(ledger, 10)
-    # The prefill replica's queue makes the long prompt late there; a decode replica could
-    # prefill it in time, in chunks beside its decodes, but that would cost them their pace.
+        _decoding(ledger, 10, decoders_slo)
+    # The prefill replica's queue makes the long prompt late there; a decode replica can
+    # prefill it in time, in chunks capped for its decodes. Beside decodes of its own target
+    # that is the co-located layout; beside looser ones the prompt's long context would join
+    # steps paced for another target, so it queues for the prefill replica.
     assert prefill.predict(1500, 0, 1000, 0.0).ttft_s > 1.0
     assert decoders[0].predict(1500, 0, 1000, 0.0, 200).ttft_s < 1.0
     placement = router.route(_request("long", 1500), 0.0)
-    assert placement.replica_id == 0 and placement.split
+    assert (placement.replica_id, placement.split) == (replica_id, split)
 
 
 def test_never_routes_over_every_replica_and_always_splits_every_request():
@@ -126,6 +136,17 @@ def test_hand_off_goes_to_the_decode_replica_with_room_and_records_it_as_decodin
     for ledger in replicas[1:]:
         _decoding(ledger, 100)
     assert router.hand_off("s", 1500, TIGHT, (), source=0, now=0.0) == 0
+
+
+def test_hand_off_passes_over_a_decode_replica_that_owes_a_prompt():
+    router = _router("auto", num_replicas=3)
+    _, chunking, decoding = router.router.replicas
+    _decoding(chunking, 5)
+    chunking.add("owed", 1500, TIGHT, (), 0.0)
+    _decoding(decoding, 20)
+    # Its owed prompt fills its steps to the cap, the 25 ms target, leaving no room for a
+    # decode already late by its transfer.
+    assert router.hand_off("moved", 1500, TIGHT, (), source=0, now=0.0) == decoding.replica_id
 
 
 def test_roles_leave_a_decode_replica_and_settings_name_what_to_change():

@@ -5,10 +5,12 @@ them (core/replicas/kv_transfer.py). `--disaggregate never` routes every request
 all replicas (the co-located layout), `always` splits every request, and `auto` (the default)
 weighs the ways for each request on the same forecast as admission
 (core/scheduling/ttft_forecast.py) with the `slo` planner's TPOT cap: a prompt short enough to
-be prefilled in one step beside a decode replica's decodes stays there; a longer one goes
-through a prefill replica, transfer counted; a request the decode replicas cannot decode at its
-pace runs whole on a prefill replica, and a prefill replica keeps decoding what it prefilled
-when no decode replica has room, so prefill replicas lend their capacity to decoding.
+be prefilled in one step beside a decode replica's decodes stays there; a longer one goes the
+way its first token comes soonest, through a prefill replica (transfer counted) or whole on a
+replica whose requests share its TPOT target (the co-located layout, one option among them); a
+request the decode replicas cannot decode at its pace runs whole on a prefill replica, and a
+prefill replica keeps decoding what it prefilled when no decode replica has room, so roles are
+preferences in both directions. A moved decode lands on no replica owing prompts.
 """
 
 from __future__ import annotations
@@ -135,8 +137,10 @@ class DisaggregatingRouter:
         moved_s = self.transfer_s(num_prompt_tokens) / max(1.0, _mean_intervals(replicas))
 
         def rank(replica: ReplicaLedger) -> tuple:
-            step_s = _decode_step_s(replica, num_prompt_tokens)
-            delay_s = 0.0 if replica is prefiller else moved_s
+            if replica is prefiller:
+                step_s, delay_s = _decode_step_s(replica, num_prompt_tokens), 0.0
+            else:
+                step_s, delay_s = _landing_step_s(replica, num_prompt_tokens), moved_s
             return (
                 step_s + delay_s > target_s or replica.num_in_flight >= replica.max_num_seqs,
                 replica is prefiller,
@@ -163,7 +167,7 @@ class DisaggregatingRouter:
         prefillers = self._healthy(Role.PREFILL)
         options = []
         if decoders:
-            best_decode_s = min(_decode_step_s(r, request.num_prompt_tokens) for r in decoders)
+            best_decode_s = min(_landing_step_s(r, request.num_prompt_tokens) for r in decoders)
             split_tpot_s = best_decode_s + self.transfer_s(request.num_prompt_tokens) / max(
                 1.0, _mean_intervals(decoders)
             )
@@ -189,13 +193,15 @@ class DisaggregatingRouter:
         return Candidate(replica, cached, forecast)
 
     def _choose(self, request: RouteRequest, options: list[_Option]) -> _Option | None:
-        """The first kind with an option meeting both targets, among them the router's policy
-        deciding: a prompt that fits one capped step on a decode replica, a split, the whole
-        request on a prefill replica. With none, the same order among the options admission
-        accepts (the TTFT forecast's rule, and a TPOT some replica is predicted to keep), or
-        None when it accepts none. A longer prompt never runs on a decode replica: its chunks
-        would hold the steps at the cap of decodes that, moved there with a transfer behind
-        them and paced from their landing, then end just over their target."""
+        """Of the options meeting both targets: a prompt that fits one capped step on a decode
+        replica (the router's policy deciding among them); else the earliest first token among
+        the splits and the whole request on any replica whose requests in flight all share its
+        TPOT target, so a replica of such requests runs as a co-located one; else the whole
+        request on a prefill replica. With none meeting, the kinds in that order among the
+        options admission accepts (the TTFT forecast's rule, and a TPOT some replica is
+        predicted to keep), or None when it accepts none. A longer prompt runs whole only
+        beside its own target: beside tighter decodes its context would lengthen steps paced
+        for them, beside looser ones steps at their pace would cost it its own."""
         slo = request.slo
         ttft_s = math.inf if slo.ttft_ms is None else slo.ttft_ms / 1000
         tpot_s = math.inf if slo.tpot_ms is None else slo.tpot_ms / 1000
@@ -217,12 +223,22 @@ class DisaggregatingRouter:
             # Admitted, a request no replica can decode at its pace would miss its TPOT target
             # and lengthen the steps of the batch it joins.
             admitted = [o for o in admitted if o.tpot_s <= tpot_s]
+        chosen = self._pick([o for o in meeting if kinds[0](o)])
+        if chosen is not None:
+            return chosen
+        alike = [o for o in meeting if o.split or self._among_alike(o, tpot_s)]
+        if alike:
+            return min(alike, key=lambda o: o.candidate.forecast.ttft_s)
         for candidates in (meeting, admitted):
             for kind in kinds:
                 chosen = self._pick([o for o in candidates if kind(o)])
                 if chosen is not None:
                     return chosen
         return None
+
+    def _among_alike(self, option: _Option, tpot_s: float) -> bool:
+        """Whether every request in flight on `option`'s replica has the TPOT target `tpot_s`."""
+        return option.candidate.replica.forecast.tpot_targets() <= {tpot_s}
 
     def _role(self, option: _Option) -> Role:
         return self.roles[option.candidate.replica.replica_id]
@@ -242,6 +258,17 @@ def _decode_step_s(replica: ReplicaLedger, num_prompt_tokens: int) -> float:
     capacity full and leave a decode-bound load to the decode replicas alone."""
     num_seqs = min(replica.num_in_flight + 1, replica.max_num_seqs)
     return replica.stats.step_cost.predict_step(0, num_seqs, replica.num_tokens + num_prompt_tokens)
+
+
+def _landing_step_s(replica: ReplicaLedger, num_prompt_tokens: int) -> float:
+    """A step on `replica` for a decode moved there: `_decode_step_s` with the prompts the
+    replica owes beside it at the planner's cap, which fills a step up to the tightest target
+    there and leaves no room for a decode already late by its transfer."""
+    owed = min(replica.forecast.owed_tokens, replica.forecast.capped_prefill_budget())
+    num_seqs = min(replica.num_in_flight + 1, replica.max_num_seqs)
+    return replica.stats.step_cost.predict_step(
+        owed, num_seqs, replica.num_tokens + num_prompt_tokens
+    )
 
 
 def _mean_intervals(replicas: Sequence[ReplicaLedger]) -> float:

@@ -113,6 +113,10 @@ class TTFTForecast:
                 tightest_s = min(tightest_s, entry.tpot_s)
         return decodes, context, tightest_s
 
+    def tpot_targets(self) -> set[float]:
+        """The TPOT targets, in seconds, of the requests in flight (infinite without one)."""
+        return {entry.tpot_s for entry in self._in_flight.values()}
+
     def capped_prefill_budget(self) -> int:
         """The prefill tokens a step carries beside the in-flight decodes under the `slo`
         planner's TPOT cap (`feasibility.tpot_capped_budget`)."""
