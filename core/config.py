@@ -100,7 +100,7 @@ class EngineConfig:
         None,
         help="on the CPU, the threads a step computes on (torch's and Baton's kernels'); fewer "
         "leave cores to other work on the machine",
-        default_text="OMP_NUM_THREADS where set, else the cores this process may run on",
+        default_text="the cores this process may run on",
     )
     seed: int = setting(
         0, help="seeds the generator that requests without a seed of their own sample from"

@@ -8,7 +8,6 @@ import os
 
 # OpenMP's wait policy, read once, when torch loads its OpenMP library.
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
-THREADS_ENV = "OMP_NUM_THREADS"
 
 
 def available_cores() -> int:
@@ -20,21 +19,11 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def default_cpu_threads() -> int:
-    """OMP_NUM_THREADS where the user set it (the convention torch and OpenMP programs follow),
-    else the available cores."""
-    chosen = os.environ.get(THREADS_ENV, "").strip()
-    if chosen.isdigit() and int(chosen) >= 1:
-        return int(chosen)
-    return available_cores()
-
-
 def set_cpu_threads(requested: int | None) -> int:
-    """Set torch's thread count to `requested`, else to `default_cpu_threads()`; the count
-    set."""
+    """Set torch's thread count to `requested`, else to the available cores; the count set."""
     import torch  # here, so that prefer_passive_waits runs before torch loads
 
-    threads = requested or default_cpu_threads()
+    threads = requested or available_cores()
     # Setting the count starts an OpenMP pool on the calling thread even when nothing changes,
     # and a pool beside the step thread's makes libgomp cut every barrier's spin short.
     if torch.get_num_threads() != threads:
