@@ -196,6 +196,55 @@ def test_a_transfer_that_cannot_be_written_fails_only_its_request(served, expect
     assert _run(url, PROMPTS[:1])[0][1:] == expected[0]
 
 
+def test_a_hand_off_that_raises_fails_only_its_request(served, expected, monkeypatch):
+    url, engine, _ = served
+    choose = engine.placement.hand_off
+
+    def raise_for_the_long_prompt(request_id, num_prompt_tokens, *args):
+        # A bug in placing one request: it used to end the task reading the prefill replica's
+        # steps, so every later request through that replica hung without a word in the log.
+        if num_prompt_tokens == len(PROMPTS[3]):
+            raise RuntimeError("a bug in placement")
+        return choose(request_id, num_prompt_tokens, *args)
+
+    monkeypatch.setattr(engine.placement, "hand_off", raise_for_the_long_prompt)
+    short, long = _run(url, [PROMPTS[0], PROMPTS[3]])
+    monkeypatch.undo()
+    assert short[1:] == expected[0]
+    assert long[0] == "error" and "internal error" in long[1]
+    _settled(engine)
+    assert [result[1:] for result in _run(url, PROMPTS[2:])] == expected[2:]
+
+
+def test_a_placement_that_raises_leaves_no_request_registered(served, expected, monkeypatch):
+    url, engine, _ = served
+
+    def broken_route(request, now):
+        raise RuntimeError("a bug in placement")
+
+    monkeypatch.setattr(engine.placement, "route", broken_route)
+    reply = httpx.post(f"{url}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 4})
+    monkeypatch.undo()
+    assert reply.status_code == 500
+    # Its stream would otherwise hold a place in the queue limit for ever.
+    assert engine.num_in_flight == 0
+    assert _run(url, PROMPTS[:1])[0][1:] == expected[0]
+
+
+def test_a_move_that_raises_fails_only_its_request(served, expected, monkeypatch):
+    url, engine, _ = served
+
+    async def broken_move(prefilled, kv, source, target, timeout_s):
+        raise RuntimeError("a bug in the move")
+
+    monkeypatch.setattr(engine.hand_offs, "move", broken_move)
+    (result,) = _run(url, PROMPTS[3:])
+    monkeypatch.undo()
+    assert result[0] == "error" and "moving this request" in result[1]
+    _settled(engine)
+    assert _run(url, PROMPTS[:1])[0][1:] == expected[0]
+
+
 def test_kv_lost_with_its_prefill_replica_fails_only_that_request(served, expected, monkeypatch):
     url, engine, _ = served
     move = engine.hand_offs.move

@@ -12,12 +12,14 @@ import json
 import pytest
 
 from baton.app.cli import main
+from baton.core.engine_stats import EngineStats
 from baton.core.replicas.disaggregation import DisaggregatingRouter, replica_roles
 from baton.core.replicas.disaggregation_settings import DisaggregationSettings
 from baton.core.replicas.kv_transfer import KVShape, TransferCost, TransferFit
 from baton.core.replicas.replica_ledger import ReplicaLedger
 from baton.core.replicas.router import Router, RouteRequest
 from baton.core.request import SLO
+from baton.core.scheduling.step_cost import CostCoefficients
 from baton.core.scheduling.step_cost_profile import profile_shapes, warm_up
 from baton.core.simulation.replica_simulator import simulate_replicas
 from baton.core.simulation.simulator import DEFAULT_COST, SimulationConfig
@@ -147,6 +149,18 @@ def test_hand_off_passes_over_a_decode_replica_that_owes_a_prompt():
     # Its owed prompt fills its steps to the cap, the 25 ms target, leaving no room for a
     # decode already late by its transfer.
     assert router.hand_off("moved", 1500, TIGHT, (), source=0, now=0.0) == decoding.replica_id
+
+
+def test_hand_off_from_a_prefill_replica_whose_fit_prices_decodes_at_nothing():
+    # A fit learned from prefill chunks alone can clamp every term but the prefill tokens' to
+    # zero; with a measured lifetime, spreading the transfer over its decode steps divided by
+    # that zero and the hand-off raised, which stopped the front end reading that replica.
+    router = _router("auto", num_replicas=2)
+    prefiller, decoder = router.router.replicas
+    prefill_only = CostCoefficients(0.0, 1e-4, 0.0, 0.0)
+    prefiller.publish(EngineStats(step_cost=prefill_only, mean_lifetime_s=2.0))
+    _decoding(decoder, 3)
+    assert router.hand_off("r", 900, TIGHT, (), source=0, now=0.0) == decoder.replica_id
 
 
 def test_roles_leave_a_decode_replica_and_settings_name_what_to_change():

@@ -23,6 +23,7 @@ from baton.app.replicas.kv_handoff import KVHandOffs
 from baton.app.replicas.ray_replica import ReplicaInfo, ReplicaStep
 from baton.app.replicas.replica_views import combined_stats, new_ledger, replica_statuses
 from baton.core.config import EngineConfig
+from baton.core.engine import INTERNAL_ERROR
 from baton.core.engine_stats import EngineStats, ReplicaStatus
 from baton.core.metrics.metric_aggregates import EngineMetrics
 from baton.core.outputs import RequestOutput
@@ -159,8 +160,13 @@ class ReplicatedEngine:
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self._tasks = [self.loop.create_task(self._follow(i)) for i in range(len(self.actors))]
-        self._tasks.append(self.loop.create_task(self._watch()))
+        self._tasks = [
+            self.loop.create_task(self._follow(i), name=f"reading replica {i}'s steps")
+            for i in range(len(self.actors))
+        ]
+        self._tasks.append(self.loop.create_task(self._watch(), name="watching for stalls"))
+        for task in self._tasks:
+            task.add_done_callback(_log_failure)
 
     def drain(self) -> None:
         self._draining = True
@@ -209,11 +215,18 @@ class ReplicatedEngine:
             if request.request_id in self._streams:
                 raise ValueError(f"request id {request.request_id!r} is already in flight")
         streams = []
-        for request in requests:
-            stream = EngineStream(request.request_id, self._release)
-            self._streams[request.request_id] = stream
-            self._send(request)
-            streams.append(stream)
+        try:
+            for request in requests:
+                stream = EngineStream(request.request_id, self._release)
+                self._streams[request.request_id] = stream
+                streams.append(stream)
+                self._send(request)
+        except BaseException:
+            # A request that cannot be placed takes the others of its call back with it: a
+            # stream left registered would hold a place in the queue limit for ever.
+            for stream in streams:
+                self._release(stream.request_id, abort=True)
+            raise
         return streams
 
     def abort(self, request_id: str) -> None:
@@ -316,21 +329,13 @@ class ReplicatedEngine:
             for listener in self.step_listeners:
                 listener(stats)
         for output in step.outputs:
-            if self._replica_of.get(output.request_id) != replica:
-                # Moved away, released, or given up on while its KV moved here: stop it here.
-                if not output.finished:
-                    self.actors[replica].abort.remote(output.request_id)
-                continue
-            ledger.receive(output, now)
-            if output.new_token_ids or output.finished:
-                self._unanswered.pop(output.request_id, None)
-            if output.finished:
-                self._replica_of.pop(output.request_id, None)
-            stream = self._streams.get(output.request_id)
-            if stream is not None:
-                stream.put(output)
-            if output.prefilled is not None:
-                self._hand_off(replica, output.prefilled, step.kv.get(output.request_id), now)
+            try:
+                self._take(replica, output, step.kv.get(output.request_id), now)
+            except Exception:
+                # A bug in handling one request's output ends that request alone: the reader
+                # of this replica's steps goes on, or every request on it would hang.
+                logger.exception("request %s's output could not be handled", output.request_id)
+                self._fail(output.request_id, INTERNAL_ERROR)
         for request, output in step.finished:
             context = self._trace_contexts.pop(request.request_id, None)
             record = self.hand_offs.finished(request.request_id)
@@ -339,6 +344,27 @@ class ReplicatedEngine:
             request.trace_context = context
             for listener in self.finish_listeners:
                 listener(request, output)
+
+    def _take(
+        self, replica: int, output: RequestOutput, kv: ray.ObjectRef | None, now: float
+    ) -> None:
+        """One request's output from replica `replica`'s step: to its stream, and a prefilled
+        request on to its decode replica."""
+        if self._replica_of.get(output.request_id) != replica:
+            # Moved away, released, or given up on while its KV moved here: stop it here.
+            if not output.finished:
+                self.actors[replica].abort.remote(output.request_id)
+            return
+        self.ledgers[replica].receive(output, now)
+        if output.new_token_ids or output.finished:
+            self._unanswered.pop(output.request_id, None)
+        if output.finished:
+            self._replica_of.pop(output.request_id, None)
+        stream = self._streams.get(output.request_id)
+        if stream is not None:
+            stream.put(output)
+        if output.prefilled is not None:
+            self._hand_off(replica, output.prefilled, kv, now)
 
     def _hand_off(
         self, source: int, prefilled: PrefilledRequest, kv: ray.ObjectRef | None, now: float
@@ -375,21 +401,33 @@ class ReplicatedEngine:
         request_id = prefilled.request_id
         try:
             record = await self.hand_offs.move(prefilled, kv, source, target, self.stall_timeout_s)
+        except Exception:
+            # Whatever went wrong, the request ends: a move that raised would leave it waiting.
+            logger.exception("moving request %s to replica %d failed", request_id, target)
+            record = None
         finally:
             # The stall timeout runs from the move's end: a slow move is the move's to time out.
             self._moving[target] -= 1
             self.ledgers[target].progressed(time.monotonic())
-        # Placement counts the link as measured, not as the flags modelled it.
-        self.placement.transfer = self.hand_offs.link.current
-        if record.error is not None:
+        if record is None or record.error is not None:
             # Unless the decode replica's death has ended the request already.
             if self._replica_of.get(request_id) == target:
-                self._replica_of.pop(request_id)
-                self.ledgers[target].remove(request_id)
-                self._end_with_error(request_id, TRANSFER_FAILED)
-        elif request_id not in self._streams:
+                self._fail(request_id, TRANSFER_FAILED)
+            return
+        # Placement counts the link as measured, not as the flags modelled it.
+        self.placement.transfer = self.hand_offs.link.current
+        if request_id not in self._streams:
             # Its client left while it moved: the abort went ahead of it.
             self.actors[target].abort.remote(request_id)
+
+    def _fail(self, request_id: str, message: str) -> None:
+        """End a request with `message` and stop it on the replica that has it."""
+        replica = self._replica_of.pop(request_id, None)
+        self._unanswered.pop(request_id, None)
+        if replica is not None:
+            self.ledgers[replica].remove(request_id)
+            self.actors[replica].abort.remote(request_id)
+        self._end_with_error(request_id, message)
 
     def _end_with_error(self, request_id: str, message: str) -> None:
         self._trace_contexts.pop(request_id, None)
@@ -433,3 +471,10 @@ class ReplicatedEngine:
             self.router.replicas[replica] = new_ledger(self._config, replica, info)
             logger.info("engine replica %d is back (pid %d)", replica, info.pid)
             return
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    """A task the front end keeps for the server's life ended with an error: said at once, not
+    when the task is collected (never, as the engine holds it)."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("the front end stopped %s", task.get_name(), exc_info=task.exception())

@@ -274,11 +274,13 @@ def _landing_step_s(replica: ReplicaLedger, num_prompt_tokens: int) -> float:
 def _mean_intervals(replicas: Sequence[ReplicaLedger]) -> float:
     """The inter-token intervals a request lives through on these replicas, on average: its
     measured lifetime after the first token over a decode step; a transfer's delay is spread
-    over them in its TPOT."""
-    counts = [
-        r.forecast.lifetime_s
-        / r.stats.step_cost.predict_step(0, max(1, r.num_in_flight), r.num_tokens)
-        for r in replicas
-        if r.forecast.lifetime_s
-    ]
+    over them in its TPOT. A replica whose fit prices a decode step at nothing (one fitted to
+    prefill chunks alone can clamp every other term to zero) says nothing of its intervals."""
+    counts = []
+    for replica in replicas:
+        step_s = replica.stats.step_cost.predict_step(
+            0, max(1, replica.num_in_flight), replica.num_tokens
+        )
+        if replica.forecast.lifetime_s and step_s > 0:
+            counts.append(replica.forecast.lifetime_s / step_s)
     return sum(counts) / len(counts) if counts else 1.0
