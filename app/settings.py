@@ -58,7 +58,8 @@ class ServerSettings(RequestBounds):
         parse=comma_list,
         help="comma-separated origins allowed for CORS and WebSocket upgrades",
     )
-    # Host names answered beyond loopback's own when bound to loopback (baton.app.http.security).
+    # Host names answered beyond loopback's own when bound to loopback
+    # (baton.app.http.hosts_and_origins).
     allowed_hosts: list[str] = setting(
         default_factory=list,
         parse=comma_list,

@@ -39,7 +39,8 @@ class ServerState:
     # --reasoning-parser, checked against the tokenizer when the server starts.
     reasoning_parser: ReasoningParser | None = field(init=False)
     # Requests still in admission (tokenizing, compiling), which the engine does not count yet;
-    # `stopping` is set when a graceful shutdown gives up on them (baton.app.http.server).
+    # `stopping` is set when a graceful shutdown gives up on them
+    # (baton.app.http.graceful_shutdown).
     admitting: int = field(default=0, init=False)
     stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 

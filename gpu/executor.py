@@ -14,11 +14,10 @@ import torch
 from baton.core.batch import Batch, ExecutorOutput, ScheduledSequence
 from baton.core.checkpoint.model_config import ModelConfig
 from baton.core.config import EngineConfig
-from baton.core.kv_cache.host_memory import format_size, release_freed_heap
+from baton.core.kv_cache.host_memory import release_freed_heap
 from baton.gpu.cuda_graph import DecodeGraphs, graph_batch_sizes
 from baton.gpu.device import resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from baton.gpu.draft_runner import DraftRunner
-from baton.gpu.huge_pages import huge_page_bytes, move_to_huge_pages
 from baton.gpu.input_batch import InputBuffers
 from baton.gpu.kv_cache import (
     allocate_kv_caches,
@@ -28,13 +27,10 @@ from baton.gpu.kv_cache import (
     kv_cache_bytes_per_block,
 )
 from baton.gpu.kv_transfer import read_blocks, write_blocks
-from baton.gpu.loader import load_model
 from baton.gpu.memory_profile import profile_peak_memory
-from baton.gpu.models.cpu_layers import CpuLayers, streamed_weights
-from baton.gpu.models.model import uses_f32_kernel
-from baton.gpu.models.quantization import check_quantization, quantize_as_loaded, quantize_lm_head
-from baton.gpu.models.transformers_model import load_transformers_model
+from baton.gpu.models.quantization import check_quantization
 from baton.gpu.pooling import pooled_parts
+from baton.gpu.prepared_model import prepare_model
 from baton.gpu.prompt_logprobs import prompt_logprobs
 from baton.gpu.rejection_sampler import verification_rows, verify
 from baton.gpu.sampler import Sampler
@@ -98,68 +94,12 @@ class TorchExecutor:
             logger.info("the CPU step computes on %d threads (--cpu-threads)", threads)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        int8_tensors: list[int] = []  # int8 weight tensors, per quantized decoder layer
-        if model_config.model_impl == "transformers":
-            self.model = load_transformers_model(model_config, self.device, self.dtype, load_format)
-            # The KV shape transformers' code was seen to hand attention, however config.json
-            # spells it.
-            self.model_config = model_config = self.model.config
-        else:
-            self.model = load_model(
-                model_config,
-                self.device,
-                self.dtype,
-                self.max_model_len,
-                load_format,
-                on_layer_loaded=quantize_as_loaded(int8_tensors)
-                if self.quantization == "int8"
-                else None,
-            )
-        logger.info(
-            "model: %s on the %s path",
-            model_config.architecture,
-            "native" if model_config.model_impl == "native" else "generic (transformers' code)",
+        prepared = prepare_model(
+            model_config, engine_config, self.device, self.dtype, self.max_model_len, load_format
         )
-        if self.quantization == "int8":
-            num_int8 = sum(int8_tensors)
-            quantize_lm_head(self.model)
-            logger.info(
-                "quantization int8: %d weight tensors of the decoder layers and the LM head in "
-                "int8 with per-channel scales; embeddings, norms and MoE routers stay %s",
-                num_int8,
-                str(self.dtype).removeprefix("torch."),
-            )
-            if self.dtype != torch.float32 or not cpu_kernels_available():
-                # Without Baton's C++ kernel, torch's int8 matmul, which runs slower than float32
-                # at every batch size (docs/decisions.md).
-                logger.warning(
-                    "--quantization int8 runs through torch's int8 matmul here (Baton's kernel "
-                    "takes float32 on a CPU whose C++ kernels built): it saves weight memory "
-                    "but runs slower than float32; use float32 where speed matters"
-                )
-        if self.model.pack_linear_weights(rows_hint=engine_config.max_num_seqs):
-            # Both paths pack by the weights' dtype alike (PackedLinear does as the native model).
-            f32 = uses_f32_kernel(torch.empty(0, dtype=self.dtype))
-            logger.info(
-                "float linear layers run over weights packed at load, in %s",
-                "Baton's float32 kernel" if f32 else "oneDNN",
-            )
-        self.cpu_layers: CpuLayers | None = None
-        if self.device.type == "cpu":
-            if model_config.model_impl == "native":
-                self.cpu_layers = CpuLayers.of(self.model)
-                if self.cpu_layers is not None:
-                    logger.info("every step runs the decoder layers in one C++ call")
-                weights = streamed_weights(self.model)
-            else:
-                weights = self.model.streamed_weights()
-            moved = move_to_huge_pages(weights)
-            if moved:
-                logger.info(
-                    "packed weights: %s moved onto transparent huge pages (%s of them now)",
-                    format_size(moved),
-                    format_size(huge_page_bytes() or 0),
-                )
+        self.model = prepared.model
+        self.model_config = model_config = prepared.config
+        self.cpu_layers = prepared.cpu_layers
         # Built (or loaded from the build cache) here, not inside the first step.
         if self.device.type == "cpu" and cpu_kernels_available():
             logger.info("attention (prefill and decode) runs in Baton's C++ CPU kernel")

@@ -9,12 +9,13 @@ here too, once, for every layer to use.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from itertools import accumulate, chain, repeat
+from itertools import accumulate, chain
 
 import numpy as np
 import torch
 
 from baton.core.batch import Batch, ScheduledSequence
+from baton.gpu.block_table_rows import BlockTableRows
 from baton.gpu.model_inputs import AttentionMetadata, ModelInputs
 from baton.kernels.cpu_attention_plan import cpu_attention_plan
 
@@ -118,7 +119,7 @@ def _pack(
     out: _FlatBuffers,
     num_rows: int,
     max_table_width: int,
-    tables: _BlockTableRows,
+    tables: BlockTableRows,
 ) -> _Packed:
     """Write `batch` into the numpy arrays of `out`; rows past the batch's are graph padding.
 
@@ -217,56 +218,6 @@ def _pack_tokens(
     np.add(block_ids * block_size, positions % block_size, out=out.slot_mapping[:num_real_tokens])
 
 
-class _BlockTableRows:
-    """Writes block tables into a flat buffer viewed as [rows, width], rewriting only the rows
-    that differ from what this buffer last held: a decode step changes a row only when its
-    sequence crosses into a new block or another sequence takes its place."""
-
-    def __init__(self) -> None:
-        self.width = 0
-        # The table each row of the buffer holds, as a copy (lists are compared, not trusted
-        # to stay unmodified); [] for a row of zeros (graph padding), None for one not written.
-        self.rows: list[list[int] | None] = []
-
-    def write(
-        self, flat: np.ndarray, tables: list[list[int]], num_rows: int, width: int
-    ) -> np.ndarray:
-        """`flat` viewed as [num_rows, width] holding `tables`, then zero rows of padding."""
-        out = flat[: num_rows * width].reshape(num_rows, width)
-        padded = chain(tables, repeat(_NO_TABLE, num_rows - len(tables)))
-        if width != self.width:
-            # Every row moved: one vectorized rewrite.
-            _fill_block_tables(out, tables)
-            self.width = width
-            self.rows = [list(table) for table in padded]
-            return out
-        rows = self.rows
-        if len(rows) < num_rows:
-            rows.extend(repeat(None, num_rows - len(rows)))
-        for i, table in enumerate(padded):
-            if table != rows[i]:
-                out[i, : len(table)] = table
-                out[i, len(table) :] = 0
-                rows[i] = list(table)
-        return out
-
-
-_NO_TABLE: list[int] = []
-
-
-def _fill_block_tables(out: np.ndarray, tables: list[list[int]]) -> None:
-    """Write each table into its row of `out` [rows, width]; the rest of `out` becomes block 0."""
-    out.fill(0)
-    num_tables = len(tables)
-    lengths = np.fromiter(map(len, tables), np.int64, num_tables)
-    total = int(lengths.sum())
-    flat = np.fromiter(chain.from_iterable(tables), np.int32, total)
-    rows = np.repeat(np.arange(num_tables), lengths)
-    row_starts = np.cumsum(lengths) - lengths
-    cols = np.arange(total) - np.repeat(row_starts, lengths)
-    out[rows, cols] = flat
-
-
 def prepare_inputs(
     batch: Batch,
     block_size: int,
@@ -279,7 +230,7 @@ def prepare_inputs(
     num_seqs = len(batch.sequences)
     width = max(1, max(len(s.block_table) for s in batch.sequences))
     host = _FlatBuffers.allocate(num_tokens, num_seqs, width, "cpu")
-    packed = _pack(batch, block_size, _numpy_views(host), num_seqs, width, _BlockTableRows())
+    packed = _pack(batch, block_size, _numpy_views(host), num_seqs, width, BlockTableRows())
     on_device = _FlatBuffers(
         **{f.name: getattr(host, f.name).to(device, non_blocking=True) for f in fields(host)}
     )
@@ -343,7 +294,7 @@ class InputBuffers:
         sizes = (max_num_tokens, max_num_seqs, self.max_blocks_per_seq)
         self.host = _FlatBuffers.allocate(*sizes, "cpu", pin_memory=on_cuda)
         self._host_arrays = _numpy_views(self.host)
-        self._table_rows = _BlockTableRows()
+        self._table_rows = BlockTableRows()
         self._view_cache: dict[tuple[int, ...], tuple[_FlatBuffers, _FlatBuffers | None]] = {}
         self.device = _FlatBuffers.allocate(*sizes, device) if on_cuda else self.host
         self.graph_block_tables = torch.zeros(

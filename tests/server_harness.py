@@ -17,7 +17,8 @@ import httpx
 import uvloop
 
 from baton.app.engine.async_engine import AsyncEngine
-from baton.app.http.server import BatonServer, bind_socket, create_app, uvicorn_config
+from baton.app.http.graceful_shutdown import BatonServer
+from baton.app.http.server import bind_socket, create_app, uvicorn_config
 from baton.app.llm import build_engine, build_simulated_engine
 from baton.app.request_defaults import NO_REQUEST_DEFAULTS, RequestDefaults
 from baton.app.settings import ServerSettings

@@ -25,7 +25,8 @@ from websockets.sync.client import connect
 
 import tests.server_harness
 from baton.app.engine.async_engine import AsyncEngine
-from baton.app.http.server import ServerState, create_app, drain_s
+from baton.app.http.graceful_shutdown import drain_s
+from baton.app.http.server import ServerState, create_app
 from baton.app.settings import ServerSettings
 from tests.server_harness import (
     base_url,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import baton.gpu.executor
+import baton.gpu.prepared_model
 from baton.app.llm import LLM
 from baton.core.sampling_params import SamplingParams
 from baton.gpu import huge_pages
@@ -83,6 +83,6 @@ def test_an_engine_on_huge_pages_gives_the_same_logprobs(
         addresses = sorted(w.data_ptr() for w in weights)
         assert addresses[0] % HUGE_PAGE == 0
         assert addresses[-1] - addresses[0] < sum(w.nbytes for w in weights) + HUGE_PAGE
-    monkeypatch.setattr(baton.gpu.executor, "move_to_huge_pages", lambda tensors: 0)
+    monkeypatch.setattr(baton.gpu.prepared_model, "move_to_huge_pages", lambda tensors: 0)
     stayed, _ = run()
     assert moved == stayed

@@ -170,7 +170,7 @@ def test_moe_experts_become_int8_and_the_model_stays_close(make_checkpoint, fami
 def test_startup_logs_the_quantization(make_checkpoint, caplog) -> None:
     config = ModelConfig.from_pretrained(make_checkpoint("llama"))
 
-    with caplog.at_level("INFO", logger="baton.gpu.executor"):
+    with caplog.at_level("INFO", logger="baton.gpu.prepared_model"):
         TorchExecutor(config, EngineConfig(num_kv_blocks=4, quantization="int8"), device="cpu")
 
     expected = "quantization int8: 8 weight tensors of the decoder layers and the LM head"

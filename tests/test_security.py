@@ -28,14 +28,8 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 import baton.app.http.server
-from baton.app.http.security import (
-    LOOPBACK_NAMES,
-    HostGate,
-    canonical_path,
-    effective_allowed_hosts,
-    host_name,
-    security_middleware,
-)
+from baton.app.http.hosts_and_origins import LOOPBACK_NAMES, effective_allowed_hosts, host_name
+from baton.app.http.security import HostGate, canonical_path, security_middleware
 from baton.app.settings import ServerSettings
 from tests.server_harness import base_url, free_port, running_server, simulated_engine
 

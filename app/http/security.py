@@ -1,5 +1,6 @@
 """Who may call Baton and how much they may send: Host names, cross-site requests, API keys,
-CORS, WebSocket origins, body limits, as plain ASGI middleware (streams pass untouched).
+CORS, WebSocket origins, body limits, as plain ASGI middleware (streams pass untouched); the
+Host and Origin headers are read by app/http/hosts_and_origins.py.
 
 Each check's reason is in docs/architecture.md (Serving, Security).
 """
@@ -8,9 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import posixpath
-import re
 from collections.abc import Iterable
 from urllib.parse import unquote
 
@@ -19,6 +18,13 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from baton.app.errors import APIError
+from baton.app.http.hosts_and_origins import (
+    AllowedOrigins,
+    effective_allowed_hosts,
+    header,
+    host_name,
+    is_own_origin,
+)
 from baton.app.settings import ServerSettings
 
 # Paths whose first segment is one of these are the API: keys and the cross-site check apply
@@ -30,15 +36,6 @@ WS_KEY_PROTOCOL_PREFIX = "baton.bearer."
 # Enough rounds to undo any realistic nesting of %25-escapes; what is still escaped after that
 # is left as it is and stays in its (guarded or not) segment.
 MAX_UNQUOTE_ROUNDS = 8
-
-
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
-# A Host header or an origin's authority: a DNS name or IPv4 address, or a bracketed IPv6 address,
-# and an optional port. Nothing else: no userinfo, no path, no spaces.
-AUTHORITY = re.compile(r"(?P<name>[a-z0-9._-]+|\[[0-9a-f:.]+\])(?::(?P<port>[0-9]{1,5}))?")
-DEFAULT_PORTS = {"http": 80, "https": 443}
-# The scheme of the page that opens a request of each scope scheme.
-PAGE_SCHEMES = {"http": "http", "https": "https", "ws": "http", "wss": "https"}
 # Sec-Fetch-Site values of requests no other site's page started.
 OWN_FETCH_SITES = frozenset({b"same-origin", b"none"})
 
@@ -65,47 +62,6 @@ def security_middleware(settings: ServerSettings) -> list[Middleware]:
     stack.append(Middleware(WebSocketGate, allowed_origins=settings.allowed_origins))
     stack.append(Middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes))
     return stack
-
-
-def is_loopback(host: str) -> bool:
-    if host.casefold() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def effective_allowed_hosts(bind_host: str, allowed_hosts: list[str]) -> list[str]:
-    """The Host names a server bound to `bind_host` answers: loopback's own names when it is
-    bound to loopback, plus `allowed_hosts`; everything (`*`) on other addresses unless
-    `allowed_hosts` says which."""
-    if is_loopback(bind_host):
-        return [*LOOPBACK_NAMES, *allowed_hosts]
-    return list(allowed_hosts) or ["*"]
-
-
-def authority(value: str) -> tuple[str, int | None] | None:
-    """A Host value's name and port: `[::1]:8000` → (`[::1]`, 8000), `Example.org` →
-    (`example.org`, None); None for anything malformed."""
-    match = AUTHORITY.fullmatch(value.casefold())
-    if match is None:
-        return None
-    name, port = match["name"], match["port"]
-    if port is not None and int(port) > 65535:
-        return None
-    if name.startswith("["):
-        try:
-            ipaddress.IPv6Address(name[1:-1])
-        except ValueError:
-            return None
-    return name, None if port is None else int(port)
-
-
-def host_name(value: str) -> str | None:
-    """A Host header's name without its port; None when the header is malformed."""
-    parsed = authority(value)
-    return None if parsed is None else parsed[0]
 
 
 class HostGate:
@@ -164,13 +120,6 @@ def needs_key(scope: Scope) -> bool:
     if in_api(path):
         return True
     return scope["method"] not in ("GET", "HEAD")
-
-
-def header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value
-    return None
 
 
 def offered_subprotocols(scope: Scope) -> list[str]:
@@ -242,34 +191,6 @@ class APIKeyMiddleware:
             code="invalid_api_key",
             headers={"WWW-Authenticate": "Bearer"},
         )
-
-
-def is_own_origin(origin: str, scope: Scope) -> bool:
-    """Whether `origin` is the one the request was sent to, so a page served from here: the
-    request's scheme (http for ws, https for wss), and its Host's name and port."""
-    scheme, _, rest = origin.casefold().partition("://")
-    host = header(scope, b"host")
-    if host is None or scheme != PAGE_SCHEMES.get(scope.get("scheme", "http")):
-        return False
-    theirs, ours = authority(rest), authority(host.decode("latin-1"))
-    if theirs is None or ours is None:
-        return False
-    default = DEFAULT_PORTS[scheme]
-    return theirs[0] == ours[0] and (theirs[1] or default) == (ours[1] or default)
-
-
-class AllowedOrigins:
-    """The web pages that may use the API: this server's own and those --allowed-origins lists
-    (`*`: every page)."""
-
-    def __init__(self, listed: list[str]) -> None:
-        self.listed = frozenset(listed)
-
-    def lists(self, origin: str) -> bool:
-        return "*" in self.listed or origin in self.listed
-
-    def allows(self, origin: str, scope: Scope) -> bool:
-        return self.lists(origin) or is_own_origin(origin, scope)
 
 
 class CrossSiteGate:

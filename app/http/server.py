@@ -2,8 +2,8 @@
 
 `create_app` wires routes to a `ServerState` (the async engine, the tokenizer, settings);
 `serve` loads a checkpoint, starts the step thread inside the app's lifespan and runs uvicorn
-(on asyncio's own event loop, or uvloop with `--event-loop uvloop`), with a graceful shutdown
-that lets streams finish before aborting them.
+(on asyncio's own event loop, or uvloop with `--event-loop uvloop`), with the graceful shutdown
+of app/http/graceful_shutdown.py.
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 import anyio
@@ -38,7 +36,7 @@ from baton.app.api.websocket_api import websocket_endpoint
 from baton.app.engine.async_engine import AsyncEngine
 from baton.app.engine.client import EngineClient
 from baton.app.errors import APIError
-from baton.app.http.exit_deadline import ExitDeadline
+from baton.app.http.graceful_shutdown import BatonServer
 from baton.app.http.http_limits import http_protocol
 from baton.app.http.security import security_middleware
 from baton.app.http.websocket_protocol import websocket_protocol
@@ -55,13 +53,6 @@ if TYPE_CHECKING:  # OpenTelemetry loads only where tracing is configured: it co
     from opentelemetry.sdk.trace.export import SpanExporter
 
 logger = logging.getLogger("baton.server")
-# The end of --shutdown-timeout: the last quarter, up to CLOSE_GRACE_S, for uvicorn's own
-# shutdown (closing connections, the lifespan); the tenth before it, up to FINAL_FRAMES_GRACE_S,
-# for the final chunks and done frames of the requests aborted then.
-CLOSE_GRACE_S = 0.5
-FINAL_FRAMES_GRACE_S = 2.0
-# uvicorn's graceful wait with no time left cancels even an idle server's tasks: the least it gets.
-MIN_CLOSE_S = 0.1
 # The chat UI ships inside the package (package data), so an installed Baton serves it too.
 STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
 
@@ -210,97 +201,6 @@ def create_app(state: ServerState, span_exporter: SpanExporter | None = None) ->
         if span_exporter is not None:
             state.tracing.add_exporter(span_exporter, batch=False)
     return app
-
-
-def close_grace_s(shutdown_timeout_s: float) -> float:
-    """The end of the shutdown timeout kept for uvicorn's own shutdown."""
-    return min(CLOSE_GRACE_S, shutdown_timeout_s / 4)
-
-
-def drain_s(shutdown_timeout_s: float) -> float:
-    """How long in-flight requests may run on after shutdown begins before they are aborted:
-    the timeout less its ends for the aborted requests' final frames and uvicorn's shutdown."""
-    final_frames_s = min(FINAL_FRAMES_GRACE_S, shutdown_timeout_s / 10)
-    return shutdown_timeout_s - close_grace_s(shutdown_timeout_s) - final_frames_s
-
-
-class BatonServer(uvicorn.Server):
-    """uvicorn, plus Baton's graceful shutdown: on SIGTERM/SIGINT new connections are refused
-    at once, running streams get most of `shutdown_timeout_s` to finish, then the engine aborts
-    the rest so every stream still ends with a final chunk and a finish reason. Clients that
-    stopped reading are cut off, and the whole shutdown ends within the timeout.
-
-    With `exit_on_time` (`baton serve`, not a server inside a test) the process also ends at the
-    timeout whatever still runs (app/http/exit_deadline.py)."""
-
-    def __init__(
-        self, config: uvicorn.Config, state: ServerState, *, exit_on_time: bool = False
-    ) -> None:
-        super().__init__(config)
-        self.state = state
-        timeout_s = state.settings.shutdown_timeout_s
-        self._exit_deadline = ExitDeadline(timeout_s) if exit_on_time else None
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        # uvicorn would record the signal and raise it again after shutting down, so the
-        # process ended killed by SIGTERM (status 143); a graceful stop is a clean exit (0).
-        # Only flags are set here: this runs as a signal handler, in the middle of the loop.
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True
-        self.should_exit = True
-        if self._exit_deadline is not None:
-            self._exit_deadline.signalled()
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        # uvicorn would close WebSockets at once (1012); streams of both kinds get the grace
-        # period first, so this drains before handing over to uvicorn's own shutdown.
-        for server in self.servers:
-            server.close()
-        for sock in sockets or []:
-            sock.close()
-        engine = self.state.engine
-        engine.drain()
-        loop = asyncio.get_running_loop()
-        timeout_s = self.state.settings.shutdown_timeout_s
-        began = loop.time()
-        deadline = began + timeout_s
-        close_s = close_grace_s(timeout_s)
-        abort_at = began + drain_s(timeout_s)
-        logger.info("shutting down: in-flight requests have %.1f s to finish", abort_at - began)
-        await self._wait_idle(abort_at)
-        if self._busy():
-            # Aborted requests still end with a final chunk or done frame with a reason; those
-            # still in admission get a 503.
-            engine.abort_all()
-            self.state.stopping.set()
-            await self._wait_idle(deadline - close_s)
-        await self._drop_stalled_connections()
-        # uvicorn's own shutdown gets what is left of the timeout, not a fixed wait on top.
-        self.config.timeout_graceful_shutdown = max(deadline - loop.time(), MIN_CLOSE_S)
-        await super().shutdown(sockets)
-
-    async def _wait_idle(self, deadline: float) -> None:
-        loop = asyncio.get_running_loop()
-        while self._busy() and loop.time() < deadline and not self.force_exit:
-            await asyncio.sleep(0.05)
-
-    def _busy(self) -> bool:
-        """Requests in the engine, or still in admission, which the engine does not count."""
-        return bool(self.state.engine.num_in_flight or self.state.admitting)
-
-    async def _drop_stalled_connections(self) -> None:
-        """Abort the connections whose client has stopped reading. Closing one would wait for
-        the client to take what is queued, so its stream would hang until uvicorn cancelled it."""
-        stalled = [
-            connection.transport
-            for connection in self.server_state.connections
-            if connection.transport.get_write_buffer_size()
-        ]
-        for transport in stalled:
-            transport.abort()
-        if stalled:
-            # The hang-ups reach the streams on the loop's next turn, before uvicorn looks.
-            await asyncio.sleep(0)
 
 
 def uvicorn_config(app: Starlette, settings: ServerSettings) -> uvicorn.Config:
