@@ -1,9 +1,9 @@
 """The Starlette application and the uvicorn server around it.
 
 `create_app` wires routes to a `ServerState` (the async engine, the tokenizer, settings);
-`serve` loads a checkpoint, starts the step thread inside the app's lifespan and runs uvicorn
-(on asyncio's own event loop, or uvloop with `--event-loop uvloop`), with the graceful shutdown
-of app/http/graceful_shutdown.py.
+`serve_front_end` runs it over an engine client (`serve_engine` wraps one loaded engine), the
+step thread started inside the app's lifespan, under uvicorn (on asyncio's own event loop, or
+uvloop with `--event-loop uvloop`) with the graceful shutdown of app/http/graceful_shutdown.py.
 """
 
 from __future__ import annotations
