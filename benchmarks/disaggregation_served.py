@@ -96,9 +96,23 @@ class Server:
 
 
 async def one_request(
-    client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int
+    client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int, timeout_s: float
 ) -> dict:
-    """One streamed completion: client-side TTFT and token gaps, the server's timing."""
+    """One streamed completion: client-side TTFT and token gaps, the server's timing; one that
+    has not ended within `timeout_s` counts as an error, so a hung request shows in the report
+    instead of stopping the benchmark."""
+    try:
+        return await asyncio.wait_for(_stream(client, url, prompt, max_tokens), timeout_s)
+    except TimeoutError:
+        return {
+            "error": f"no end within {timeout_s:g} s",
+            "ttft_ms": None,
+            "gaps_ms": [],
+            "tpot_ms": None,
+        }
+
+
+async def _stream(client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> dict:
     body = {
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -142,24 +156,26 @@ async def workload(url: str, args: argparse.Namespace, vocab: int, seed: int) ->
     def prompt(length: int) -> list[int]:
         return [rng.randrange(10, vocab) for _ in range(length)]
 
+    timeout_s = args.request_timeout_s
     async with httpx.AsyncClient(timeout=600) as client:
         # One of each first, untimed: the first requests' one-off costs stay out of the figures.
         await asyncio.gather(
-            one_request(client, url, prompt(args.short_prompt), 4),
-            one_request(client, url, prompt(args.long_prompt), 4),
+            one_request(client, url, prompt(args.short_prompt), 4, timeout_s),
+            one_request(client, url, prompt(args.long_prompt), 4, timeout_s),
         )
 
         async def short_stream() -> None:
             while time.monotonic() < end:
-                record = await one_request(
-                    client, url, prompt(args.short_prompt), args.short_tokens
-                )
+                short = prompt(args.short_prompt)
+                record = await one_request(client, url, short, args.short_tokens, timeout_s)
                 records["short"].append(record)
 
         async def long_arrivals() -> None:
             tasks = []
             while time.monotonic() < end:
-                request = one_request(client, url, prompt(args.long_prompt), args.long_tokens)
+                request = one_request(
+                    client, url, prompt(args.long_prompt), args.long_tokens, timeout_s
+                )
                 tasks.append(asyncio.create_task(request))
                 await asyncio.sleep(args.long_every_s)
             records["long"] = list(await asyncio.gather(*tasks))
@@ -232,10 +248,14 @@ def report(rounds: dict[str, list[dict]]) -> str:
         ("long TTFT p50 ms", "long_ttft_p50_ms"),
         ("KV transfer mean ms", "kv_transfer_mean_ms"),
     ]
-    lines = ["| layout | " + " | ".join(name for name, _ in keys) + " | requests (short/long) |"]
+    lines = [
+        "| layout | " + " | ".join(name for name, _ in keys) + " | requests (short/long/errors) |"
+    ]
     lines.append("|---" * (len(keys) + 2) + "|")
     for layout, results in rounds.items():
-        counts = ", ".join(f"{r['short_requests']}/{r['long_requests']}" for r in results)
+        counts = ", ".join(
+            f"{r['short_requests']}/{r['long_requests']}/{r['errors']}" for r in results
+        )
         cells = " | ".join(cell(layout, key) for _, key in keys)
         lines.append(f"| {layout} | {cells} | {counts} |")
     return "\n".join(lines)
@@ -252,6 +272,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--long-prompt", type=int, default=900, help="long prompts' tokens")
     parser.add_argument("--long-tokens", type=int, default=8, help="long prompts' output")
     parser.add_argument("--long-every-s", type=float, default=4.0, help="a long prompt every")
+    parser.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=120.0,
+        help="a request not ended within this counts as an error",
+    )
     parser.add_argument(
         "--server-args",
         default="--tpot-slo-ms 15",
