@@ -66,10 +66,26 @@ def _rotary_kernel(
     else:
         cos = tl.load(cos_sin, mask=offs < HALF, other=0.0)[None, :]
         sin = tl.load(cos_sin + HALF, mask=offs < HALF, other=0.0)[None, :]
-    q_row = q_ptr + token * stride_q_tok
-    k_row = k_ptr + token * stride_k_tok
-    _rotate_heads(q_row, stride_q_head, num_q_heads, cos, sin, BLOCK_HQ, HALF, BLOCK_HALF)
-    _rotate_heads(k_row, stride_k_head, num_k_heads, cos, sin, BLOCK_HK, HALF, BLOCK_HALF)
+    _rotate_heads(
+        q_ptr + token * stride_q_tok,
+        stride_q_head,
+        num_q_heads,
+        cos,
+        sin,
+        BLOCK_HQ,
+        HALF,
+        BLOCK_HALF,
+    )
+    _rotate_heads(
+        k_ptr + token * stride_k_tok,
+        stride_k_head,
+        num_k_heads,
+        cos,
+        sin,
+        BLOCK_HK,
+        HALF,
+        BLOCK_HALF,
+    )
 
 
 def apply_rotary_triton(
