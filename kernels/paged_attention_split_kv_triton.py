@@ -175,6 +175,7 @@ def _split_kv_reduce_kernel(
     o_offsets = seq.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
     o_ptrs = out_ptr + o_offsets
     out = (acc / total).to(out_ptr.dtype.element_ty)
+    # One head's row: a padded tile stores its HEAD_DIM channels, not the next head's.
     if HEAD_DIM == BLOCK_D:
         tl.store(o_ptrs, out)
     else:
