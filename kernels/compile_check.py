@@ -21,13 +21,17 @@ from baton.kernels.paged_attention_split_kv_triton import (
     _split_kv_partial_kernel,
     _split_kv_reduce_kernel,
 )
-from baton.kernels.paged_attention_triton import _paged_attention_kernel
+from baton.kernels.paged_attention_triton import _paged_attention_kernel, block_d
 from baton.kernels.rms_norm_triton import _rms_norm_kernel
 from baton.kernels.rotary_triton import _rotary_kernel
 
 TRITON_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-# (query heads per KV head, head dim) of Llama-3.1-8B, Qwen2.5-0.5B, Qwen2.5-1.5B, Qwen3-0.6B.
-ATTENTION_SHAPES = [(4, 128), (7, 64), (6, 128), (2, 128)]
+# (query heads per KV head, head dim) of Llama-3.1-8B, Qwen2.5-0.5B, Qwen2.5-1.5B, Qwen3-0.6B,
+# and heads that are not powers of two: Phi-2 and StableLM-3B (80), Phi-3-mini (96),
+# DeepSeek-V2-Lite's latent attention on the generic path (192).
+ATTENTION_SHAPES = [(4, 128), (7, 64), (6, 128), (2, 128), (1, 80), (1, 96), (1, 192)]
+# (KV heads, head dim) of the KV-cache writes and rotations: Llama-3.1-8B's and Phi-3-mini's.
+HEAD_SHAPES = [(8, 128), (32, 96)]
 
 
 def compile_one(target: GPUTarget, kernel, types: dict[str, str], constants: dict) -> int:
@@ -67,6 +71,7 @@ def kernels_to_compile(dtype: str):
                     BLOCK_N=64,
                     BLOCK_SIZE=16,
                     HEAD_DIM=head_dim,
+                    BLOCK_D=block_d(head_dim),
                     DOT_PRECISION=precision,
                 ),
             )
@@ -82,26 +87,38 @@ def kernels_to_compile(dtype: str):
                 BLOCK_N=64,
                 BLOCK_SIZE=16,
                 HEAD_DIM=head_dim,
+                BLOCK_D=block_d(head_dim),
                 DOT_PRECISION=precision,
             ),
         )
         yield (
             _split_kv_reduce_kernel,
             partials,
-            dict(BLOCK_N=64, BLOCK_P=64, HEAD_DIM=head_dim),
+            dict(BLOCK_N=64, BLOCK_P=64, HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim)),
         )
-    yield (
-        _write_kv_cache_kernel,
-        dict(key_ptr=ptr, value_ptr=ptr, kv_ptr=ptr, slot_mapping_ptr="*i64"),
-        dict(BLOCK_H=8, HEAD_DIM=128),
-    )
+    rotary = dict(q_ptr=ptr, k_ptr=ptr, positions_ptr="*i64", cos_sin_ptr="*fp32")
+    for num_kv_heads, head_dim in HEAD_SHAPES:
+        yield (
+            _write_kv_cache_kernel,
+            dict(key_ptr=ptr, value_ptr=ptr, kv_ptr=ptr, slot_mapping_ptr="*i64"),
+            dict(BLOCK_H=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim)),
+        )
+        half = head_dim // 2
+        yield (
+            _rotary_kernel,
+            rotary,
+            dict(
+                BLOCK_HQ=32,
+                BLOCK_HK=num_kv_heads,
+                HALF=half,
+                BLOCK_HALF=triton.next_power_of_2(half),
+            ),
+        )
     norm = dict(
         out_ptr=ptr, residual_out_ptr=ptr, x_ptr=ptr, residual_ptr=ptr, weight_ptr=ptr, eps="fp32"
     )
     for has_residual in (True, False):
         yield _rms_norm_kernel, norm, dict(HAS_RESIDUAL=has_residual, BLOCK=4096)
-    rotary = dict(q_ptr=ptr, k_ptr=ptr, positions_ptr="*i64", cos_sin_ptr="*fp32")
-    yield _rotary_kernel, rotary, dict(BLOCK_HQ=32, BLOCK_HK=8, HALF=64)
     yield _silu_and_mul_kernel, dict(out_ptr=ptr, x_ptr=ptr), dict(BLOCK=1024)
 
 

@@ -1,7 +1,8 @@
 """Writing new keys and values into the paged KV cache by slot mapping, in Triton.
 
 Same contract as `write_kv_cache_ref`: token t's K/V [Hkv, D] go to slot `slot_mapping[t]` of the
-cache [2, num_blocks, block_size, Hkv, D]; a negative slot (padding) is skipped.
+cache [2, num_blocks, block_size, Hkv, D]; a negative slot (padding) is skipped. A head size that
+is not a power of two is copied in the next power of two's tile, its extra channels masked.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from baton.kernels.head_dim_triton import channel_mask, check_head_dim
 
 
 @triton.jit
@@ -27,14 +30,15 @@ def _write_kv_cache_kernel(
     num_kv_heads,
     BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if slot < 0:
         return
     heads = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, HEAD_DIM)
-    mask = (heads < num_kv_heads)[:, None]
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = channel_mask(heads < num_kv_heads, offs_d, HEAD_DIM, BLOCK_D)
     # Slots index a [num_blocks * block_size] view: the block's slots are contiguous.
     dst = slot * stride_slot + heads[:, None] * stride_head + offs_d[None, :]
     k_src = token * stride_k_tok + heads[:, None] * stride_k_head + offs_d[None, :]
@@ -48,8 +52,7 @@ def write_kv_cache_triton(
 ) -> None:
     """Store `key[t]`/`value[t]` [T, Hkv, D] at slot `slot_mapping[t]`; slots < 0 are skipped."""
     num_tokens, num_kv_heads, head_dim = key.shape
-    if head_dim & (head_dim - 1):
-        raise ValueError(f"head_dim must be a power of two, got {head_dim}")
+    check_head_dim(head_dim)
     if key.stride(-1) != 1 or value.stride(-1) != 1 or not kv_cache.is_contiguous():
         raise ValueError("key/value need unit stride over head_dim; the cache must be contiguous")
     if num_tokens == 0:
@@ -69,4 +72,5 @@ def write_kv_cache_triton(
         num_kv_heads,
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
     )

@@ -15,10 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
+from baton.kernels.head_dim_triton import channel_mask
 from baton.kernels.paged_attention_triton import (
     LOG2E,
     NEG_START,
     attend_tile,
+    block_d,
     check_layouts,
     dot_precision,
 )
@@ -55,6 +57,7 @@ def _split_kv_partial_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -70,11 +73,12 @@ def _split_kv_partial_kernel(
     rows = tl.arange(0, BLOCK_M)
     row_valid = rows < GROUP
     heads = kv_head * GROUP + rows % GROUP
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_mask = channel_mask(row_valid, offs_d, HEAD_DIM, BLOCK_D)
     q_rows = seq.to(tl.int64) * stride_q_tok + heads * stride_q_head
-    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_mask, other=0.0)
 
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], NEG_START, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     # The one query sits at the last position, so every key in the partition is visible.
@@ -98,6 +102,7 @@ def _split_kv_partial_kernel(
         BLOCK_SIZE,
         BLOCK_N,
         HEAD_DIM,
+        BLOCK_D,
         DOT_PRECISION,
         0,
         0.0,
@@ -109,9 +114,7 @@ def _split_kv_partial_kernel(
     tl.store(partial_max_ptr + stat, m_i, mask=row_valid)
     tl.store(partial_sum_ptr + stat, l_i, mask=row_valid)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(
-        partial_out_ptr + stat[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_valid[:, None]
-    )
+    tl.store(partial_out_ptr + stat[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_mask)
 
 
 @triton.jit
@@ -135,6 +138,7 @@ def _split_kv_reduce_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_P: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     HAS_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -150,8 +154,8 @@ def _split_kv_reduce_kernel(
         part_max = tl.load(partial_max_ptr + base + parts, mask=parts < num_used, other=NEG_START)
         global_max = tl.maximum(global_max, tl.max(part_max, axis=0))
     # Rescale each partition's normalised output by its share of the global softmax mass.
-    offs_d = tl.arange(0, HEAD_DIM)
-    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    offs_d = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     total = 0.0
     for start in range(0, num_used, BLOCK_P):
         parts = start + tl.arange(0, BLOCK_P)
@@ -161,7 +165,7 @@ def _split_kv_reduce_kernel(
         weights = tl.exp2(part_max - global_max) * part_sum
         part_out = tl.load(
             partial_out_ptr + (base + parts)[:, None] * HEAD_DIM + offs_d[None, :],
-            mask=in_range[:, None],
+            mask=channel_mask(in_range, offs_d, HEAD_DIM, BLOCK_D),
             other=0.0,
         )
         acc += tl.sum(part_out * weights[:, None], axis=0)
@@ -169,7 +173,13 @@ def _split_kv_reduce_kernel(
     if HAS_SINKS:
         total += tl.exp2(_sink_base2(sinks_ptr, head) - global_max)
     o_offsets = seq.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
-    tl.store(out_ptr + o_offsets, (acc / total).to(out_ptr.dtype.element_ty))
+    o_ptrs = out_ptr + o_offsets
+    out = (acc / total).to(out_ptr.dtype.element_ty)
+    # One head's row: a padded tile stores its HEAD_DIM channels, not the next head's.
+    if HEAD_DIM == BLOCK_D:
+        tl.store(o_ptrs, out)
+    else:
+        tl.store(o_ptrs, out, mask=offs_d < HEAD_DIM)
 
 
 def paged_decode_split_kv_triton(
@@ -229,6 +239,7 @@ def paged_decode_split_kv_triton(
         BLOCK_N=block_n,
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
+        BLOCK_D=block_d(head_dim),
         DOT_PRECISION=dot_precision(q.dtype),
     )
     _split_kv_reduce_kernel[(num_seqs, num_heads)](
@@ -245,6 +256,7 @@ def paged_decode_split_kv_triton(
         BLOCK_N=block_n,
         BLOCK_P=min(block_p, triton.next_power_of_2(num_partitions)),
         HEAD_DIM=head_dim,
+        BLOCK_D=block_d(head_dim),
         HAS_SINKS=sinks is not None,
     )
     return out

@@ -5,7 +5,8 @@ takes a tile of one sequence's query tokens times the query heads of one KV head
 K/V once per group) and streams the sequence's K/V with an online softmax, causally masked,
 within a sliding window when one is given (keys behind the tile's window are not read), with
 scores soft-capped when asked (Gemma 2), and with each query head's sink logit in the softmax's
-denominator when sinks are given (gpt-oss).
+denominator when sinks are given (gpt-oss). A head size that is not a power of two runs in the
+next power of two's tile, its extra channels masked off every load and store.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from baton.kernels.head_dim_triton import channel_mask, check_head_dim
 
 # Scores use exp2: scale folded with log2(e) so the softmax costs one multiply per score.
 LOG2E = 1.4426950408889634
@@ -40,6 +43,7 @@ def attend_tile(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     window=0,
     softcap=0.0,
@@ -49,8 +53,9 @@ def attend_tile(
     """Fold the keys/values of tokens `tok_start:tok_end` into the online softmax state.
 
     `qk_scale` is the softmax scale times log2(e), or with HAS_SOFTCAP the plain scale: the cap
-    applies to natural-unit scores, which are then brought to base 2."""
-    offs_d = tl.arange(0, HEAD_DIM)
+    applies to natural-unit scores, which are then brought to base 2. Channels past HEAD_DIM
+    load as zeros, so they add nothing to a score nor to the values."""
+    offs_d = tl.arange(0, BLOCK_D)
     for start in range(tok_start, tok_end, BLOCK_N):
         toks = start + tl.arange(0, BLOCK_N)
         in_range = toks < tok_end
@@ -62,8 +67,9 @@ def attend_tile(
             + kv_head * stride_head
         )
         kv_offsets = token_offsets[:, None] + offs_d[None, :]
-        k = tl.load(kv_ptr + kv_offsets, mask=in_range[:, None], other=0.0)
-        v = tl.load(kv_ptr + stride_kv + kv_offsets, mask=in_range[:, None], other=0.0)
+        kv_mask = channel_mask(in_range, offs_d, HEAD_DIM, BLOCK_D)
+        k = tl.load(kv_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        v = tl.load(kv_ptr + stride_kv + kv_offsets, mask=kv_mask, other=0.0)
 
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if HAS_SOFTCAP:
@@ -123,6 +129,7 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
@@ -145,12 +152,13 @@ def _paged_attention_kernel(
     row_valid = (rows < BLOCK_Q * GROUP) & (q_idx < query_len)
     heads = kv_head * GROUP + rows % GROUP
     query_pos = context_len + q_idx
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_mask = channel_mask(row_valid, offs_d, HEAD_DIM, BLOCK_D)
 
     q_rows = (q_begin + q_idx).to(tl.int64) * stride_q_tok + heads * stride_q_head
-    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_mask, other=0.0)
 
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], NEG_START, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     # Keys past the tile's last query position are masked for every row: skip them.
@@ -178,6 +186,7 @@ def _paged_attention_kernel(
         BLOCK_SIZE,
         BLOCK_N,
         HEAD_DIM,
+        BLOCK_D,
         DOT_PRECISION,
         window,
         softcap,
@@ -191,8 +200,13 @@ def _paged_attention_kernel(
     tl.store(
         out_ptr + o_rows[:, None] + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
-        mask=row_valid[:, None],
+        mask=row_mask,
     )
+
+
+def block_d(head_dim: int) -> int:
+    """The attention tile's channel extent: a power of two (tl.arange) of at least 16 (tl.dot)."""
+    return max(16, triton.next_power_of_2(head_dim))
 
 
 def check_layouts(q: torch.Tensor, kv_cache: torch.Tensor) -> tuple[int, int, int]:
@@ -201,8 +215,7 @@ def check_layouts(q: torch.Tensor, kv_cache: torch.Tensor) -> tuple[int, int, in
     num_heads = q.shape[1]
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads do not split into {num_kv_heads} KV groups")
-    if head_dim & (head_dim - 1) or head_dim < 16:
-        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    check_head_dim(head_dim)
     if q.stride(-1) != 1 or not kv_cache.is_contiguous():
         raise ValueError("q needs unit stride over head_dim and the KV cache must be contiguous")
     return num_heads // num_kv_heads, block_size, head_dim
@@ -269,6 +282,7 @@ def paged_attention_triton(
         BLOCK_N=block_n,
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
+        BLOCK_D=block_d(head_dim),
         DOT_PRECISION=dot_precision(q.dtype),
         HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None,

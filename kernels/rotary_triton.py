@@ -2,6 +2,7 @@
 
 Reads the reference's cos/sin cache ([max_positions, D] float32, cosines then sines, llama3
 scaling already folded in by `build_cos_sin_cache`), so both paths rotate by the same angles.
+Half a head that is not a power of two is rotated in the next power of two's tile, masked.
 """
 
 from __future__ import annotations
@@ -10,14 +11,24 @@ import torch
 import triton
 import triton.language as tl
 
+from baton.kernels.head_dim_triton import channel_mask, check_head_dim
+
 
 @triton.jit
 def _rotate_heads(
-    x_ptr, stride_head, num_heads, cos, sin, BLOCK_H: tl.constexpr, HALF: tl.constexpr
+    x_ptr,
+    stride_head,
+    num_heads,
+    cos,
+    sin,
+    BLOCK_H: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
 ):
     heads = tl.arange(0, BLOCK_H)
-    offs = heads[:, None] * stride_head + tl.arange(0, HALF)[None, :]
-    mask = (heads < num_heads)[:, None]
+    offs_d = tl.arange(0, BLOCK_HALF)
+    offs = heads[:, None] * stride_head + offs_d[None, :]
+    mask = channel_mask(heads < num_heads, offs_d, HALF, BLOCK_HALF)
     # Dim i pairs with dim i + D/2 (rotate-half), not with its neighbour (GPT-J interleaving).
     x1 = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)
@@ -42,17 +53,38 @@ def _rotary_kernel(
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
     HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     position = tl.load(positions_ptr + token).to(tl.int64)
-    offs = tl.arange(0, HALF)
-    cos = tl.load(cos_sin_ptr + position * stride_cache + offs)[None, :]
-    sin = tl.load(cos_sin_ptr + position * stride_cache + HALF + offs)[None, :]
+    offs = tl.arange(0, BLOCK_HALF)
+    # Lanes past HALF only meet lanes that are masked off q and k.
+    cos_sin = cos_sin_ptr + position * stride_cache + offs
+    if HALF == BLOCK_HALF:
+        cos = tl.load(cos_sin)[None, :]
+        sin = tl.load(cos_sin + HALF)[None, :]
+    else:
+        cos = tl.load(cos_sin, mask=offs < HALF, other=0.0)[None, :]
+        sin = tl.load(cos_sin + HALF, mask=offs < HALF, other=0.0)[None, :]
     _rotate_heads(
-        q_ptr + token * stride_q_tok, stride_q_head, num_q_heads, cos, sin, BLOCK_HQ, HALF
+        q_ptr + token * stride_q_tok,
+        stride_q_head,
+        num_q_heads,
+        cos,
+        sin,
+        BLOCK_HQ,
+        HALF,
+        BLOCK_HALF,
     )
     _rotate_heads(
-        k_ptr + token * stride_k_tok, stride_k_head, num_k_heads, cos, sin, BLOCK_HK, HALF
+        k_ptr + token * stride_k_tok,
+        stride_k_head,
+        num_k_heads,
+        cos,
+        sin,
+        BLOCK_HK,
+        HALF,
+        BLOCK_HALF,
     )
 
 
@@ -64,8 +96,7 @@ def apply_rotary_triton(
     q and k may be strided views (slices of a fused qkv projection) with unit stride over D.
     """
     num_tokens, num_q_heads, head_dim = q.shape
-    if head_dim & (head_dim - 1) or head_dim < 2:
-        raise ValueError(f"head_dim must be a power of two, got {head_dim}")
+    check_head_dim(head_dim)
     if q.stride(-1) != 1 or k.stride(-1) != 1 or not cos_sin_cache.is_contiguous():
         raise ValueError("q and k need unit stride over head_dim, the cos/sin cache contiguous")
     if num_tokens:
@@ -84,5 +115,6 @@ def apply_rotary_triton(
             BLOCK_HQ=triton.next_power_of_2(num_q_heads),
             BLOCK_HK=triton.next_power_of_2(k.shape[1]),
             HALF=head_dim // 2,
+            BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
         )
     return q, k

@@ -45,3 +45,6 @@ def test_every_kernel_compiles_for_sm90_in_bf16():
     assert result.returncode == 0, result.stderr[-3000:]
     for kernel in KERNELS:
         assert f"sm_90 bfloat16 {kernel}(" in result.stdout
+    # Heads that are not powers of two compile in a padded tile (Phi-2, Phi-3-mini, MLA).
+    for head_dim, block_d in ((80, 128), (96, 128), (192, 256)):
+        assert f"HEAD_DIM={head_dim}, BLOCK_D={block_d}, DOT_PRECISION" in result.stdout
