@@ -42,11 +42,13 @@ TRACE = "/work/shared/traces/azure_conv_2023.csv"
 TARGET_ATTAINMENT = 0.9
 # A backlog this long measures the engine's throughput rather than its last answers' drain.
 SATURATION_REQUESTS = 1000
-# Each layout: its --disaggregate mode and whether its replicas take roles.
+# Each layout: its --disaggregate mode, whether its replicas take roles, and its --migrate.
 LAYOUTS = {
-    "co-located": ("never", False),
-    "disaggregated": ("always", True),
-    "auto": ("auto", True),
+    "co-located": ("never", False, "never"),
+    "disaggregated": ("always", True, "never"),
+    "auto": ("auto", True, "never"),
+    "co-located+migrate": ("never", False, "auto"),
+    "auto+migrate": ("auto", True, "auto"),
 }
 
 
@@ -107,10 +109,11 @@ def run(job: tuple[argparse.Namespace, Point, float]) -> dict:
     requests = draw(
         args, point.workload, args.requests_per_replica * point.replicas, point.seed, rate
     )
-    mode, with_roles = LAYOUTS[point.layout]
+    mode, with_roles, migrate = LAYOUTS[point.layout]
     settings = DisaggregationSettings(
         prefill_replicas=point.prefill_replicas if with_roles else 0,
         disaggregate=mode,
+        migrate=migrate,
         kv_transfer_latency_ms=args.kv_transfer_latency_ms,
         kv_transfer_gbps=args.kv_transfer_gbps,
     )
@@ -129,6 +132,7 @@ def run(job: tuple[argparse.Namespace, Point, float]) -> dict:
         "ttft_p99_ms": summary["ttft_p99_ms"],
         "tpot_p99_ms": summary["tpot_p99_ms"],
         "transfers": len(result.transfers),
+        "migrations": sum(t.migration for t in result.transfers),
         "transfer_ms_mean": statistics.mean(t.seconds * 1000 for t in result.transfers)
         if result.transfers
         else None,
@@ -186,7 +190,7 @@ def main() -> None:
     )
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--loads", default="0.7,0.9,1.1", help="shares of N x saturation")
-    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--layouts", default="co-located,disaggregated,auto")
     parser.add_argument("--requests-per-replica", type=int, default=150)
     parser.add_argument("--tpot-scale", type=float, default=0.4, help="mixed: TPOT target scale")
     parser.add_argument("--trace-ttft-ms", type=float, default=1500.0)

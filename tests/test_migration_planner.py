@@ -1,0 +1,128 @@
+"""Choosing live migrations (core/replicas/migration.py) and running them in the replica
+simulator: a replica predicted past its decodes' tightest TPOT target sends its tightest, least
+KV decode to the replica with the most room where every target is kept; nothing moves twice, a
+replica takes part in one move at a time, a request near its end stays, a prefill replica takes
+no decode; simulated, a moved request keeps its answer and moves once, mid-decode."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from baton.core.replicas.disaggregation import DisaggregatingRouter
+from baton.core.replicas.disaggregation_settings import DisaggregationSettings
+from baton.core.replicas.kv_transfer import KVShape, TransferCost
+from baton.core.replicas.migration import Migration, MigrationPlanner
+from baton.core.replicas.replica_ledger import ReplicaLedger
+from baton.core.replicas.router import Router
+from baton.core.request import SLO
+from baton.core.simulation.replica_simulator import simulate_replicas
+from baton.core.simulation.simulator import DEFAULT_COST, SimulationConfig
+from baton.core.simulation.workloads import sample_requests
+from tests.factory import make_replica_ledger
+
+BYTES_PER_TOKEN = KVShape(32, 8, 128, 2).bytes_per_token
+TIGHT = SLO(ttft_ms=1000, tpot_ms=25)
+LOOSE = SLO(ttft_ms=1000, tpot_ms=100)
+
+
+def _planner(loads: list[int], num_prefill: int = 0, mode: str = "auto") -> MigrationPlanner:
+    """Replicas with `loads[i]` decodes of 100 tokens each at the TIGHT target, started at 0 s
+    and expected to live 5 s; under the default cost a step of more than 70 misses it."""
+    ledgers = [
+        make_replica_ledger(i, cost=DEFAULT_COST, max_num_batched_tokens=2048, max_num_seqs=128)
+        for i in range(len(loads))
+    ]
+    for ledger, count in zip(ledgers, loads, strict=True):
+        ledger.forecast.lifetime_s = 5.0
+        for index in range(count):
+            _decode(ledger, f"decoding-{ledger.replica_id}-{index}", 100, TIGHT)
+    disaggregating = DisaggregatingRouter(
+        Router("slo", ledgers, admission_factor=3.0),
+        num_prefill,
+        "auto",
+        TransferCost(0.0005, 50e9),
+        BYTES_PER_TOKEN,
+    )
+    return MigrationPlanner(disaggregating, mode)
+
+
+def _decode(ledger: ReplicaLedger, request_id: str, num_tokens: int, slo: SLO) -> None:
+    ledger.add(request_id, num_tokens, slo, (), 0.0)
+    ledger.forecast.first_token(request_id, 0.0)
+
+
+def test_a_replica_past_its_target_moves_its_tightest_smallest_decode_to_the_most_room():
+    planner = _planner([80, 10, 40])
+    source = planner.router.router.replicas[0]
+    _decode(source, "small", 50, TIGHT)
+    _decode(source, "loose-smaller", 10, LOOSE)
+    assert planner.choose(1, 1.0) is None and planner.choose(2, 1.0) is None
+    assert planner.choose(0, 1.0) == Migration("small", 0, 1)
+    assert planner.target_of("small") == 1 and planner.num_migrations == 1
+
+
+def test_a_replica_within_its_target_or_a_planner_set_to_never_moves_nothing():
+    assert _planner([60, 0]).choose(0, 1.0) is None
+    assert _planner([80, 0], mode="never").choose(0, 1.0) is None
+
+
+def test_one_move_at_a_time_per_replica_and_none_moves_twice():
+    planner = _planner([80, 80, 0, 0])
+    first = planner.choose(0, 1.0)
+    assert first == Migration("decoding-0-0", 0, 2)
+    # The source and the target are busy until the move ends; another pair may move.
+    assert planner.choose(0, 1.0) is None
+    assert planner.choose(1, 1.0) == Migration("decoding-1-0", 1, 3)
+    planner.ended(first.request_id)
+    planner.ended("decoding-1-0")
+    # The ledgers still show it on the source here: it is not chosen again.
+    assert planner.choose(0, 1.0) == Migration("decoding-0-1", 0, 2)
+    planner.finished("decoding-0-1")
+    assert planner.target_of("decoding-0-1") is None
+
+
+def test_no_move_without_a_landing_that_keeps_every_target_or_near_the_end():
+    # Every other replica would itself miss the target with one more decode.
+    assert _planner([80, 72, 72]).choose(0, 1.0) is None
+    # Past the expected lifetime, every decode is near its end.
+    assert _planner([80, 0]).choose(0, 6.0) is None
+    # A target with a tighter target in flight is judged by it.
+    planner = _planner([80, 40])
+    _decode(planner.router.router.replicas[1], "tighter", 10, SLO(ttft_ms=1000, tpot_ms=18))
+    assert planner.choose(0, 1.0) is None
+
+
+def test_a_prefill_replica_takes_no_moved_decode():
+    planner = _planner([0, 80, 75], num_prefill=1)
+    assert planner.choose(1, 1.0) is None
+
+
+def _tight_mixed(num_requests: int, rate: float, seed: int):
+    requests = sample_requests("mixed", num_requests, rate, seed)
+    return [
+        dataclasses.replace(
+            r,
+            request_class=dataclasses.replace(
+                r.request_class, tpot_ms=r.request_class.tpot_ms * 0.4
+            ),
+        )
+        for r in requests
+    ]
+
+
+def test_simulated_migrations_move_mid_decode_once_and_keep_every_answer():
+    workload = _tight_mixed(160, 20.0, 0)
+    settings = DisaggregationSettings(migrate="auto")
+    result = simulate_replicas("slo", "slo", workload, SimulationConfig(seed=0), 2, settings)
+    moves = [t for t in result.transfers if t.migration]
+    assert moves and len({t.request_id for t in moves}) == len(moves)
+    answers = {f"sim-{i}": min(r.output_len, r.max_tokens) for i, r in enumerate(workload)}
+    finished = [r for r in result.records if not r.rejected]
+    assert finished and all(r.num_output_tokens == answers[r.request_id] for r in finished)
+    records = {r.request_id: r for r in result.records}
+    for move in moves:
+        record = records[move.request_id]
+        # It moved mid-decode, its KV of every token but the last it had.
+        assert move.started_s > record.first_token_s and move.source != move.target
+        assert move.num_bytes > 0 and move.num_bytes % BYTES_PER_TOKEN == 0
+        assert record.finish_s > move.started_s + move.seconds
