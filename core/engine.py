@@ -234,7 +234,11 @@ class Engine:
         request.num_computed_tokens = prefilled.num_computed_tokens
         request.first_scheduled_time = prefilled.first_scheduled_time
         request.first_token_time = prefilled.first_token_time
-        request.pace_start_time = self.clock()
+        # Paced from its landing: its next token is due one TPOT target after it, whatever the
+        # transfer cost or its pace was on the other engine (`SLOPolicy.tpot_allowance_s`).
+        num_behind = len(prefilled.output_token_ids) - 1
+        target_s = 0.0 if spec.slo.tpot_ms is None else spec.slo.tpot_ms / 1000
+        request.pace_start_time = self.clock() - target_s * num_behind
         request.num_cached_tokens = prefilled.num_cached_tokens
         request.num_preemptions = prefilled.num_preemptions
         request.token_times.extend(prefilled.token_times or (prefilled.first_token_time,))

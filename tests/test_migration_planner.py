@@ -2,11 +2,10 @@
 simulator: a replica predicted past its decodes' tightest TPOT target sends its tightest, least
 KV decode to the replica with the most room where every target is kept; nothing moves twice, a
 replica takes part in one move at a time, a request near its end stays, a prefill replica takes
-no decode; simulated, a moved request keeps its answer and moves once, mid-decode."""
+no decode; simulated, moves even out a lopsided placement, each request moving once, mid-decode,
+with its answer kept."""
 
 from __future__ import annotations
-
-import dataclasses
 
 from baton.core.replicas.disaggregation import DisaggregatingRouter
 from baton.core.replicas.disaggregation_settings import DisaggregationSettings
@@ -17,7 +16,7 @@ from baton.core.replicas.router import Router
 from baton.core.request import SLO
 from baton.core.simulation.replica_simulator import simulate_replicas
 from baton.core.simulation.simulator import DEFAULT_COST, SimulationConfig
-from baton.core.simulation.workloads import sample_requests
+from baton.core.simulation.workloads import LengthDistribution, RequestClass, WorkloadRequest
 from tests.factory import make_replica_ledger
 
 BYTES_PER_TOKEN = KVShape(32, 8, 128, 2).bytes_per_token
@@ -97,32 +96,52 @@ def test_a_prefill_replica_takes_no_moved_decode():
     assert planner.choose(1, 1.0) is None
 
 
-def _tight_mixed(num_requests: int, rate: float, seed: int):
-    requests = sample_requests("mixed", num_requests, rate, seed)
-    return [
-        dataclasses.replace(
-            r,
-            request_class=dataclasses.replace(
-                r.request_class, tpot_ms=r.request_class.tpot_ms * 0.4
-            ),
-        )
-        for r in requests
+# Steady decodes at one TPOT target: the long ones are what fills a replica's steps.
+LONG = RequestClass(
+    "long", LengthDistribution(64, 0.0, 64), LengthDistribution(400, 0.0, 400), 400, 2000, 25, 0
+)
+SHORT = RequestClass(
+    "short", LengthDistribution(64, 0.0, 64), LengthDistribution(4, 0.0, 4), 4, 2000, 25, 0
+)
+
+
+def _attainment(records) -> float:
+    met = [
+        not r.rejected and r.ttft_ms <= r.ttft_ms_target and r.tpot_ms <= r.tpot_ms_target
+        for r in records
     ]
+    return sum(met) / len(met)
 
 
-def test_simulated_migrations_move_mid_decode_once_and_keep_every_answer():
-    workload = _tight_mixed(160, 20.0, 0)
-    settings = DisaggregationSettings(migrate="auto")
-    result = simulate_replicas("slo", "slo", workload, SimulationConfig(seed=0), 2, settings)
-    moves = [t for t in result.transfers if t.migration]
-    assert moves and len({t.request_id for t in moves}) == len(moves)
-    answers = {f"sim-{i}": min(r.output_len, r.max_tokens) for i, r in enumerate(workload)}
-    finished = [r for r in result.records if not r.rejected]
-    assert finished and all(r.num_output_tokens == answers[r.request_id] for r in finished)
-    records = {r.request_id: r for r in result.records}
+def test_simulated_migrations_even_out_a_lopsided_placement_and_keep_every_answer():
+    # Round-robin over two replicas sends every long answer to replica 0: its decodes outgrow
+    # the target while replica 1 idles, which moving some of them fixes.
+    workload = [
+        WorkloadRequest(i / 20, 64, c.output.median, c.max_tokens, c)
+        for i, c in enumerate([LONG, SHORT] * 100)
+    ]
+    runs = {
+        mode: simulate_replicas(
+            "round-robin",
+            "slo",
+            workload,
+            SimulationConfig(),
+            2,
+            DisaggregationSettings(migrate=mode),
+        )
+        for mode in ("never", "auto")
+    }
+    moves = [t for t in runs["auto"].transfers if t.migration]
+    assert not any(t.migration for t in runs["never"].transfers)
+    assert moves and {(t.source, t.target) for t in moves} == {(0, 1)}
+    assert len({t.request_id for t in moves}) == len(moves)
+    assert _attainment(runs["auto"].records) > _attainment(runs["never"].records)
+    records = {r.request_id: r for r in runs["auto"].records}
+    for index, spec in enumerate(workload):
+        assert records[f"sim-{index}"].num_output_tokens == spec.output_len
     for move in moves:
         record = records[move.request_id]
-        # It moved mid-decode, its KV of every token but the last it had.
-        assert move.started_s > record.first_token_s and move.source != move.target
-        assert move.num_bytes > 0 and move.num_bytes % BYTES_PER_TOKEN == 0
+        # It moved mid-decode, with the KV of every token but the last it had.
+        assert move.started_s > record.first_token_s and record.class_name == "long"
+        assert move.num_bytes > 64 * BYTES_PER_TOKEN and move.num_bytes % BYTES_PER_TOKEN == 0
         assert record.finish_s > move.started_s + move.seconds

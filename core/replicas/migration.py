@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from baton.core.replicas.disaggregation import DisaggregatingRouter, Role
 from baton.core.replicas.replica_ledger import ReplicaLedger
+from baton.core.scheduling.feasibility import MIN_CAPPED_PREFILL
 
 MIGRATE_MODES = ("auto", "never")
 
@@ -112,7 +113,7 @@ class MigrationPlanner:
         transfer_s = self.router.transfer_s(num_tokens)
         best: tuple[float, int, ReplicaLedger] | None = None
         for target in targets:
-            step_s = _step_s(target, target.num_in_flight + 1, target.num_tokens + num_tokens)
+            step_s = _landing_step_s(target, num_tokens)
             intervals = max(1.0, remaining_s / step_s) if step_s > 0 else 1.0
             allowed_s = min(tpot_s, min(target.forecast.tpot_targets(), default=math.inf))
             if step_s + transfer_s / intervals > allowed_s:
@@ -123,18 +124,23 @@ class MigrationPlanner:
 
 
 def _misses_target(replica: ReplicaLedger) -> bool:
-    """Whether `replica`'s predicted step runs past the tightest TPOT target of its decodes."""
-    _, _, tightest_s = replica.forecast.decode_load()
+    """Whether `replica`'s decodes run past their tightest TPOT target even in steps carrying
+    only the least prefill the planner lets through beside them (`MIN_CAPPED_PREFILL`): the
+    cap cannot keep that target, and every step misses it."""
+    decodes = replica.forecast.decodes()
+    tightest_s = min((tpot_s for _, _, tpot_s in decodes), default=math.inf)
     if tightest_s == math.inf:
         return False
-    return _step_s(replica, replica.num_in_flight, replica.num_tokens) > tightest_s
+    owed = min(replica.forecast.owed_tokens, MIN_CAPPED_PREFILL)
+    context = sum(replica.num_tokens_of(request_id) for request_id, _, _ in decodes)
+    return replica.stats.step_cost.predict_step(owed, len(decodes), context) > tightest_s
 
 
-def _step_s(replica: ReplicaLedger, num_seqs: int, num_tokens: int) -> float:
-    """A step on `replica` with `num_seqs` decoding (as many as the batch holds) over
-    `num_tokens` of context, beside the prompts it owes at the planner's cap: the step a decode
-    there lives through."""
-    owed = min(replica.forecast.owed_tokens, replica.forecast.capped_prefill_budget())
-    return replica.stats.step_cost.predict_step(
-        owed, min(num_seqs, replica.max_num_seqs), num_tokens
-    )
+def _landing_step_s(replica: ReplicaLedger, num_tokens: int) -> float:
+    """A step on `replica` once a decode of `num_tokens` lands there beside its decodes and
+    every prompt it owes (up to a step's token budget): a move that kept the decodes' targets
+    only by holding those prompts back under the cap would cost them their first tokens."""
+    decodes = replica.forecast.decodes()
+    context = sum(replica.num_tokens_of(request_id) for request_id, _, _ in decodes)
+    owed = min(replica.forecast.owed_tokens, replica.forecast.max_num_batched_tokens)
+    return replica.stats.step_cost.predict_step(owed, len(decodes) + 1, context + num_tokens)
