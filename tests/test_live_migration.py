@@ -11,7 +11,7 @@ from baton.app.llm import LLM
 from baton.core.engine import Engine
 from baton.core.outputs import RequestOutput
 from baton.core.prefilled import PrefilledRequest
-from baton.core.request import EngineRequest
+from baton.core.request import SLO, EngineRequest
 from baton.core.simulation.simulated_executor import SimulatedExecutor
 from baton.core.text.tokenizer import Tokenizer
 from tests.factory import make_engine, make_request
@@ -219,3 +219,14 @@ def test_a_real_model_migrated_mid_decode_continues_token_for_token(checkpoint, 
     assert all(len(lp) == 16 for lp in logprobs[0].values())
     for engine in engines:
         assert engine.kv_cache.pool.num_free_blocks == engine.kv_cache.num_blocks
+
+
+def test_a_migrated_decode_is_paced_from_its_landing():
+    slo = SLO(ttft_ms=1000, tpot_ms=50)
+    source, target = make_engine(), make_engine()
+    _submit(source, make_request("r", PROMPTS["r1"], max_tokens=30, slo=slo))
+    prefilled = _step_until_handed_off(source, "r", 9, [])
+    request = target.add_prefilled(prefilled)
+    now = target.clock()
+    # Its next token is due one target after it lands, not ten (the tokens it brought).
+    assert target.scheduler.policy.tpot_allowance_s(request, now) == pytest.approx(0.05)
