@@ -56,7 +56,10 @@ def test_a_replica_past_its_target_moves_its_tightest_smallest_decode_to_the_mos
     _decode(source, "small", 50, TIGHT)
     _decode(source, "loose-smaller", 10, LOOSE)
     assert planner.choose(1, 1.0) is None and planner.choose(2, 1.0) is None
-    assert planner.choose(0, 1.0) == Migration("small", 0, 1)
+    move = planner.choose(0, 1.0)
+    assert move == Migration("small", 0, 1)
+    assert planner.target_of("small") is None
+    planner.asked(move)
     assert planner.target_of("small") == 1 and planner.num_migrations == 1
 
 
@@ -69,15 +72,36 @@ def test_one_move_at_a_time_per_replica_and_none_moves_twice():
     planner = _planner([80, 80, 0, 0])
     first = planner.choose(0, 1.0)
     assert first == Migration("decoding-0-0", 0, 2)
+    planner.asked(first)
     # The source and the target are busy until the move ends; another pair may move.
     assert planner.choose(0, 1.0) is None
-    assert planner.choose(1, 1.0) == Migration("decoding-1-0", 1, 3)
+    second = planner.choose(1, 1.0)
+    assert second == Migration("decoding-1-0", 1, 3)
+    planner.asked(second)
     planner.ended(first.request_id)
-    planner.ended("decoding-1-0")
+    planner.ended(second.request_id)
     # The ledgers still show it on the source here: it is not chosen again.
-    assert planner.choose(0, 1.0) == Migration("decoding-0-1", 0, 2)
-    planner.finished("decoding-0-1")
-    assert planner.target_of("decoding-0-1") is None
+    third = planner.choose(0, 1.0)
+    assert third == Migration("decoding-0-1", 0, 2)
+    planner.asked(third)
+    planner.finished(third.request_id)
+    assert planner.target_of(third.request_id) is None
+
+
+def test_a_handed_off_move_lands_on_its_target_or_back_on_a_source_whose_target_died():
+    planner = _planner([80, 0, 0])
+    replicas = planner.router.router.replicas
+    assert planner.hand_off("decoding-0-0", 101, TIGHT, 0, 2.0) is None
+    planner.asked(Migration("decoding-0-0", 0, 1))
+    planner.asked(Migration("decoding-0-1", 0, 2))
+    replicas[0].remove("decoding-0-0")
+    assert planner.hand_off("decoding-0-0", 101, TIGHT, 0, 2.0) == 1
+    assert replicas[1].num_tokens_of("decoding-0-0") == 101
+    assert replicas[1].forecast.decodes() == [("decoding-0-0", 2.0, 0.025)]
+    replicas[2].healthy = False
+    replicas[0].remove("decoding-0-1")
+    assert planner.hand_off("decoding-0-1", 101, TIGHT, 0, 2.0) == 0
+    assert replicas[0].num_tokens_of("decoding-0-1") == 101
 
 
 def test_no_move_without_a_landing_that_keeps_every_target_or_near_the_end():

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from baton.core.replicas.disaggregation import DisaggregatingRouter, Role
 from baton.core.replicas.replica_ledger import ReplicaLedger
+from baton.core.request import SLO
 from baton.core.scheduling.feasibility import MIN_CAPPED_PREFILL
 
 MIGRATE_MODES = ("auto", "never")
@@ -46,10 +47,32 @@ class MigrationPlanner:
         self._moved: set[str] = set()
         self.num_migrations = 0
 
+    def asked(self, move: Migration) -> None:
+        """The source was asked to hand `move`'s request off: it is moving until it `ended`."""
+        self._pending[move.request_id] = move
+        self._moved.add(move.request_id)
+        self.num_migrations += 1
+
     def target_of(self, request_id: str) -> int | None:
         """The replica a request handed off for a move is going to; None if it is not moving."""
         move = self._pending.get(request_id)
         return None if move is None else move.target
+
+    def hand_off(
+        self, request_id: str, num_tokens: int, slo: SLO, source: int, now: float
+    ) -> int | None:
+        """The replica a request that replica `source` handed off with `num_tokens` for a move
+        goes to (back to `source` if that one is down now), recorded in its ledger as decoding;
+        None for a request not moving (a prefilled one: `DisaggregatingRouter.hand_off`)."""
+        target = self.target_of(request_id)
+        if target is None:
+            return None
+        ledger = self.router.router.replicas[target]
+        if not ledger.healthy:
+            ledger = self.router.router.replicas[source]
+        ledger.add(request_id, num_tokens, slo, (), now)
+        ledger.forecast.first_token(request_id, now)
+        return ledger.replica_id
 
     def ended(self, request_id: str) -> None:
         """The move of `request_id` ended: its KV landed, the move failed, or the source
@@ -63,7 +86,7 @@ class MigrationPlanner:
 
     def choose(self, source_id: int, now: float) -> Migration | None:
         """The move that relieves replica `source_id`, if it is about to miss a target and a
-        move keeps every target where it lands; recorded as asked for."""
+        move keeps every target where it lands; changes nothing (`asked` records it)."""
         if not self.enabled:
             return None
         replicas = self.router.router.replicas
@@ -97,11 +120,7 @@ class MigrationPlanner:
                 continue  # near its end: a move would cost more than it saves
             target = self._landing(targets, num_tokens, tpot_s, remaining_s)
             if target is not None:
-                move = Migration(request_id, source_id, target.replica_id)
-                self._pending[request_id] = move
-                self._moved.add(request_id)
-                self.num_migrations += 1
-                return move
+                return Migration(request_id, source_id, target.replica_id)
         return None
 
     def _landing(

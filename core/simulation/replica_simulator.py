@@ -149,12 +149,16 @@ class _Replicas:
                 ledger.remove(output.request_id)
                 self.hand_off(event.replica, output.prefilled, event.time_s)
         move = self.migration.choose(event.replica, event.time_s)
-        if move is not None and not self.engines[move.source].migrate(move.request_id):
-            self.migration.ended(move.request_id)
+        if move is not None:
+            self.migration.asked(move)
+            if not self.engines[move.source].migrate(move.request_id):
+                self.migration.ended(move.request_id)
 
     def hand_off(self, source: int, prefilled: PrefilledRequest, now: float) -> None:
         spec = prefilled.request
-        target = self.migration.target_of(spec.request_id)
+        target = self.migration.hand_off(
+            spec.request_id, prefilled.num_computed_tokens + 1, spec.slo, source, now
+        )
         if target is None:
             target = self.router.hand_off(
                 spec.request_id,
@@ -164,10 +168,6 @@ class _Replicas:
                 source,
                 now,
             )
-        else:
-            ledger = self.ledgers[target]
-            ledger.add(spec.request_id, prefilled.num_computed_tokens + 1, spec.slo, (), now)
-            ledger.forecast.first_token(spec.request_id, now)
         # Decoding on where it was prefilled moves nothing.
         seconds = 0.0 if target == source else self.router.transfer.seconds(prefilled.num_kv_bytes)
         transfer = Transfer(
