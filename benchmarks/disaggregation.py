@@ -2,8 +2,9 @@
 TTFT and TPOT targets, at tight TPOT targets, for three layouts of the same N replicas in the
 replica simulator (core/simulation/replica_simulator.py): co-located (`--disaggregate never`,
 every replica prefills and decodes), disaggregated (`always`: P replicas prefill, the others
-decode, every request's KV moves) and Baton's per-request choice (`auto`, the same roles).
-Simulated time, so the machine's load changes only the wall time.
+decode, every request's KV moves) and Baton's per-request choice (`auto`, the same roles);
+`--layouts` adds `co-located+migrate` and `auto+migrate`, the same with `--migrate auto` (live
+migration of running decodes). Simulated time, so the machine's load changes only the wall time.
 
     python benchmarks/disaggregation.py --replicas 4,8 --seeds 0,1,2,3,4 --jobs 2
 
@@ -118,7 +119,7 @@ def run(job: tuple[argparse.Namespace, Point, float]) -> dict:
         kv_transfer_gbps=args.kv_transfer_gbps,
     )
     result = simulate_replicas(
-        "slo", "slo", requests, _config(point.seed), point.replicas, settings
+        args.router, "slo", requests, _config(point.seed), point.replicas, settings
     )
     summary = summarize(result.records)
     return {
@@ -197,6 +198,9 @@ def main() -> None:
     parser.add_argument("--trace-tpot-ms", type=float, default=25.0)
     parser.add_argument("--kv-transfer-latency-ms", type=float, default=0.5)
     parser.add_argument("--kv-transfer-gbps", type=float, default=50.0)
+    parser.add_argument(
+        "--router", default="slo", help="the router placing requests (slo balances by forecast)"
+    )
     parser.add_argument("--jobs", type=int, default=1)
     args = parser.parse_args()
     workloads = args.workloads.split(",")
