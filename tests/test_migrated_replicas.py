@@ -21,7 +21,7 @@ from tests.server_harness import base_url, free_port, model_engine
 from tests.test_disaggregated_replicas import ENGINE, _request, _run, _settled
 
 PROMPT = [(13 * j) % 400 + 5 for j in range(40)]
-MAX_TOKENS = 64
+MAX_TOKENS = 160
 # The move is asked for once the request has this many tokens on its first replica.
 MOVE_AT = 4
 
