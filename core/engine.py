@@ -241,7 +241,7 @@ class Engine:
         request.pace_start_time = self.clock() - target_s * num_behind
         request.num_cached_tokens = prefilled.num_cached_tokens
         request.num_preemptions = prefilled.num_preemptions
-        request.token_times.extend(prefilled.token_times or (prefilled.first_token_time,))
+        request.token_times.extend(prefilled.token_times)
         request.prefill_chunks.extend(prefilled.prefill_chunks)
         if self.scheduler.add_prefilled(request, prefilled.block_hashes) and kv is not None:
             table = self.kv_cache.block_table(request.request_id)
@@ -389,8 +389,8 @@ class Engine:
             request.first_scheduled_time,
             request.first_token_time,
             request.num_cached_tokens or 0,
-            tuple(request.prefill_chunks),
             tuple(request.token_times),
+            tuple(request.prefill_chunks),
             request.num_preemptions,
         )
 

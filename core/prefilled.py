@@ -26,10 +26,10 @@ class PrefilledRequest:
     first_scheduled_time: float
     first_token_time: float
     num_cached_tokens: int
+    # When each output token was ready, on the source's clock.
+    token_times: tuple[float, ...]
     # The prompt's chunks on the source engine, (start, end, num_tokens), for the request's trace.
     prefill_chunks: tuple[tuple[float, float, int], ...] = ()
-    # When each output token was ready, on the source's clock; its preemptions there.
-    token_times: tuple[float, ...] = ()
     num_preemptions: int = 0
 
     @property

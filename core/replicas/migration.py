@@ -45,13 +45,11 @@ class MigrationPlanner:
         self._pending: dict[str, Migration] = {}
         # Requests that moved or are moving, until they finish: none moves twice.
         self._moved: set[str] = set()
-        self.num_migrations = 0
 
     def asked(self, move: Migration) -> None:
         """The source was asked to hand `move`'s request off: it is moving until it `ended`."""
         self._pending[move.request_id] = move
         self._moved.add(move.request_id)
-        self.num_migrations += 1
 
     def target_of(self, request_id: str) -> int | None:
         """The replica a request handed off for a move is going to; None if it is not moving."""
