@@ -1,9 +1,10 @@
 """Live migration of running decodes between replicas (`--migrate auto`, after Llumnix, OSDI
-'24): when a replica's predicted decode step, with the prompts it owes at the `slo` planner's
-cap, runs past the tightest TPOT target in flight there, one of its decodes moves to a replica
-with a free place where the step with it, and its transfer spread over the tokens it is expected
-still to produce, keeps every target. The move rides the prefill hand-off: the source hands the
-request off at its next token (`Engine.migrate`) and its KV moves as a prefilled prompt's does.
+'24): when a replica's decodes run past the tightest TPOT target among them even in steps that
+carry only the least prefill the `slo` planner lets through, one of them moves to a replica with
+a free place where a step with it and every prompt owed there, plus its transfer spread over the
+decode it is expected still to do (the lifetime forecast), keeps every target. The move rides the
+prefill hand-off: the source hands the request off at its next token (`Engine.migrate`) and its
+KV moves as a prefilled prompt's does.
 
 Read from the router's ledgers and forecast alone, as every placement is. Hysteresis: a request
 moves at most once, a replica takes part in one move at a time (as source or target), and a
