@@ -2,8 +2,9 @@
 TTFT and TPOT targets, at tight TPOT targets, for three layouts of the same N replicas in the
 replica simulator (core/simulation/replica_simulator.py): co-located (`--disaggregate never`,
 every replica prefills and decodes), disaggregated (`always`: P replicas prefill, the others
-decode, every request's KV moves) and Baton's per-request choice (`auto`, the same roles).
-Simulated time, so the machine's load changes only the wall time.
+decode, every request's KV moves) and Baton's per-request choice (`auto`, the same roles);
+`--layouts` adds `co-located+migrate` and `auto+migrate`, the same with `--migrate auto` (live
+migration of running decodes). Simulated time, so the machine's load changes only the wall time.
 
     python benchmarks/disaggregation.py --replicas 4,8 --seeds 0,1,2,3,4 --jobs 2
 
@@ -42,11 +43,13 @@ TRACE = "/work/shared/traces/azure_conv_2023.csv"
 TARGET_ATTAINMENT = 0.9
 # A backlog this long measures the engine's throughput rather than its last answers' drain.
 SATURATION_REQUESTS = 1000
-# Each layout: its --disaggregate mode and whether its replicas take roles.
+# Each layout: its --disaggregate mode, whether its replicas take roles, and its --migrate.
 LAYOUTS = {
-    "co-located": ("never", False),
-    "disaggregated": ("always", True),
-    "auto": ("auto", True),
+    "co-located": ("never", False, "never"),
+    "disaggregated": ("always", True, "never"),
+    "auto": ("auto", True, "never"),
+    "co-located+migrate": ("never", False, "auto"),
+    "auto+migrate": ("auto", True, "auto"),
 }
 
 
@@ -107,15 +110,16 @@ def run(job: tuple[argparse.Namespace, Point, float]) -> dict:
     requests = draw(
         args, point.workload, args.requests_per_replica * point.replicas, point.seed, rate
     )
-    mode, with_roles = LAYOUTS[point.layout]
+    mode, with_roles, migrate = LAYOUTS[point.layout]
     settings = DisaggregationSettings(
         prefill_replicas=point.prefill_replicas if with_roles else 0,
         disaggregate=mode,
+        migrate=migrate,
         kv_transfer_latency_ms=args.kv_transfer_latency_ms,
         kv_transfer_gbps=args.kv_transfer_gbps,
     )
     result = simulate_replicas(
-        "slo", "slo", requests, _config(point.seed), point.replicas, settings
+        args.router, "slo", requests, _config(point.seed), point.replicas, settings
     )
     summary = summarize(result.records)
     return {
@@ -129,6 +133,7 @@ def run(job: tuple[argparse.Namespace, Point, float]) -> dict:
         "ttft_p99_ms": summary["ttft_p99_ms"],
         "tpot_p99_ms": summary["tpot_p99_ms"],
         "transfers": len(result.transfers),
+        "migrations": sum(t.migration for t in result.transfers),
         "transfer_ms_mean": statistics.mean(t.seconds * 1000 for t in result.transfers)
         if result.transfers
         else None,
@@ -186,13 +191,16 @@ def main() -> None:
     )
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--loads", default="0.7,0.9,1.1", help="shares of N x saturation")
-    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--layouts", default="co-located,disaggregated,auto")
     parser.add_argument("--requests-per-replica", type=int, default=150)
     parser.add_argument("--tpot-scale", type=float, default=0.4, help="mixed: TPOT target scale")
     parser.add_argument("--trace-ttft-ms", type=float, default=1500.0)
     parser.add_argument("--trace-tpot-ms", type=float, default=25.0)
     parser.add_argument("--kv-transfer-latency-ms", type=float, default=0.5)
     parser.add_argument("--kv-transfer-gbps", type=float, default=50.0)
+    parser.add_argument(
+        "--router", default="slo", help="the router placing requests (slo balances by forecast)"
+    )
     parser.add_argument("--jobs", type=int, default=1)
     args = parser.parse_args()
     workloads = args.workloads.split(",")

@@ -110,9 +110,10 @@ class Engine:
         )
         self.outputs = OutputProcessor(tokenizer, eos_token_ids, max_model_len)
         self.num_steps = 0
-        # Prefill-only requests (`add_request(hand_off=True)`), by id, with their specs; and
-        # those handed off whose blocks wait for the transfer to end (`release_prefilled`).
-        self._to_hand_off: dict[str, EngineRequest] = {}
+        # Requests to hand off at their next sampled token: prefill-only ones
+        # (`add_request(hand_off=True)`) and those to migrate (`migrate`); and those handed
+        # off whose blocks wait for the transfer to end (`release_prefilled`).
+        self._to_hand_off: set[str] = set()
         self._handed_off: dict[str, Request] = {}
         # Bytes of KV one token holds in the executor's cache, for the transfer's size.
         self.kv_bytes_per_token: int = getattr(executor, "kv_bytes_per_token", 0)
@@ -200,25 +201,47 @@ class Engine:
         self.scheduler.add_request(request)
         self.outputs.add(request)
         if hand_off:
-            self._to_hand_off[request.request_id] = dataclasses.replace(
-                spec, sampling_params=params, arrival_time=arrival
-            )
+            self._to_hand_off.add(request.request_id)
         return request
 
+    def migrate(self, request_id: str) -> bool:
+        """Hand a running request off at its next sampled token (a live migration): its output
+        then carries a `PrefilledRequest` for another engine to go on decoding it, as a
+        prefill-only request's first token does. False, changing nothing, for a request not
+        here, not past its first token, or whose state lives outside its tokens: a grammar's
+        matcher, or draft tokens under speculative decoding."""
+        request = self.scheduler.requests.get(request_id)
+        if (
+            request is None
+            or request.first_token_time is None
+            or request.sampling_params.structured_output is not None
+            or request.pooled is not None
+            or self.speculator is not None
+        ):
+            return False
+        self._to_hand_off.add(request_id)
+        return True
+
     def add_prefilled(self, prefilled: PrefilledRequest, kv: object | None = None) -> Request:
-        """Go on decoding a request another engine prefilled (its `hand_off` output), with the
-        KV contents that engine's executor read (`read_prefilled_kv`); None when the executor
-        needs none (a simulated one). Without room for it now it recomputes its prompt here."""
+        """Go on decoding a request another engine prefilled or migrated (its hand-off output),
+        with the KV contents that engine's executor read (`read_prefilled_kv`); None when the
+        executor needs none (a simulated one). Without room for it now it recomputes its
+        tokens here."""
         spec = prefilled.request
         assert spec.arrival_time is not None, "a prefilled request keeps its arrival time"
         request = Request.admit(spec, spec.sampling_params, spec.arrival_time)
-        request.append_token(prefilled.first_token_id)
-        request.num_computed_tokens = request.num_prompt_tokens
+        request.token_ids.extend(prefilled.output_token_ids)
+        request.num_computed_tokens = prefilled.num_computed_tokens
         request.first_scheduled_time = prefilled.first_scheduled_time
         request.first_token_time = prefilled.first_token_time
-        request.pace_start_time = self.clock()
+        # Paced from its landing: its next token is due one TPOT target after it, whatever the
+        # transfer cost or its pace was on the other engine (`SLOPolicy.tpot_allowance_s`).
+        num_behind = len(prefilled.output_token_ids) - 1
+        target_s = 0.0 if spec.slo.tpot_ms is None else spec.slo.tpot_ms / 1000
+        request.pace_start_time = self.clock() - target_s * num_behind
         request.num_cached_tokens = prefilled.num_cached_tokens
-        request.token_times.append(prefilled.first_token_time)
+        request.num_preemptions = prefilled.num_preemptions
+        request.token_times.extend(prefilled.token_times)
         request.prefill_chunks.extend(prefilled.prefill_chunks)
         if self.scheduler.add_prefilled(request, prefilled.block_hashes) and kv is not None:
             table = self.kv_cache.block_table(request.request_id)
@@ -232,8 +255,8 @@ class Engine:
         return request
 
     def read_prefilled_kv(self, request_id: str) -> object:
-        """The KV contents of a handed-off request's prompt, read by the executor from the
-        blocks it still holds."""
+        """The KV contents of a handed-off request's computed tokens, read by the executor from
+        the blocks it still holds."""
         return cast(KVTransfer, self.executor).read_kv(self.kv_cache.block_table(request_id))
 
     def release_prefilled(self, request_id: str) -> None:
@@ -337,25 +360,38 @@ class Engine:
         if finish_reason is not None:
             self._finish(request, output, finish_reason, now)
         elif token_id is not None and request.request_id in self._to_hand_off:
-            output.prefilled = self._hand_off(request, token_id)
+            output.prefilled = self._hand_off(request)
         return output
 
-    def _hand_off(self, request: Request, token_id: int) -> PrefilledRequest:
-        """Stop serving a prefill-only request at its first token: its blocks stay held for
-        the transfer, and the rest of it is the decoding engine's."""
+    def _hand_off(self, request: Request) -> PrefilledRequest:
+        """Stop serving a request at the token just sampled (its first, for a prefill-only one):
+        its blocks stay held for the transfer, and the rest of it is the other engine's. The
+        text held back for a stop string stays unsent: the other engine holds it back too."""
         self.scheduler.hand_off(request)
         self.outputs.remove(request.request_id)
+        self._to_hand_off.discard(request.request_id)
         self._handed_off[request.request_id] = request
         assert request.first_scheduled_time is not None and request.first_token_time is not None
+        spec = EngineRequest(
+            request.request_id,
+            request.prompt_token_ids,
+            request.sampling_params,
+            request.priority,
+            request.slo,
+            request.arrival_time,
+            request.trace_context,
+        )
         return PrefilledRequest(
-            self._to_hand_off.pop(request.request_id),
-            token_id,
+            spec,
+            tuple(request.token_ids[request.num_prompt_tokens :]),
             self.kv_cache.computed_block_hashes(request),
-            request.num_prompt_tokens * self.kv_bytes_per_token,
+            request.num_computed_tokens * self.kv_bytes_per_token,
             request.first_scheduled_time,
             request.first_token_time,
             request.num_cached_tokens or 0,
+            tuple(request.token_times),
             tuple(request.prefill_chunks),
+            request.num_preemptions,
         )
 
     def _isolate_fault(
@@ -386,7 +422,7 @@ class Engine:
         self, request: Request, output: RequestOutput, reason: FinishReason, now: float
     ) -> None:
         self.scheduler.finish_request(request, reason, now)
-        self._to_hand_off.pop(request.request_id, None)
+        self._to_hand_off.discard(request.request_id)
         output.new_text += self.outputs.remove(request.request_id)
         output.finished = True
         output.finish_reason = reason

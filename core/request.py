@@ -142,8 +142,9 @@ class Request:
         self.block_hashes: list[bytes] = []
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
-        # When its TPOT pace starts here, if not at its first token: a request prefilled by
-        # another engine lands behind its pace (the transfer), and is paced from its landing.
+        # When its TPOT pace starts here, if not at its first token: a request prefilled or
+        # migrated by another engine lands behind its pace (the transfer), and is paced from its
+        # landing, as if its first token had come that many targets before.
         self.pace_start_time: float | None = None
         self.finish_time: float | None = None
         self.finish_reason: FinishReason | None = None

@@ -24,6 +24,7 @@ PER_REPLICA = (
     "baton:replica_kv_transfers_failed_total",
     "baton:replica_kv_transfer_bytes_total",
     "baton:replica_kv_transfer_seconds_total",
+    "baton:replica_migrations_total",
 )
 
 

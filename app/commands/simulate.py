@@ -245,10 +245,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def transfer_summary(transfers: list[Transfer]) -> dict:
-    """The KV transfers of a run: how many, their bytes, and their latency in ms."""
+    """The KV transfers of a run: how many (of them live migrations), their bytes, and their
+    latency in ms."""
     seconds = sorted(transfer.seconds for transfer in transfers)
     return {
         "count": len(transfers),
+        "migrations": sum(transfer.migration for transfer in transfers),
         "bytes": sum(transfer.num_bytes for transfer in transfers),
         "latency_ms_p50": percentile(seconds, 50) * 1000 if seconds else None,
         "latency_ms_p99": percentile(seconds, 99) * 1000 if seconds else None,

@@ -92,13 +92,14 @@ def _replica_note(row: dict) -> str:
 
 
 def _roles_note(row: dict) -> str:
-    """The replicas' roles and the KV moved between them, where some replicas prefill only."""
+    """The replicas' roles and the KV moved between them, where some replicas prefill only or
+    running decodes migrated."""
     roles = row.get("roles") or []
-    if "prefill" not in roles:
+    transfers = row.get("transfers") or {}
+    if "prefill" not in roles and not transfers.get("migrations"):
         return ""
-    transfers = row["transfers"]
     note = f"; roles {'/'.join(role[0].upper() for role in roles)}, {transfers['count']} KV "
-    note += f"transfers, {transfers['bytes'] / 1e9:.2f} GB"
+    note += f"transfers ({transfers['migrations']} migrations), {transfers['bytes'] / 1e9:.2f} GB"
     if transfers["count"]:
         note += (
             f", latency p50 {transfers['latency_ms_p50']:.1f} ms "

@@ -220,6 +220,9 @@ SERIES: tuple[Series, ...] = (
     Series("replica_kv_transfer_seconds", "counter",
            "Seconds each replica's KV transfers took, from the read asked to the write done.",
            _per_replica(lambda r: r.kv_transfers.seconds), labels=REPLICA_LABELS),
+    Series("replica_migrations", "counter",
+           "Running decodes each replica received by live migration, failed ones too.",
+           _per_replica(lambda r: r.kv_transfers.migrations), labels=REPLICA_LABELS),
 )  # fmt: skip
 
 

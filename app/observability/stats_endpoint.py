@@ -131,6 +131,7 @@ def _sum_transfers(replicas: list[ReplicaStatus]) -> TransferTotals:
         sum(totals.failed for totals in received),
         sum(totals.num_bytes for totals in received),
         sum(totals.seconds for totals in received),
+        sum(totals.migrations for totals in received),
     )
 
 
@@ -140,6 +141,7 @@ def _transfers(totals: TransferTotals) -> dict[str, Any]:
         "failed": totals.failed,
         "bytes": totals.num_bytes,
         "mean_ms": totals.mean_ms,
+        "migrations": totals.migrations,
     }
 
 

@@ -45,8 +45,19 @@ class TraceStart:
 
     operation: str
     parent: SpanContext | None
-    # Set by the replicas' front end on a request that moved from a prefill replica.
+    # Set by the replicas' front end on a request that moved from a prefill replica, and on
+    # one whose running decode migrated to another replica.
     hand_off: KVHandOff | None = None
+    migration: KVHandOff | None = None
+
+
+def _migration_attributes(migration: KVHandOff) -> dict[str, int | float]:
+    return {
+        "baton.migration.source_replica": migration.prefill_replica,
+        "baton.migration.target_replica": migration.decode_replica,
+        "baton.migration.bytes": migration.num_bytes,
+        "baton.migration.ms": migration.seconds * 1000,
+    }
 
 
 def parent_context(traceparent: object) -> SpanContext | None:
@@ -147,6 +158,10 @@ class Tracing:
         if decode_start is not None:
             attributes = {"baton.decode.tokens": max(0, request.num_output_tokens - 1)}
             self._span("decode", root, decode_start, finish, attributes)
+        migration = start.migration
+        if migration is not None:
+            moved = _migration_attributes(migration)
+            self._span("migration", root, migration.started, migration.finished, moved)
         events = [Event("preempted", timestamp=self._ns(t)) for t in request.preempted_times]
         events += [Event("resumed", timestamp=self._ns(t)) for t in request.resumed_times]
         status = Status(StatusCode.UNSET)
@@ -161,6 +176,8 @@ class Tracing:
             attributes["baton.decode_replica"] = hand_off.decode_replica
             attributes["baton.kv_transfer.bytes"] = hand_off.num_bytes
             attributes["baton.kv_transfer.ms"] = hand_off.seconds * 1000
+        if migration is not None:
+            attributes.update(_migration_attributes(migration))
         self._end(
             ReadableSpan(
                 name,

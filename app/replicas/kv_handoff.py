@@ -2,8 +2,9 @@
 on one replica continues on another. The prefill replica puts the prompt's KV into Ray's object
 store as it hands the request off, and frees its blocks then; its step message carries the
 object's reference, which the front end hands to the decode replica, so the bytes go from
-replica to replica without passing through the front end. Each move's record goes to the
-request's trace and to the totals `/v1/stats` and `/metrics` show."""
+replica to replica without passing through the front end. A running decode's live migration
+(core/replicas/migration.py) moves the same way. Each move's record goes to the request's trace
+and to the totals `/v1/stats` and `/metrics` show."""
 
 from __future__ import annotations
 
@@ -34,8 +35,10 @@ class KVHandOffs:
         self.link = TransferFit(prior)
         self.totals = [TransferTotals() for _ in actors]
         self.total = TransferTotals()
-        # Each moved request's record until it finishes, for its trace.
+        # Each moved request's records until it finishes, for its trace: its move at its first
+        # token, and its live migration.
         self.records: dict[str, KVHandOff] = {}
+        self.migrations: dict[str, KVHandOff] = {}
 
     async def move(
         self,
@@ -77,15 +80,28 @@ class KVHandOffs:
                 target,
                 error,
             )
-        record = KVHandOff(request_id, source, target, num_bytes, started, time.monotonic(), error)
+        migration = prefilled.migrated
+        record = KVHandOff(
+            request_id, source, target, num_bytes, started, time.monotonic(), error, migration
+        )
         failed = error is not None
-        self.total = self.total.plus(num_bytes, record.seconds, failed)
-        self.totals[target] = self.totals[target].plus(num_bytes, record.seconds, failed)
+        self.total = self.total.plus(num_bytes, record.seconds, failed, migration)
+        self.totals[target] = self.totals[target].plus(num_bytes, record.seconds, failed, migration)
         if not failed:
-            self.records[request_id] = record
+            (self.migrations if migration else self.records)[request_id] = record
             self.link.observe(num_bytes, record.seconds)
         return record
 
-    def finished(self, request_id: str) -> KVHandOff | None:
-        """The record of a finished request's move, if it moved; forgotten here."""
-        return self.records.pop(request_id, None)
+    async def ask_to_migrate(self, source: int, request_id: str) -> bool:
+        """Ask replica `source` to hand `request_id` off at its next token; False when it
+        will not (it no longer runs it) or cannot be reached."""
+        try:
+            reply = self.actors[source].migrate.remote(request_id)
+            return await asyncio.wrap_future(reply.future())
+        except RayError:
+            return False
+
+    def finished(self, request_id: str) -> tuple[KVHandOff | None, KVHandOff | None]:
+        """The records of a finished request's move at its first token and of its live
+        migration, where it had them; forgotten here."""
+        return self.records.pop(request_id, None), self.migrations.pop(request_id, None)

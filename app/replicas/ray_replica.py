@@ -98,6 +98,12 @@ class EngineReplica:
         self._loop.call(lambda engine: engine.add_prefilled(prefilled, kv)).result()
         return int(getattr(kv, "nbytes", 0))
 
+    def migrate(self, request_id: str) -> bool:
+        """Hand `request_id` off at its next token for a live migration: that step's message
+        carries it and its KV as a prefilled request's. False when it cannot move here
+        (`Engine.migrate`: not here, or finished)."""
+        return bool(self._loop.call(lambda engine: engine.migrate(request_id)).result())
+
     def abort(self, request_id: str) -> None:
         self._loop.abort(request_id)
 

@@ -1,7 +1,8 @@
 """The front end's engine over N replica actors (`baton serve --replicas N`): an `EngineClient`
 (app/engine/client.py), with each request routed by core/replicas/router.py on the replicas'
 ledgers (with `--prefill-replicas`, placed by core/replicas/disaggregation.py and, when split,
-moved at its first token by app/replicas/kv_handoff.py), one task per replica reading its
+moved at its first token by app/replicas/kv_handoff.py; with `--migrate auto`, a running decode
+moved the same way when core/replicas/migration.py says), one task per replica reading its
 per-step messages, and a dead or hung replica's requests failed cleanly or, when they had sent
 no token yet, retried on another replica while Ray restarts it."""
 
@@ -30,6 +31,7 @@ from baton.core.outputs import RequestOutput
 from baton.core.prefilled import PrefilledRequest
 from baton.core.replicas.disaggregation import DisaggregatingRouter
 from baton.core.replicas.disaggregation_settings import DisaggregationSettings
+from baton.core.replicas.migration import Migration, MigrationPlanner
 from baton.core.replicas.replica_ledger import ReplicaLedger
 from baton.core.replicas.router import NoReplicaError, Router, RouteRequest
 from baton.core.request import SLO, EngineRequest, Request
@@ -50,6 +52,11 @@ REPLICA_DIED = (
 TRANSFER_FAILED = (
     "moving this request from its prefill replica to a decode replica failed; the tokens sent "
     "so far are all there will be: send the request again"
+)
+# What a request whose live migration to another replica failed is told.
+MIGRATION_FAILED = (
+    "moving this request's decoding to a less loaded replica failed; the tokens sent so far "
+    "are all there will be: send the request again"
 )
 
 
@@ -84,6 +91,7 @@ class ReplicatedEngine:
             infos[0].kv_bytes_per_token,
         )
         self.hand_offs = KVHandOffs(self.actors, apart.transfer())
+        self.migration = MigrationPlanner(self.placement, apart.migrate)
         self.step_listeners: list[Callable[[StepStats], None]] = []
         self.finish_listeners: list[Callable[[Request, RequestOutput], None]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -272,6 +280,7 @@ class ReplicatedEngine:
             return
         self._unanswered.pop(request_id, None)
         self.hand_offs.finished(request_id)
+        self.migration.finished(request_id)
         replica = self._replica_of.pop(request_id, None)
         if replica is None:
             return
@@ -338,12 +347,33 @@ class ReplicatedEngine:
                 self._fail(output.request_id, INTERNAL_ERROR)
         for request, output in step.finished:
             context = self._trace_contexts.pop(request.request_id, None)
-            record = self.hand_offs.finished(request.request_id)
-            if record is not None and context is not None:
-                context = dataclasses.replace(context, hand_off=record)
+            record, migration = self.hand_offs.finished(request.request_id)
+            if (record or migration) is not None and context is not None:
+                context = dataclasses.replace(context, hand_off=record, migration=migration)
             request.trace_context = context
             for listener in self.finish_listeners:
                 listener(request, output)
+        try:
+            move = self.migration.choose(replica, now)
+        except Exception:
+            # As above: a bug in planning a move must not stop the reading of steps.
+            logger.exception("choosing a live migration off replica %d failed", replica)
+            move = None
+        if move is not None and move.request_id in self._streams:
+            self._ask_to_move(move)
+
+    def _ask_to_move(self, move: Migration) -> None:
+        """Have replica `move.source` hand the request off at its next token (its step message
+        then carries it to `_hand_off`); a request it no longer runs is not moved."""
+        self.migration.asked(move)
+
+        async def ask() -> None:
+            if not await self.hand_offs.ask_to_migrate(move.source, move.request_id):
+                self.migration.ended(move.request_id)
+
+        task = self.loop.create_task(ask())
+        self._moves.add(task)
+        task.add_done_callback(self._moves.discard)
 
     def _take(
         self, replica: int, output: RequestOutput, kv: ray.ObjectRef | None, now: float
@@ -360,6 +390,7 @@ class ReplicatedEngine:
             self._unanswered.pop(output.request_id, None)
         if output.finished:
             self._replica_of.pop(output.request_id, None)
+            self.migration.finished(output.request_id)
         stream = self._streams.get(output.request_id)
         if stream is not None:
             stream.put(output)
@@ -369,22 +400,28 @@ class ReplicatedEngine:
     def _hand_off(
         self, source: int, prefilled: PrefilledRequest, kv: ray.ObjectRef | None, now: float
     ) -> None:
-        """Replica `source` sent a split request's first token and put its KV in the object
-        store (`kv`): choose its decode replica and move it there; a request no decode replica
-        can take ends with a clean error."""
+        """Replica `source` sent a split request's first token, or a migrating request's next
+        one, and put its KV in the object store (`kv`): choose its decode replica (a migration's
+        was chosen already) and move it there; a request no decode replica can take ends with a
+        clean error."""
         request_id = prefilled.request_id
         self.ledgers[source].remove(request_id)
         if request_id not in self._streams:
+            self.migration.ended(request_id)
             return
         try:
-            target = self.placement.hand_off(
-                request_id,
-                prefilled.num_prompt_tokens,
-                prefilled.request.slo,
-                prefilled.block_hashes,
-                source,
-                now,
-            )
+            num_tokens = prefilled.num_computed_tokens + 1
+            slo = prefilled.request.slo
+            target = self.migration.hand_off(request_id, num_tokens, slo, source, now)
+            if target is None:
+                target = self.placement.hand_off(
+                    request_id,
+                    prefilled.num_prompt_tokens,
+                    slo,
+                    prefilled.block_hashes,
+                    source,
+                    now,
+                )
         except NoReplicaError as error:
             self._replica_of.pop(request_id, None)
             self._end_with_error(request_id, f"{error}; {TRANSFER_FAILED}")
@@ -409,10 +446,11 @@ class ReplicatedEngine:
             # The stall timeout runs from the move's end: a slow move is the move's to time out.
             self._moving[target] -= 1
             self.ledgers[target].progressed(time.monotonic())
+            self.migration.ended(request_id)
         if record is None or record.error is not None:
             # Unless the decode replica's death has ended the request already.
             if self._replica_of.get(request_id) == target:
-                self._fail(request_id, TRANSFER_FAILED)
+                self._fail(request_id, MIGRATION_FAILED if prefilled.migrated else TRANSFER_FAILED)
             return
         # Placement counts the link as measured, not as the flags modelled it.
         self.placement.transfer = self.hand_offs.link.current
@@ -444,6 +482,7 @@ class ReplicatedEngine:
         self.router.replicas[replica] = fresh
         for request_id in old.request_ids:
             self._replica_of.pop(request_id, None)
+            self.migration.finished(request_id)
             retry = self._unanswered.pop(request_id, None)
             stream = self._streams.get(request_id)
             if stream is None:

@@ -1,5 +1,6 @@
 """The settings of prefill and decode apart: how many replicas prefill, how requests are
-placed, and the KV transfer's link and size; `baton simulate`'s flags are the fields."""
+placed, whether running decodes migrate, and the KV transfer's link and size; `baton
+simulate`'s flags are the fields."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 from baton.core.replicas.disaggregation import DISAGGREGATE_MODES
 from baton.core.replicas.kv_transfer import KVShape, TransferCost
+from baton.core.replicas.migration import MIGRATE_MODES
 from baton.core.setting import setting
 
 # Llama 3 8B in bf16 (32 layers, 8 KV heads of 128): the model the default step costs are of.
@@ -26,6 +28,13 @@ class DisaggregationSettings:
         help="with --prefill-replicas: never (every request on one replica, any replica), "
         "always (every prompt on a prefill replica, decoded on a decode replica) or auto "
         "(chosen per request from its TTFT and TPOT targets)",
+    )
+    migrate: str = setting(
+        "never",
+        choices=MIGRATE_MODES,
+        help="auto: move a running decode from a replica about to miss its TPOT targets to "
+        "one with room, its KV as a prefilled prompt's (any layout); never: a decode stays "
+        "where it started",
     )
     kv_transfer_latency_ms: float = setting(
         0.5,

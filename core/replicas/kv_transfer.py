@@ -106,16 +106,24 @@ class TransferFit:
 @dataclass(frozen=True, slots=True)
 class TransferTotals:
     """KV transfers (those a replica received, or all), failed ones included in `count`;
-    `seconds` from the front end's asking for the read to the decode replica's write."""
+    `seconds` from the front end's asking for the read to the decode replica's write;
+    `migrations` of them moved running decodes (core/replicas/migration.py)."""
 
     count: int = 0
     failed: int = 0
     num_bytes: int = 0
     seconds: float = 0.0
+    migrations: int = 0
 
-    def plus(self, num_bytes: int, seconds: float, failed: bool) -> TransferTotals:
+    def plus(
+        self, num_bytes: int, seconds: float, failed: bool, migration: bool = False
+    ) -> TransferTotals:
         return TransferTotals(
-            self.count + 1, self.failed + failed, self.num_bytes + num_bytes, self.seconds + seconds
+            self.count + 1,
+            self.failed + failed,
+            self.num_bytes + num_bytes,
+            self.seconds + seconds,
+            self.migrations + migration,
         )
 
     @property
@@ -127,7 +135,8 @@ class TransferTotals:
 class KVHandOff:
     """One request's move: prefilled on `prefill_replica`, decoded on `decode_replica`, its KV
     of `num_bytes` moved between `started` and `finished` (the front end's monotonic clock,
-    which the replicas on its machine share); `error` says why it failed, if it did."""
+    which the replicas on its machine share); `error` says why it failed, if it did. With
+    `migration`, a running decode moved from the first replica to the second."""
 
     request_id: str
     prefill_replica: int
@@ -136,6 +145,7 @@ class KVHandOff:
     started: float
     finished: float
     error: str | None = None
+    migration: bool = False
 
     @property
     def seconds(self) -> float:

@@ -81,6 +81,10 @@ class ReplicaLedger:
         """The requests in flight on this replica."""
         return list(self._tokens)
 
+    def num_tokens_of(self, request_id: str) -> int:
+        """Tokens a request in flight here holds or is owed (0 if it is not here)."""
+        return self._tokens.get(request_id, 0)
+
     @property
     def num_in_flight(self) -> int:
         return len(self._tokens)

@@ -113,6 +113,15 @@ class TTFTForecast:
                 tightest_s = min(tightest_s, entry.tpot_s)
         return decodes, context, tightest_s
 
+    def decodes(self) -> list[tuple[str, float, float]]:
+        """The in-flight requests past their first token: id, when it came, and TPOT target in
+        seconds (infinite without one)."""
+        return [
+            (key, entry.first_token_s, entry.tpot_s)
+            for key, entry in self._in_flight.items()
+            if entry.first_token_s is not None
+        ]
+
     def tpot_targets(self) -> set[float]:
         """The TPOT targets, in seconds, of the requests in flight (infinite without one)."""
         return {entry.tpot_s for entry in self._in_flight.values()}

@@ -6,7 +6,9 @@ only when that step ends, as a server's front end receives them. With `--prefill
 `DisaggregatingRouter` (core/replicas/disaggregation.py) places each request; a request prefilled
 on a prefill replica is handed to a decode replica when its first token reaches the front end,
 and starts decoding there once its KV has moved (latency + bytes / bandwidth), when the prefill
-replica frees its blocks.
+replica frees its blocks. With `--migrate auto`, after each replica step the `MigrationPlanner`
+(core/replicas/migration.py) may move one of that replica's decodes: the replica hands it off at
+its next token and its KV moves the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from baton.core.outputs import RequestOutput
 from baton.core.prefilled import PrefilledRequest
 from baton.core.replicas.disaggregation import DisaggregatingRouter
 from baton.core.replicas.disaggregation_settings import DisaggregationSettings
+from baton.core.replicas.migration import MigrationPlanner
 from baton.core.replicas.replica_ledger import ReplicaLedger
 from baton.core.replicas.router import Router, RouteRequest
 from baton.core.simulation.records import RequestRecord, record_of, rejected_record
@@ -38,7 +41,8 @@ from baton.core.simulation.workloads import WorkloadRequest
 
 @dataclass(slots=True)
 class Transfer:
-    """One request's KV moved from a prefill replica to a decode replica."""
+    """One request's KV moved from a prefill replica to a decode replica, or a running
+    decode's (`migration`) from one replica to another."""
 
     request_id: str
     source: int
@@ -46,6 +50,7 @@ class Transfer:
     num_bytes: int
     started_s: float
     seconds: float
+    migration: bool = False
 
 
 @dataclass(slots=True)
@@ -115,6 +120,7 @@ class _Replicas:
             disaggregation.transfer(),
             kv_bytes,
         )
+        self.migration = MigrationPlanner(self.router, disaggregation.migrate)
         self.events: list[_Event] = []
         self.sequence = 0
         self.transfers: list[Transfer] = []
@@ -137,23 +143,42 @@ class _Replicas:
         ledger.publish(event.stats)
         for output in event.outputs:
             ledger.receive(output, event.time_s)
+            if output.finished:
+                self.migration.finished(output.request_id)
             if output.prefilled is not None:
                 ledger.remove(output.request_id)
                 self.hand_off(event.replica, output.prefilled, event.time_s)
+        move = self.migration.choose(event.replica, event.time_s)
+        if move is not None:
+            self.migration.asked(move)
+            if not self.engines[move.source].migrate(move.request_id):
+                self.migration.ended(move.request_id)
 
     def hand_off(self, source: int, prefilled: PrefilledRequest, now: float) -> None:
         spec = prefilled.request
-        target = self.router.hand_off(
-            spec.request_id,
-            prefilled.num_prompt_tokens,
-            spec.slo,
-            prefilled.block_hashes,
-            source,
-            now,
+        target = self.migration.hand_off(
+            spec.request_id, prefilled.num_computed_tokens + 1, spec.slo, source, now
         )
+        if target is None:
+            target = self.router.hand_off(
+                spec.request_id,
+                prefilled.num_prompt_tokens,
+                spec.slo,
+                prefilled.block_hashes,
+                source,
+                now,
+            )
         # Decoding on where it was prefilled moves nothing.
         seconds = 0.0 if target == source else self.router.transfer.seconds(prefilled.num_kv_bytes)
-        transfer = Transfer(spec.request_id, source, target, prefilled.num_kv_bytes, now, seconds)
+        transfer = Transfer(
+            spec.request_id,
+            source,
+            target,
+            prefilled.num_kv_bytes,
+            now,
+            seconds,
+            prefilled.migrated,
+        )
         self.transfers.append(transfer)
         self.push(_Event(now + seconds, 0, target, transfer=transfer, prefilled=prefilled))
 
@@ -161,6 +186,7 @@ class _Replicas:
         """A transfer ends: the prefill replica frees the blocks, the decode replica decodes."""
         prefilled = event.prefilled
         self.engines[event.transfer.source].release_prefilled(prefilled.request_id)
+        self.migration.ended(prefilled.request_id)
         spec = self.specs[prefilled.request_id]
         executor = self.executors[event.replica]
         executor.script_answer(
