@@ -1,10 +1,11 @@
 """The front end's engine over N replica actors (`baton serve --replicas N`): an `EngineClient`
 (app/engine/client.py), with each request routed by core/replicas/router.py on the replicas'
-ledgers (with `--prefill-replicas`, placed by core/replicas/disaggregation.py and, when split,
-moved at its first token by app/replicas/kv_handoff.py; with `--migrate auto`, a running decode
-moved the same way when core/replicas/migration.py says), one task per replica reading its
-per-step messages, and a dead or hung replica's requests failed cleanly or, when they had sent
-no token yet, retried on another replica while Ray restarts it."""
+ledgers (with `--prefill-replicas`, placed by core/replicas/disaggregation.py) and one task per
+replica reading its per-step messages. Requests in flight are recorded in
+app/replicas/request_table.py; moves between replicas (a split request at its first token, a
+live migration with `--migrate auto`) are app/replicas/replica_moves.py's, and a dead or hung
+replica's requests, failed cleanly or retried elsewhere while Ray restarts it,
+app/replicas/replica_recovery.py's."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 
 import ray
@@ -22,16 +22,18 @@ from ray.exceptions import RayActorError, RayError
 from baton.app.engine.client import EngineDeadError, EngineStream, QueueFullError
 from baton.app.replicas.kv_handoff import KVHandOffs
 from baton.app.replicas.ray_replica import ReplicaInfo, ReplicaStep
+from baton.app.replicas.replica_moves import ReplicaMoves
+from baton.app.replicas.replica_recovery import ReplicaRecovery
 from baton.app.replicas.replica_views import combined_stats, new_ledger, replica_statuses
+from baton.app.replicas.request_table import RequestTable
 from baton.core.config import EngineConfig
 from baton.core.engine import INTERNAL_ERROR
 from baton.core.engine_stats import EngineStats, ReplicaStatus
 from baton.core.metrics.metric_aggregates import EngineMetrics
 from baton.core.outputs import RequestOutput
-from baton.core.prefilled import PrefilledRequest
 from baton.core.replicas.disaggregation import DisaggregatingRouter
 from baton.core.replicas.disaggregation_settings import DisaggregationSettings
-from baton.core.replicas.migration import Migration, MigrationPlanner
+from baton.core.replicas.migration import MigrationPlanner
 from baton.core.replicas.replica_ledger import ReplicaLedger
 from baton.core.replicas.router import NoReplicaError, Router, RouteRequest
 from baton.core.request import SLO, EngineRequest, Request
@@ -41,23 +43,6 @@ from baton.core.scheduling.ttft_forecast import Forecast
 from baton.core.step_stats import StepStats
 
 logger = logging.getLogger("baton.replicas")
-# How long a restarting replica may take to answer before the front end asks again.
-REJOIN_WAIT_S = 60.0
-# What a request on a replica that died is told; one that had sent nothing is retried instead.
-REPLICA_DIED = (
-    "the engine replica serving this request stopped; the tokens sent so far are all there "
-    "will be: send the request again"
-)
-# What a request whose KV could not move to its decode replica is told.
-TRANSFER_FAILED = (
-    "moving this request from its prefill replica to a decode replica failed; the tokens sent "
-    "so far are all there will be: send the request again"
-)
-# What a request whose live migration to another replica failed is told.
-MIGRATION_FAILED = (
-    "moving this request's decoding to a less loaded replica failed; the tokens sent so far "
-    "are all there will be: send the request again"
-)
 
 
 class ReplicatedEngine:
@@ -92,23 +77,31 @@ class ReplicatedEngine:
         )
         self.hand_offs = KVHandOffs(self.actors, apart.transfer())
         self.migration = MigrationPlanner(self.placement, apart.migrate)
+        self.requests = RequestTable()
+        self.moves = ReplicaMoves(
+            self.requests,
+            self.placement,
+            self.migration,
+            self.hand_offs,
+            self._fail,
+            stall_timeout_s,
+        )
+        self.recovery = ReplicaRecovery(
+            self.actors,
+            self.infos,
+            config,
+            lambda: self.router,
+            self.requests,
+            self.migration,
+            self._send,
+            lambda: self._stopped,
+        )
         self.step_listeners: list[Callable[[StepStats], None]] = []
         self.finish_listeners: list[Callable[[Request, RequestOutput], None]] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
         self._stopped = False
-        self._streams: dict[str, EngineStream] = {}
-        self._replica_of: dict[str, int] = {}
-        # Requests that have sent no token yet, whole: retried elsewhere if their replica dies.
-        self._unanswered: dict[str, EngineRequest] = {}
-        # Each traced request's trace context, which stays here: the span is made here, from
-        # the finished request its replica sends back (its times on the replica's monotonic
-        # clock, the front end's own on one machine).
-        self._trace_contexts: dict[str, object] = {}
         self._tasks: list[asyncio.Task] = []
-        self._moves: set[asyncio.Task] = set()
-        # KV moves in flight to each replica: what it holds but cannot yet be slow at.
-        self._moving: Counter[int] = Counter()
 
     @property
     def router(self) -> Router:
@@ -164,7 +157,7 @@ class ReplicatedEngine:
 
     @property
     def num_in_flight(self) -> int:
-        return len(self._streams)
+        return len(self.requests.streams)
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -172,7 +165,12 @@ class ReplicatedEngine:
             self.loop.create_task(self._follow(i), name=f"reading replica {i}'s steps")
             for i in range(len(self.actors))
         ]
-        self._tasks.append(self.loop.create_task(self._watch(), name="watching for stalls"))
+        self._tasks.append(
+            self.loop.create_task(
+                self.recovery.watch(self.stall_timeout_s, self.moves.moving),
+                name="watching for stalls",
+            )
+        )
         for task in self._tasks:
             task.add_done_callback(_log_failure)
 
@@ -195,7 +193,7 @@ class ReplicatedEngine:
         if not self.healthy:
             raise EngineDeadError(self.failure)
         limit = len(self.actors) * self._config.max_num_seqs + self.max_queued_requests
-        if len(self._streams) + num_requests > limit:
+        if len(self.requests.streams) + num_requests > limit:
             raise QueueFullError(1, limit)
 
     def compile_structured_output(self, params: SamplingParams) -> SamplingParams:
@@ -220,13 +218,13 @@ class ReplicatedEngine:
         """Route `requests`, all or none registered, and return their output streams."""
         self.check_capacity(len(requests))
         for request in requests:
-            if request.request_id in self._streams:
+            if request.request_id in self.requests.streams:
                 raise ValueError(f"request id {request.request_id!r} is already in flight")
         streams = []
         try:
             for request in requests:
                 stream = EngineStream(request.request_id, self._release)
-                self._streams[request.request_id] = stream
+                self.requests.streams[request.request_id] = stream
                 streams.append(stream)
                 self._send(request)
         except BaseException:
@@ -238,12 +236,12 @@ class ReplicatedEngine:
         return streams
 
     def abort(self, request_id: str) -> None:
-        replica = self._replica_of.get(request_id)
+        replica = self.requests.replica_of.get(request_id)
         if replica is not None:
             self.actors[replica].abort.remote(request_id)
 
     def abort_all(self) -> None:
-        for request_id in list(self._streams):
+        for request_id in list(self.requests.streams):
             self.abort(request_id)
 
     def _send(self, request: EngineRequest) -> None:
@@ -263,10 +261,10 @@ class ReplicatedEngine:
         if replica is None:
             replica = self.router.route(route, now, admit=False).replica_id
         assert replica is not None
-        self._replica_of[request.request_id] = replica
-        self._unanswered[request.request_id] = request
+        self.requests.replica_of[request.request_id] = replica
+        self.requests.unanswered[request.request_id] = request
         if request.trace_context is not None:
-            self._trace_contexts[request.request_id] = request.trace_context
+            self.requests.trace_contexts[request.request_id] = request.trace_context
         untraced = dataclasses.replace(request, trace_context=None)
         self.actors[replica].submit.remote(untraced, split)
 
@@ -276,12 +274,12 @@ class ReplicatedEngine:
 
     def _release(self, request_id: str, abort: bool) -> None:
         """A stream is done with: forget it and, if it had not finished, abort its request."""
-        if self._streams.pop(request_id, None) is None:
+        if self.requests.streams.pop(request_id, None) is None:
             return
-        self._unanswered.pop(request_id, None)
+        self.requests.unanswered.pop(request_id, None)
         self.hand_offs.finished(request_id)
         self.migration.finished(request_id)
-        replica = self._replica_of.pop(request_id, None)
+        replica = self.requests.replica_of.pop(request_id, None)
         if replica is None:
             return
         self.ledgers[replica].remove(request_id)
@@ -303,31 +301,8 @@ class ReplicatedEngine:
                 if not isinstance(error, RayActorError):
                     # Its step thread died but the actor lives: Ray restarts what it kills.
                     ray.kill(self.actors[replica], no_restart=False)
-                self._lost(replica)
-                await self._rejoin(replica)
-
-    async def _watch(self) -> None:
-        """Find the replicas that hold requests but have sent no step within the stall timeout
-        (a stopped process, a forward that never returns): their requests move or end as a
-        dead replica's do, and Ray restarts them; `_follow` then sees the death and waits for
-        the replica to rejoin."""
-        period = min(1.0, self.stall_timeout_s / 4)
-        while not self._stopped:
-            await asyncio.sleep(period)
-            now = time.monotonic()
-            for ledger in list(self.ledgers):
-                if self._moving[ledger.replica_id] or not ledger.stalled(now, self.stall_timeout_s):
-                    continue
-                replica = ledger.replica_id
-                logger.error(
-                    "engine replica %d sent no step for %.1f s with %d requests in hand "
-                    "(--replica-stall-timeout): restarting it",
-                    replica,
-                    now - ledger.progress_at,
-                    ledger.num_in_flight,
-                )
-                self._lost(replica)
-                ray.kill(self.actors[replica], no_restart=False)
+                self.recovery.lost(replica)
+                await self.recovery.rejoin(replica)
 
     def _dispatch(self, replica: int, step: ReplicaStep) -> None:
         ledger = self.ledgers[replica]
@@ -346,7 +321,7 @@ class ReplicatedEngine:
                 logger.exception("request %s's output could not be handled", output.request_id)
                 self._fail(output.request_id, INTERNAL_ERROR)
         for request, output in step.finished:
-            context = self._trace_contexts.pop(request.request_id, None)
+            context = self.requests.trace_contexts.pop(request.request_id, None)
             record, migration = self.hand_offs.finished(request.request_id)
             if (record or migration) is not None and context is not None:
                 context = dataclasses.replace(context, hand_off=record, migration=migration)
@@ -354,162 +329,41 @@ class ReplicatedEngine:
             for listener in self.finish_listeners:
                 listener(request, output)
         try:
-            move = self.migration.choose(replica, now)
+            self.moves.after_step(replica, now)
         except Exception:
             # As above: a bug in planning a move must not stop the reading of steps.
             logger.exception("choosing a live migration off replica %d failed", replica)
-            move = None
-        if move is not None and move.request_id in self._streams:
-            self._ask_to_move(move)
-
-    def _ask_to_move(self, move: Migration) -> None:
-        """Have replica `move.source` hand the request off at its next token (its step message
-        then carries it to `_hand_off`); a request it no longer runs is not moved."""
-        self.migration.asked(move)
-
-        async def ask() -> None:
-            if not await self.hand_offs.ask_to_migrate(move.source, move.request_id):
-                self.migration.ended(move.request_id)
-
-        task = self.loop.create_task(ask())
-        self._moves.add(task)
-        task.add_done_callback(self._moves.discard)
 
     def _take(
         self, replica: int, output: RequestOutput, kv: ray.ObjectRef | None, now: float
     ) -> None:
         """One request's output from replica `replica`'s step: to its stream, and a prefilled
         request on to its decode replica."""
-        if self._replica_of.get(output.request_id) != replica:
+        if self.requests.replica_of.get(output.request_id) != replica:
             # Moved away, released, or given up on while its KV moved here: stop it here.
             if not output.finished:
                 self.actors[replica].abort.remote(output.request_id)
             return
         self.ledgers[replica].receive(output, now)
         if output.new_token_ids or output.finished:
-            self._unanswered.pop(output.request_id, None)
+            self.requests.unanswered.pop(output.request_id, None)
         if output.finished:
-            self._replica_of.pop(output.request_id, None)
+            self.requests.replica_of.pop(output.request_id, None)
             self.migration.finished(output.request_id)
-        stream = self._streams.get(output.request_id)
+        stream = self.requests.streams.get(output.request_id)
         if stream is not None:
             stream.put(output)
         if output.prefilled is not None:
-            self._hand_off(replica, output.prefilled, kv, now)
-
-    def _hand_off(
-        self, source: int, prefilled: PrefilledRequest, kv: ray.ObjectRef | None, now: float
-    ) -> None:
-        """Replica `source` sent a split request's first token, or a migrating request's next
-        one, and put its KV in the object store (`kv`): choose its decode replica (a migration's
-        was chosen already) and move it there; a request no decode replica can take ends with a
-        clean error."""
-        request_id = prefilled.request_id
-        self.ledgers[source].remove(request_id)
-        if request_id not in self._streams:
-            self.migration.ended(request_id)
-            return
-        try:
-            num_tokens = prefilled.num_computed_tokens + 1
-            slo = prefilled.request.slo
-            target = self.migration.hand_off(request_id, num_tokens, slo, source, now)
-            if target is None:
-                target = self.placement.hand_off(
-                    request_id,
-                    prefilled.num_prompt_tokens,
-                    slo,
-                    prefilled.block_hashes,
-                    source,
-                    now,
-                )
-        except NoReplicaError as error:
-            self._replica_of.pop(request_id, None)
-            self._end_with_error(request_id, f"{error}; {TRANSFER_FAILED}")
-            return
-        self._replica_of[request_id] = target
-        self._moving[target] += 1
-        move = self.loop.create_task(self._move(prefilled, kv, source, target))
-        self._moves.add(move)
-        move.add_done_callback(self._moves.discard)
-
-    async def _move(
-        self, prefilled: PrefilledRequest, kv: ray.ObjectRef | None, source: int, target: int
-    ) -> None:
-        request_id = prefilled.request_id
-        try:
-            record = await self.hand_offs.move(prefilled, kv, source, target, self.stall_timeout_s)
-        except Exception:
-            # Whatever went wrong, the request ends: a move that raised would leave it waiting.
-            logger.exception("moving request %s to replica %d failed", request_id, target)
-            record = None
-        finally:
-            # The stall timeout runs from the move's end: a slow move is the move's to time out.
-            self._moving[target] -= 1
-            self.ledgers[target].progressed(time.monotonic())
-            self.migration.ended(request_id)
-        if record is None or record.error is not None:
-            # Unless the decode replica's death has ended the request already.
-            if self._replica_of.get(request_id) == target:
-                self._fail(request_id, MIGRATION_FAILED if prefilled.migrated else TRANSFER_FAILED)
-            return
-        # Placement counts the link as measured, not as the flags modelled it.
-        self.placement.transfer = self.hand_offs.link.current
-        if request_id not in self._streams:
-            # Its client left while it moved: the abort went ahead of it.
-            self.actors[target].abort.remote(request_id)
+            self.moves.hand_off(replica, output.prefilled, kv, now)
 
     def _fail(self, request_id: str, message: str) -> None:
         """End a request with `message` and stop it on the replica that has it."""
-        replica = self._replica_of.pop(request_id, None)
-        self._unanswered.pop(request_id, None)
+        replica = self.requests.replica_of.pop(request_id, None)
+        self.requests.unanswered.pop(request_id, None)
         if replica is not None:
             self.ledgers[replica].remove(request_id)
             self.actors[replica].abort.remote(request_id)
-        self._end_with_error(request_id, message)
-
-    def _end_with_error(self, request_id: str, message: str) -> None:
-        self._trace_contexts.pop(request_id, None)
-        stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.put(EngineDeadError(message))
-
-    def _lost(self, replica: int) -> None:
-        """Replica `replica` died or hung: the router stops sending to it at once; its requests that
-        sent no token go to another replica, the others end with a clean error."""
-        old = self.ledgers[replica]
-        fresh = new_ledger(self._config, replica, self.infos[replica])
-        fresh.healthy = False
-        self.router.replicas[replica] = fresh
-        for request_id in old.request_ids:
-            self._replica_of.pop(request_id, None)
-            self.migration.finished(request_id)
-            retry = self._unanswered.pop(request_id, None)
-            stream = self._streams.get(request_id)
-            if stream is None:
-                continue
-            if retry is not None:
-                try:
-                    self._send(retry)
-                    logger.info("request %s moved off replica %d", request_id, replica)
-                    continue
-                except NoReplicaError:
-                    pass
-            self._end_with_error(request_id, REPLICA_DIED)
-
-    async def _rejoin(self, replica: int) -> None:
-        """Wait until Ray has restarted the replica and it answers; then route to it again."""
-        while not self._stopped:
-            try:
-                info = await asyncio.wait_for(
-                    self.actors[replica].info.remote(), timeout=REJOIN_WAIT_S
-                )
-            except (RayError, asyncio.TimeoutError):
-                await asyncio.sleep(1.0)
-                continue
-            self.infos[replica] = info
-            self.router.replicas[replica] = new_ledger(self._config, replica, info)
-            logger.info("engine replica %d is back (pid %d)", replica, info.pid)
-            return
+        self.requests.end_with_error(request_id, message)
 
 
 def _log_failure(task: asyncio.Task) -> None:
