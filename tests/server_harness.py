@@ -161,6 +161,35 @@ def running_front_end(
         thread.join(timeout=30)
 
 
+@contextlib.contextmanager
+def served_replicas(checkpoint: Path, engine: dict, apart) -> Iterator[tuple[str, object, object]]:
+    """Two replicas of `checkpoint` (EngineConfig fields `engine`, roles and moves as the
+    `DisaggregationSettings` `apart` says) on a local Ray, a 3 s stall timeout, behind a front end
+    on loopback; yields (url, the replicated engine, its span exporter)."""
+    # Imported here: a test module without replicas needs neither Ray nor its extras.
+    import ray
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from baton.app.replicas.replica_server import start_replicas
+    from baton.app.replicas.replica_settings import ReplicaModel, ReplicaSettings
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        spec = ReplicaModel(
+            str(checkpoint), EngineConfig(**engine), device="cpu", profile_step_cost=False
+        )
+        replicas = ReplicaSettings(num_replicas=2, max_restarts=3, stall_timeout_s=3.0)
+        replicated = start_replicas(spec, replicas, 64, apart)
+        spans = InMemorySpanExporter()
+        tokenizer = Tokenizer.from_pretrained(checkpoint)
+        with running_front_end(
+            replicated, tokenizer, "tiny", spans, ServerSettings(port=free_port())
+        ) as state:
+            yield base_url(state), replicated, spans
+    finally:
+        ray.shutdown()
+
+
 def base_url(state: ServerState) -> str:
     return f"http://127.0.0.1:{state.settings.port}"
 

@@ -22,11 +22,8 @@ import pytest
 # scripts/setup installs the ray extra: without it these tests fail, they are not skipped.
 import ray
 
-from baton.app.settings import ServerSettings
-from baton.core.config import EngineConfig
 from baton.core.replicas.disaggregation_settings import DisaggregationSettings
-from baton.core.text.tokenizer import Tokenizer
-from tests.server_harness import base_url, free_port, model_engine
+from tests.server_harness import model_engine, served_replicas
 
 # A prefill chunk of 64 tokens: the longest prompt takes three steps on the prefill replica.
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "num_kv_blocks": 256}
@@ -41,27 +38,10 @@ STOP = ["~~~"]
 def served(llama_checkpoint):
     """One prefill and one decode replica behind a front end on loopback; yields (url, engine,
     spans)."""
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from baton.app.replicas.replica_server import start_replicas
-    from baton.app.replicas.replica_settings import ReplicaModel, ReplicaSettings
-    from tests.server_harness import running_front_end
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        spec = ReplicaModel(
-            str(llama_checkpoint), EngineConfig(**ENGINE), device="cpu", profile_step_cost=False
-        )
-        replicas = ReplicaSettings(num_replicas=2, max_restarts=3, stall_timeout_s=3.0)
-        apart = DisaggregationSettings(prefill_replicas=1, disaggregate="always")
-        engine = start_replicas(spec, replicas, 64, apart)
-        tokenizer = Tokenizer.from_pretrained(llama_checkpoint)
-        spans = InMemorySpanExporter()
-        settings = ServerSettings(port=free_port())
-        with running_front_end(engine, tokenizer, "tiny", spans, settings) as state:
-            yield base_url(state), engine, spans
-    finally:
-        ray.shutdown()
+    with served_replicas(
+        llama_checkpoint, ENGINE, DisaggregationSettings(prefill_replicas=1, disaggregate="always")
+    ) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,9 @@ import pytest
 # scripts/setup installs the ray extra: without it these tests fail, they are not skipped.
 import ray
 
-from baton.app.settings import ServerSettings
-from baton.core.config import EngineConfig
 from baton.core.replicas.disaggregation_settings import DisaggregationSettings
 from baton.core.replicas.migration import Migration
-from baton.core.text.tokenizer import Tokenizer
-from tests.server_harness import base_url, free_port, model_engine
+from tests.server_harness import model_engine, served_replicas
 from tests.test_disaggregated_replicas import ENGINE, _request, _run, _settled
 
 PROMPT = [(13 * j) % 400 + 5 for j in range(40)]
@@ -29,26 +26,10 @@ MOVE_AT = 4
 @pytest.fixture(scope="module")
 def served(llama_checkpoint):
     """Two co-located replicas that migrate, behind a front end; yields (url, engine, spans)."""
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from baton.app.replicas.replica_server import start_replicas
-    from baton.app.replicas.replica_settings import ReplicaModel, ReplicaSettings
-    from tests.server_harness import running_front_end
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        spec = ReplicaModel(
-            str(llama_checkpoint), EngineConfig(**ENGINE), device="cpu", profile_step_cost=False
-        )
-        replicas = ReplicaSettings(num_replicas=2, max_restarts=3, stall_timeout_s=3.0)
-        engine = start_replicas(spec, replicas, 64, DisaggregationSettings(migrate="auto"))
-        tokenizer = Tokenizer.from_pretrained(llama_checkpoint)
-        spans = InMemorySpanExporter()
-        settings = ServerSettings(port=free_port())
-        with running_front_end(engine, tokenizer, "tiny", spans, settings) as state:
-            yield base_url(state), engine, spans
-    finally:
-        ray.shutdown()
+    with served_replicas(
+        llama_checkpoint, ENGINE, DisaggregationSettings(migrate="auto")
+    ) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
