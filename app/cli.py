@@ -37,7 +37,13 @@ REPLICAS = FlagGroup(ReplicaSettings, "replicas")
 DISAGGREGATION = FlagGroup(
     DisaggregationSettings,
     "prefill and decode apart",
-    only=("prefill_replicas", "disaggregate", "kv_transfer_latency_ms", "kv_transfer_gbps"),
+    only=(
+        "prefill_replicas",
+        "disaggregate",
+        "migrate",
+        "kv_transfer_latency_ms",
+        "kv_transfer_gbps",
+    ),
 )
 GENERATE = FlagGroup(GenerateSettings, "prompts")
 # Every request field that is a flag; a bare `baton generate` shows a few sentences, more

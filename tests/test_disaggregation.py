@@ -264,6 +264,14 @@ def test_serve_refuses_prefill_replicas_that_leave_no_decode_replica(capsys):
     )
 
 
+def test_serve_takes_the_migration_flag():
+    from baton.app.cli import DISAGGREGATION, parse_args
+
+    args = parse_args(["serve", "--replicas", "2", "--migrate", "auto"])
+    assert DISAGGREGATION.build(args).migrate == "auto"
+    assert DISAGGREGATION.build(parse_args(["serve"])).migrate == "never"
+
+
 def _slo_engine(on_batch=None):
     """An `slo` engine on the simulator's default cost, its step-cost model fitted exactly."""
     engine = make_engine(
