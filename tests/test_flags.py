@@ -131,6 +131,7 @@ def test_a_flag_serve_and_simulate_share_is_the_same_field_with_the_same_help() 
         "--max-num-seqs",
         "--max-preemptions",
         "--max-wait-ms",
+        "--migrate",
         "--num-kv-blocks",
         "--num-speculative-tokens",
         "--prefill-replicas",
