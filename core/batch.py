@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from baton.core.pooling import Pooling
@@ -105,6 +105,20 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.sequences)
+
+    def prefill_chunks(self) -> Iterator[ScheduledSequence]:
+        """The sequences computing prefill tokens, the last first. A one-token chunk past the
+        prompt (a resumed request with all else cached) counts as a decode."""
+        # Prefill chunks follow the decodes, so the walk from the end stops once it has seen all
+        # of the step's prefill tokens: steady decoding costs nothing here.
+        remaining = self.num_prefill_tokens
+        for seq in reversed(self.sequences):
+            if remaining <= 0:
+                return
+            if len(seq.token_ids) == 1 and seq.start_position >= seq.num_prompt_tokens:
+                continue
+            yield seq
+            remaining -= len(seq.token_ids)
 
 
 @dataclass(slots=True)

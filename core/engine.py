@@ -9,13 +9,13 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import cast
 
 from baton.core.batch import Batch, ExecutorOutput, TokenLogprobs
 from baton.core.config import EngineConfig
 from baton.core.engine_stats import EngineStats
-from baton.core.executor import Executor, KVTransfer
+from baton.core.executor import Executor
 from baton.core.fault_isolation import run_each_alone
+from baton.core.hand_off import HandOffs
 from baton.core.kv_cache.kv_cache_manager import KVCacheManager
 from baton.core.outputs import RequestOutput, RequestTiming
 from baton.core.prefilled import PrefilledRequest
@@ -109,14 +109,16 @@ class Engine:
             self.speculator,
         )
         self.outputs = OutputProcessor(tokenizer, eos_token_ids, max_model_len)
+        self.hand_offs = HandOffs(
+            self.scheduler,
+            self.kv_cache,
+            executor,
+            self.outputs,
+            clock,
+            speculates=self.speculator is not None,
+            kv_bytes_per_token=getattr(executor, "kv_bytes_per_token", 0),
+        )
         self.num_steps = 0
-        # Requests to hand off at their next sampled token: prefill-only ones
-        # (`add_request(hand_off=True)`) and those to migrate (`migrate`); and those handed
-        # off whose blocks wait for the transfer to end (`release_prefilled`).
-        self._to_hand_off: set[str] = set()
-        self._handed_off: dict[str, Request] = {}
-        # Bytes of KV one token holds in the executor's cache, for the transfer's size.
-        self.kv_bytes_per_token: int = getattr(executor, "kv_bytes_per_token", 0)
         # Called in the step thread: after every step that ran a batch, and for every request
         # as it finishes (with its final output). Listeners must be quick and must not raise.
         self.step_listeners: list[Callable[[StepStats], None]] = [self.step_cost_model.observe]
@@ -201,69 +203,24 @@ class Engine:
         self.scheduler.add_request(request)
         self.outputs.add(request)
         if hand_off:
-            self._to_hand_off.add(request.request_id)
+            self.hand_offs.at_first_token(request.request_id)
         return request
 
     def migrate(self, request_id: str) -> bool:
-        """Hand a running request off at its next sampled token (a live migration): its output
-        then carries a `PrefilledRequest` for another engine to go on decoding it, as a
-        prefill-only request's first token does. False, changing nothing, for a request not
-        here, not past its first token, or whose state lives outside its tokens: a grammar's
-        matcher, or draft tokens under speculative decoding."""
-        request = self.scheduler.requests.get(request_id)
-        if (
-            request is None
-            or request.first_token_time is None
-            or request.sampling_params.structured_output is not None
-            or request.pooled is not None
-            or self.speculator is not None
-        ):
-            return False
-        self._to_hand_off.add(request_id)
-        return True
+        """Hand a running request off at its next sampled token (`HandOffs.migrate`)."""
+        return self.hand_offs.migrate(request_id)
 
     def add_prefilled(self, prefilled: PrefilledRequest, kv: object | None = None) -> Request:
-        """Go on decoding a request another engine prefilled or migrated (its hand-off output),
-        with the KV contents that engine's executor read (`read_prefilled_kv`); None when the
-        executor needs none (a simulated one). Without room for it now it recomputes its
-        tokens here."""
-        spec = prefilled.request
-        assert spec.arrival_time is not None, "a prefilled request keeps its arrival time"
-        request = Request.admit(spec, spec.sampling_params, spec.arrival_time)
-        request.token_ids.extend(prefilled.output_token_ids)
-        request.num_computed_tokens = prefilled.num_computed_tokens
-        request.first_scheduled_time = prefilled.first_scheduled_time
-        request.first_token_time = prefilled.first_token_time
-        # Paced from its landing: its next token is due one TPOT target after it, whatever the
-        # transfer cost or its pace was on the other engine (`SLOPolicy.tpot_allowance_s`).
-        num_behind = len(prefilled.output_token_ids) - 1
-        target_s = 0.0 if spec.slo.tpot_ms is None else spec.slo.tpot_ms / 1000
-        request.pace_start_time = self.clock() - target_s * num_behind
-        request.num_cached_tokens = prefilled.num_cached_tokens
-        request.num_preemptions = prefilled.num_preemptions
-        request.token_times.extend(prefilled.token_times)
-        request.prefill_chunks.extend(prefilled.prefill_chunks)
-        if self.scheduler.add_prefilled(request, prefilled.block_hashes) and kv is not None:
-            table = self.kv_cache.block_table(request.request_id)
-            try:
-                cast(KVTransfer, self.executor).write_kv(table, kv)
-            except Exception:
-                # A transfer that fails leaves nothing of the request here: its blocks go back.
-                self.scheduler.finish_request(request, FinishReason.ERROR, self.clock())
-                raise
-        self.outputs.add(request)
-        return request
+        """Go on decoding a request another engine handed off (`HandOffs.add_prefilled`)."""
+        return self.hand_offs.add_prefilled(prefilled, kv)
 
     def read_prefilled_kv(self, request_id: str) -> object:
-        """The KV contents of a handed-off request's computed tokens, read by the executor from
-        the blocks it still holds."""
-        return cast(KVTransfer, self.executor).read_kv(self.kv_cache.block_table(request_id))
+        """The KV contents of a handed-off request's computed tokens, for the transfer."""
+        return self.hand_offs.read_kv(request_id)
 
     def release_prefilled(self, request_id: str) -> None:
         """The transfer of a handed-off request's KV has ended (or failed): free its blocks."""
-        request = self._handed_off.pop(request_id, None)
-        if request is not None:
-            self.kv_cache.free(request)
+        self.hand_offs.release(request_id)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Cancel a request; its KV blocks are free before the next step."""
@@ -289,7 +246,9 @@ class Engine:
         now = self.clock()
         self.num_steps += 1
         if batch.num_prefill_tokens:
-            _record_prefill_chunks(batch, self.scheduler.requests, started, now)
+            for seq in batch.prefill_chunks():
+                chunk = (started, now, len(seq.token_ids))
+                self.scheduler.requests[seq.request_id].prefill_chunks.append(chunk)
         outputs = refused + failed
         for request, token_ids, logprobs in sampled:
             try:
@@ -329,7 +288,7 @@ class Engine:
             request.first_token_time = now
         finish_reason: FinishReason | None = None
         if not token_ids:
-            output = RequestOutput(request.request_id, [], "", request.num_prompt_tokens, 0)
+            output = RequestOutput.without_tokens(request)
             if request.pooled is not None:
                 output.embedding = request.pooled.embedding()
             finish_reason = FinishReason.LENGTH
@@ -359,40 +318,9 @@ class Engine:
             output.prompt_logprobs = request.prompt_logprobs
         if finish_reason is not None:
             self._finish(request, output, finish_reason, now)
-        elif token_id is not None and request.request_id in self._to_hand_off:
-            output.prefilled = self._hand_off(request)
+        elif token_id is not None and self.hand_offs.is_due(request.request_id):
+            output.prefilled = self.hand_offs.hand_off(request)
         return output
-
-    def _hand_off(self, request: Request) -> PrefilledRequest:
-        """Stop serving a request at the token just sampled (its first, for a prefill-only one):
-        its blocks stay held for the transfer, and the rest of it is the other engine's. The
-        text held back for a stop string stays unsent: the other engine holds it back too."""
-        self.scheduler.hand_off(request)
-        self.outputs.remove(request.request_id)
-        self._to_hand_off.discard(request.request_id)
-        self._handed_off[request.request_id] = request
-        assert request.first_scheduled_time is not None and request.first_token_time is not None
-        spec = EngineRequest(
-            request.request_id,
-            request.prompt_token_ids,
-            request.sampling_params,
-            request.priority,
-            request.slo,
-            request.arrival_time,
-            request.trace_context,
-        )
-        return PrefilledRequest(
-            spec,
-            tuple(request.token_ids[request.num_prompt_tokens :]),
-            self.kv_cache.computed_block_hashes(request),
-            request.num_computed_tokens * self.kv_bytes_per_token,
-            request.first_scheduled_time,
-            request.first_token_time,
-            request.num_cached_tokens or 0,
-            tuple(request.token_times),
-            tuple(request.prefill_chunks),
-            request.num_preemptions,
-        )
 
     def _isolate_fault(
         self, batch: Batch, error: Exception
@@ -406,15 +334,7 @@ class Engine:
     def _fail(self, request: Request, error: Exception) -> RequestOutput:
         # The exception's text stays in the log: it can carry paths and internals.
         logger.error("request %s failed: %r", request.request_id, error)
-        output = RequestOutput(
-            request.request_id,
-            [],
-            "",
-            request.num_prompt_tokens,
-            request.num_output_tokens,
-            error=INTERNAL_ERROR,
-            error_detail=repr(error),
-        )
+        output = RequestOutput.without_tokens(request, INTERNAL_ERROR, repr(error))
         self._finish(request, output, FinishReason.ERROR, self.clock())
         return output
 
@@ -422,7 +342,7 @@ class Engine:
         self, request: Request, output: RequestOutput, reason: FinishReason, now: float
     ) -> None:
         self.scheduler.finish_request(request, reason, now)
-        self._to_hand_off.discard(request.request_id)
+        self.hand_offs.discard(request.request_id)
         output.new_text += self.outputs.remove(request.request_id)
         output.finished = True
         output.finish_reason = reason
@@ -439,9 +359,7 @@ class Engine:
             f"past {factor:g} times its TTFT target of {request.slo.ttft_ms:g} ms; retry later "
             "or send a looser slo.ttft_ms"
         )
-        output = RequestOutput(
-            request.request_id, [], "", request.num_prompt_tokens, 0, error=message
-        )
+        output = RequestOutput.without_tokens(request, message)
         self._finish(request, output, FinishReason.REFUSED, now)
         return output
 
@@ -452,24 +370,6 @@ class Engine:
         if request is None:
             self.release_prefilled(request_id)
             return None
-        output = RequestOutput(
-            request_id, [], "", request.num_prompt_tokens, request.num_output_tokens, error=error
-        )
+        output = RequestOutput.without_tokens(request, error)
         self._finish(request, output, reason, self.clock())
         return output
-
-
-def _record_prefill_chunks(
-    batch: Batch, requests: dict[str, Request], started: float, finished: float
-) -> None:
-    # Prefill chunks follow the decodes in a batch, so the walk from the end stops once it has
-    # seen all of the step's prefill tokens: steady decoding costs nothing here. A one-token
-    # chunk past the prompt (a resumed request with all else cached) counts as a decode.
-    remaining = batch.num_prefill_tokens
-    for seq in reversed(batch.sequences):
-        if remaining <= 0:
-            break
-        if len(seq.token_ids) == 1 and seq.start_position >= seq.num_prompt_tokens:
-            continue
-        requests[seq.request_id].prefill_chunks.append((started, finished, len(seq.token_ids)))
-        remaining -= len(seq.token_ids)

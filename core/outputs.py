@@ -63,3 +63,18 @@ class RequestOutput:
     token_times: list[float] | None = None
     # On a prefill-only request's first token: what another engine needs to decode it.
     prefilled: PrefilledRequest | None = None
+
+    @classmethod
+    def without_tokens(
+        cls, request: Request, error: str | None = None, error_detail: str | None = None
+    ) -> RequestOutput:
+        """An output with no new tokens: a request ending early, or with `max_tokens` 0."""
+        return cls(
+            request.request_id,
+            [],
+            "",
+            request.num_prompt_tokens,
+            request.num_output_tokens,
+            error=error,
+            error_detail=error_detail,
+        )

@@ -3,9 +3,11 @@ plain-Python aggregates built from them, on a simulated clock."""
 
 from __future__ import annotations
 
+from baton.core.batch import Batch, ScheduledSequence
 from baton.core.engine import Engine
 from baton.core.metrics.metric_aggregates import EngineMetrics, Histogram, token_gaps
 from baton.core.request import SLO
+from baton.core.sampling_params import SamplingParams
 from baton.core.scheduling.step_cost import CostCoefficients
 from baton.core.simulation.simulated_executor import SimulatedClock
 from tests.factory import add_request, make_engine, make_request
@@ -47,6 +49,29 @@ def test_each_output_token_and_prefill_chunk_is_timed_when_its_step_finished():
     assert request.token_times[-1] == request.finish_time
     # Each decode step costs 0.01 + 0.001 s on the simulated executor.
     assert [round(gap, 6) for gap in token_gaps(request.token_times)] == [0.011] * 3
+
+
+def test_only_prefill_chunks_are_timed_not_decodes_drafts_or_a_resumed_requests_last_token():
+    params = SamplingParams(max_tokens=4)
+
+    def chunk(request_id: str, start: int, num_tokens: int, num_prompt: int) -> ScheduledSequence:
+        tokens = list(range(start + num_tokens))
+        return ScheduledSequence(
+            request_id, tokens[start:], start, [0], True, params, tokens, num_prompt
+        )
+
+    drafted = chunk("drafted", 10, 3, 8)
+    drafted.draft_token_ids = [1, 2]
+    sequences = [
+        chunk("decode", 9, 1, 8),
+        drafted,
+        chunk("first", 0, 8, 20),
+        # Resumed with all but its last token cached: one token past its prompt, a decode.
+        chunk("resumed", 12, 1, 8),
+        chunk("last", 16, 4, 20),
+    ]
+    batch = Batch(sequences, num_prefill_tokens=12, num_decode_tokens=3, num_draft_tokens=2)
+    assert [seq.request_id for seq in batch.prefill_chunks()] == ["last", "first"]
 
 
 def test_preemption_and_resumption_times_are_recorded():

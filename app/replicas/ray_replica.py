@@ -84,7 +84,7 @@ class EngineReplica:
             os.getpid(),
             engine.limits,
             engine.make_stats(),
-            engine.kv_bytes_per_token,
+            engine.hand_offs.kv_bytes_per_token,
         )
 
     def submit(self, request: EngineRequest, hand_off: bool = False) -> None:

@@ -1,11 +1,12 @@
 """The scheduler mechanism: per step, fill a token budget with running decodes first, then
 prefill chunks of partly-prefilled and waiting requests; preempt by recompute when KV blocks run
-out. Which request goes first, how much prefill a step carries and whom to preempt are the
-policy's decisions, within two hard bounds every policy keeps: no request waits longer than
-`max_wait_s` for its first token (core/scheduling/starvation_bound.py), and no request is
-preempted more than `max_preemptions` times. Static batching is the exception to the first (its
-batch is closed) and never preempts: each slot reserves its maximum length of KV when the batch
-forms (core/scheduling/static_batch.py)."""
+out; take the step's output back (core/scheduling/update_from_output.py). Which request goes
+first, how much prefill a step carries and whom to preempt are the policy's decisions, within
+two hard bounds every policy keeps: no request waits longer than `max_wait_s` for its first
+token (core/scheduling/starvation_bound.py), and no request is preempted more than
+`max_preemptions` times. Static batching is the exception to the first (its batch is closed)
+and never preempts: each slot reserves its maximum length of KV when the batch forms
+(core/scheduling/static_batch.py)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from baton.core.batch import Batch, ExecutorOutput, ScheduledSequence, TokenLogprobs
+from baton.core.batch import Batch, ExecutorOutput, ScheduledSequence
 from baton.core.kv_cache.kv_cache_manager import KVCacheManager
 from baton.core.pooling import Pooling
 from baton.core.request import FinishReason, Request, RequestStatus
 from baton.core.scheduling.policy import UNLIMITED, SchedulerView, SchedulingPolicy, StepPlan
 from baton.core.scheduling.starvation_bound import StarvationBound
 from baton.core.scheduling.static_batch import StaticBatch, reserved_tokens
+from baton.core.scheduling.update_from_output import SampledTokens, update_from_output
 from baton.core.speculative.speculator import Speculator
 
 NO_POSITIONS = range(0)
@@ -246,57 +248,9 @@ class Scheduler:
         assert self._static_batch is not None, "a static batch decodes only once it has formed"
         batch.padding = self._static_batch.padding(batch)
 
-    def update(
-        self, batch: Batch, output: ExecutorOutput
-    ) -> list[tuple[Request, list[int], list[TokenLogprobs | None] | None]]:
-        """Advance each scheduled request past this step's tokens and append what it produced:
-        its accepted draft tokens, if it carried any, then the token sampled after them. Return
-        each request's new tokens with their log-probabilities where asked, and no tokens for a
-        request with `max_tokens` 0 whose prompt is now computed."""
-        sampled = []
-        index = 0
-        for seq in batch.sequences:
-            request = self.requests[seq.request_id]
-            if seq.draft_token_ids:
-                sampled.append(self._update_drafted(seq, request, output, index))
-                index += 1
-                continue
-            request.num_computed_tokens += len(seq.token_ids)
-            self.kv_cache.cache_computed_blocks(request)
-            if seq.prompt_logprob_positions:
-                assert request.prompt_logprobs is not None
-                request.prompt_logprobs.extend(output.prompt_logprobs[seq.request_id])
-            if request.pooled is not None and seq.request_id in output.pooled:
-                request.pooled.add(output.pooled[seq.request_id])
-            if seq.sample:
-                token_id = output.sampled_token_ids[index]
-                logprobs = output.logprobs[index] if output.logprobs else None
-                index += 1
-                request.append_token(token_id)
-                sampled.append((request, [token_id], None if logprobs is None else [logprobs]))
-            elif request.num_uncomputed_tokens == 0:
-                sampled.append((request, [], None))  # max_tokens 0: the prompt is scored
-        return sampled
-
-    def _update_drafted(
-        self, seq: ScheduledSequence, request: Request, output: ExecutorOutput, index: int
-    ) -> tuple[Request, list[int], list[TokenLogprobs | None] | None]:
-        """`update` for a decode that carried draft tokens (the `index`-th sampled sequence):
-        its accepted drafts and the token after them join it; the rejected drafts' keys and
-        values stay behind in slots the next tokens overwrite, and blocks past its tokens go."""
-        accepted = output.accepted_draft_ids[seq.request_id]
-        request.num_computed_tokens += 1 + len(accepted)
-        request.token_ids.extend(accepted)
-        assert self.speculator is not None
-        self.speculator.observe(request, len(seq.draft_token_ids), len(accepted))
-        self.kv_cache.cache_computed_blocks(request)
-        token_id = output.sampled_token_ids[index]
-        request.append_token(token_id)
-        self.kv_cache.free_unused_tail(request)
-        logprobs = output.logprobs[index] if output.logprobs else None
-        if logprobs is None:
-            return request, [*accepted, token_id], None
-        return request, [*accepted, token_id], [*output.draft_logprobs[seq.request_id], logprobs]
+    def update(self, batch: Batch, output: ExecutorOutput) -> list[SampledTokens]:
+        """Apply a step's output to the requests it scheduled (`update_from_output`)."""
+        return update_from_output(batch, output, self.requests, self.kv_cache, self.speculator)
 
     def _admit(
         self,

@@ -112,7 +112,7 @@ class _Replicas:
         factor = engine_config.slo_admission_factor if policy == "slo" else 0.0
         kv_bytes = disaggregation.kv_bytes_per_token
         for engine in self.engines:
-            engine.kv_bytes_per_token = kv_bytes
+            engine.hand_offs.kv_bytes_per_token = kv_bytes
         self.router = DisaggregatingRouter(
             Router(router_name, self.ledgers, factor),
             disaggregation.prefill_replicas,
