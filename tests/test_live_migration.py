@@ -30,7 +30,9 @@ def _step_until_handed_off(
     """Step `engine` (collecting every output) until `request_id` has `after_tokens` tokens,
     ask for its migration, and step on until it is handed off."""
     asked = False
-    while True:
+    # Bounded: a migration that never happens fails here instead of stepping for ever.
+    for _ in range(1000):
+        assert engine.has_unfinished_requests, f"{request_id} finished without being handed off"
         step = engine.step()
         outputs.extend(step)
         handed = [output.prefilled for output in step if output.prefilled is not None]
@@ -41,6 +43,7 @@ def _step_until_handed_off(
         if not asked and produced >= after_tokens:
             assert engine.migrate(request_id)
             asked = True
+    raise AssertionError(f"{request_id} was not handed off within 1000 steps")
 
 
 def _run(engine: Engine, outputs: list[RequestOutput]) -> None:
