@@ -105,6 +105,7 @@ class MigrationPlanner:
         # (see `_landing_step_s`); one moved for blocks, whose stay would cost a preemption,
         # only where the target keeps its targets at the planner's least prefill.
         least_prefill = not _misses_target(source)
+        short = 0
         if not least_prefill:
             order = _tightest_first
         else:
@@ -123,6 +124,7 @@ class MigrationPlanner:
         ]
         if not targets:
             return None
+        room = {target.replica_id: _room_blocks(target, horizon) for target in targets}
         lifetime_s = source.forecast.lifetime_s
         decodes = sorted(
             (order(tpot_s, source.num_tokens_of(request_id)), request_id, first_token_s, tpot_s)
@@ -134,7 +136,12 @@ class MigrationPlanner:
             if remaining_s <= 0:
                 continue  # near its end: a move would cost more than it saves
             num_tokens = source.num_tokens_of(request_id)
-            target = self._landing(targets, num_tokens, tpot_s, remaining_s, horizon, least_prefill)
+            held = blocks_needed(num_tokens + horizon, source.block_size)
+            # Moved for blocks, it leaves its target more room than its source then has (by
+            # `held` less the shortfall): else the move only swaps which one runs short.
+            needed = max(held, 2 * held - short)
+            landings = [target for target in targets if room[target.replica_id] >= needed]
+            target = self._landing(landings, num_tokens, tpot_s, remaining_s, least_prefill)
             if target is not None:
                 return Migration(request_id, source_id, target.replica_id)
         return None
@@ -155,22 +162,15 @@ class MigrationPlanner:
         num_tokens: int,
         tpot_s: float,
         remaining_s: float,
-        horizon: int,
         least_prefill: bool,
     ) -> ReplicaLedger | None:
         """Of `targets`, the one with the shortest step once a decode of `num_tokens` lands
-        there, among those with the blocks to hold it and their own decodes' growth over
-        `horizon` steps, where that step, with the transfer's delay spread over the
+        there, among those where that step, with the transfer's delay spread over the
         `remaining_s` it is expected to decode, keeps its `tpot_s` and every target there
         (`least_prefill`: that step carries only the planner's least prefill)."""
         transfer_s = self.router.transfer_s(num_tokens)
         best: tuple[float, int, ReplicaLedger] | None = None
         for target in targets:
-            # The prompts it owes take blocks as they prefill: its free blocks are theirs first.
-            owed = blocks_needed(target.forecast.owed_tokens, target.block_size)
-            held = blocks_needed(num_tokens + horizon, target.block_size)
-            if _blocks_short(target, horizon, held + owed) > 0:
-                continue
             step_s = _landing_step_s(target, num_tokens, least_prefill)
             intervals = max(1.0, remaining_s / step_s) if step_s > 0 else 1.0
             allowed_s = min(tpot_s, min(target.forecast.tpot_targets(), default=math.inf))
@@ -194,16 +194,37 @@ def _misses_target(replica: ReplicaLedger) -> bool:
     return replica.stats.step_cost.predict_step(owed, len(decodes), context) > tightest_s
 
 
-def _blocks_short(replica: ReplicaLedger, horizon: int, taken: int = 0) -> int:
-    """How many more KV blocks `replica`'s decodes grow into over the next `horizon` steps (a
-    token each a step) than it has free once `taken` of them are taken; 0 when it has enough."""
+def _growth_blocks(replica: ReplicaLedger, horizon: int) -> int:
+    """The KV blocks `replica`'s decodes grow into over the next `horizon` steps, a token
+    each a step."""
     block_size = replica.block_size
     growth = 0
     for request_id, _, _ in replica.forecast.decodes():
         # Its last token's KV is written by its next step.
         held = replica.num_tokens_of(request_id) - 1
         growth += blocks_needed(held + horizon, block_size) - blocks_needed(held, block_size)
-    return max(0, growth + taken - replica.num_free_kv_blocks)
+    return growth
+
+
+def _blocks_short(replica: ReplicaLedger, horizon: int) -> int:
+    """How many more KV blocks `replica`'s decodes grow into over the next `horizon` steps
+    than it has free; 0 when it has enough."""
+    return max(0, _growth_blocks(replica, horizon) - replica.num_free_kv_blocks)
+
+
+def _room_blocks(replica: ReplicaLedger, horizon: int) -> int:
+    """The KV blocks a decode moved to `replica` may take, its own decodes' growth over
+    `horizon` steps kept: the fewer of what its snapshot shows free less what the prompts it
+    owes take as they prefill, and what the requests routed there leave of its blocks once
+    each holds all its tokens (hand-offs still in transit included, which no snapshot shows)."""
+    block_size = replica.block_size
+    owed = blocks_needed(replica.forecast.owed_tokens, block_size)
+    routed = sum(
+        blocks_needed(replica.num_tokens_of(request_id), block_size)
+        for request_id in replica.request_ids
+    )
+    free = min(replica.num_free_kv_blocks - owed, replica.num_kv_blocks - routed)
+    return free - _growth_blocks(replica, horizon)
 
 
 def _tightest_first(tpot_s: float, num_tokens: int) -> tuple[float, int]:
