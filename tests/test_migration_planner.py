@@ -149,9 +149,9 @@ def test_a_replica_short_of_blocks_moves_the_smallest_decode_that_covers_it_to_r
     # it; replica 1 has 5 free blocks, too few for it, replica 2 has room.
     planner = _short_of_blocks([4, 5, 200])
     assert planner.choose(0, 1.0) == Migration("medium", 0, 2)
-    # No room for a decode that covers it (11 blocks and the target's own 2): of those that
-    # land, the largest gives the most relief.
-    assert _short_of_blocks([4, 12]).choose(0, 1.0) == Migration("decoding-0-0", 0, 1)
+    # Replica 1 has room for "medium" (12 blocks, its own 2 decodes' growth kept) but would be
+    # left with less than replica 0 then has: the largest decode that leaves it more moves.
+    assert _short_of_blocks([4, 14]).choose(0, 1.0) == Migration("decoding-0-0", 0, 1)
 
 
 def test_no_move_for_blocks_with_enough_free_or_no_replica_with_room():
@@ -162,6 +162,10 @@ def test_no_move_for_blocks_with_enough_free_or_no_replica_with_room():
     # Room, until the prompt it owes takes those blocks as it prefills.
     planner = _short_of_blocks([4, 40])
     planner.router.router.replicas[1].add("owed", 600, TIGHT, (), 1.0)
+    assert planner.choose(0, 1.0) is None
+    # Room in its snapshot, until a decode handed to it and still in transit lands.
+    planner = _short_of_blocks([4, 200])
+    _decode(planner.router.router.replicas[1], "in-transit", 3800, TIGHT)
     assert planner.choose(0, 1.0) is None
 
 
