@@ -139,7 +139,7 @@ class MigrationPlanner:
             held = blocks_needed(num_tokens + horizon, source.block_size)
             # Moved for blocks, it leaves its target more room than its source then has (by
             # `held` less the shortfall): else the move only swaps which one runs short.
-            needed = max(held, 2 * held - short)
+            needed = max(held, 2 * held - short) if short else held
             landings = [target for target in targets if room[target.replica_id] >= needed]
             target = self._landing(landings, num_tokens, tpot_s, remaining_s, least_prefill)
             if target is not None:
