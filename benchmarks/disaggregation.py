@@ -4,7 +4,8 @@ replica simulator (core/simulation/replica_simulator.py): co-located (`--disaggr
 every replica prefills and decodes), disaggregated (`always`: P replicas prefill, the others
 decode, every request's KV moves) and Baton's per-request choice (`auto`, the same roles);
 `--layouts` adds `co-located+migrate` and `auto+migrate`, the same with `--migrate auto` (live
-migration of running decodes). Simulated time, so the machine's load changes only the wall time.
+migration of running decodes); `--num-kv-blocks` shrinks every replica's KV cache until long
+answers preempt. Simulated time, so the machine's load changes only the wall time.
 
     python benchmarks/disaggregation.py --replicas 4,8 --seeds 0,1,2,3,4 --jobs 2
 
