@@ -2,15 +2,17 @@
 '24). Two triggers: a replica's decodes run past the tightest TPOT target among them even in
 steps that carry only the least prefill the `slo` planner lets through; or its free KV blocks
 fall short of what its decodes grow into before a move asked now could free any, so it is about
-to preempt one. Either way one decode moves to a replica with a free place and the blocks to
-hold it, where a step with it and every prompt owed there, plus its transfer spread over the
-decode it is expected still to do (the lifetime forecast), keeps every target. The move rides
-the prefill hand-off: the source hands the request off at its next token (`Engine.migrate`) and
-its KV moves as a prefilled prompt's does.
+to preempt one. Either way one decode moves to a replica with a free place and room for its
+blocks, where a step with it (beside every prompt owed there; for a move for blocks, beside the
+planner's least prefill), plus its transfer spread over the decode it is expected still to do
+(the lifetime forecast), keeps every target. The move rides the prefill hand-off: the source
+hands the request off at its next token (`Engine.migrate`) and its KV moves as a prefilled
+prompt's does.
 
 Read from the router's ledgers and forecast alone, as every placement is. Hysteresis: a request
-moves at most once, a replica takes part in one move at a time (as source or target), and a
-request past its expected lifetime is near its end and stays.
+moves at most once, a replica takes part in one move at a time (as source or target), a request
+past its expected lifetime is near its end and stays, and a move for blocks leaves its target
+more room than its source.
 """
 
 from __future__ import annotations
