@@ -4,7 +4,8 @@ replica simulator (core/simulation/replica_simulator.py): co-located (`--disaggr
 every replica prefills and decodes), disaggregated (`always`: P replicas prefill, the others
 decode, every request's KV moves) and Baton's per-request choice (`auto`, the same roles);
 `--layouts` adds `co-located+migrate` and `auto+migrate`, the same with `--migrate auto` (live
-migration of running decodes). Simulated time, so the machine's load changes only the wall time.
+migration of running decodes); `--num-kv-blocks` shrinks every replica's KV cache until long
+answers preempt. Simulated time, so the machine's load changes only the wall time.
 
     python benchmarks/disaggregation.py --replicas 4,8 --seeds 0,1,2,3,4 --jobs 2
 
@@ -63,8 +64,8 @@ class Point:
     layout: str
 
 
-def _config(seed: int) -> SimulationConfig:
-    return SimulationConfig(noise=0.05, seed=seed)
+def _config(args: argparse.Namespace, seed: int) -> SimulationConfig:
+    return SimulationConfig(noise=0.05, seed=seed, num_kv_blocks=args.num_kv_blocks)
 
 
 def draw(args: argparse.Namespace, workload: str, num_requests: int, seed: int, rate: float):
@@ -99,7 +100,7 @@ def saturation(job: tuple[argparse.Namespace, str, int, int]) -> tuple[str, int,
     """One engine's `fcfs` throughput on the seed's requests all queued at once."""
     args, workload, seed, num_requests = job
     backlog = draw(args, workload, num_requests, seed, math.inf)
-    config = _config(seed)
+    config = _config(args, seed)
     unbounded = dataclasses.replace(config.engine, max_wait_ms=math.inf)
     result = simulate("fcfs", backlog, dataclasses.replace(config, engine=unbounded))
     return workload, seed, summarize(result.records)["throughput_rps"]
@@ -119,7 +120,7 @@ def run(job: tuple[argparse.Namespace, Point, float]) -> dict:
         kv_transfer_gbps=args.kv_transfer_gbps,
     )
     result = simulate_replicas(
-        args.router, "slo", requests, _config(point.seed), point.replicas, settings
+        args.router, "slo", requests, _config(args, point.seed), point.replicas, settings
     )
     summary = summarize(result.records)
     return {
@@ -132,6 +133,7 @@ def run(job: tuple[argparse.Namespace, Point, float]) -> dict:
         "rejected": summary["rejected"],
         "ttft_p99_ms": summary["ttft_p99_ms"],
         "tpot_p99_ms": summary["tpot_p99_ms"],
+        "preemptions": result.num_preemptions,
         "transfers": len(result.transfers),
         "migrations": sum(t.migration for t in result.transfers),
         "transfer_ms_mean": statistics.mean(t.seconds * 1000 for t in result.transfers)
@@ -200,6 +202,12 @@ def main() -> None:
     parser.add_argument("--kv-transfer-gbps", type=float, default=50.0)
     parser.add_argument(
         "--router", default="slo", help="the router placing requests (slo balances by forecast)"
+    )
+    parser.add_argument(
+        "--num-kv-blocks",
+        type=int,
+        default=SimulationConfig().num_kv_blocks,
+        help="KV blocks per replica (fewer: long answers outgrow a replica's cache)",
     )
     parser.add_argument("--jobs", type=int, default=1)
     args = parser.parse_args()

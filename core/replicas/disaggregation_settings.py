@@ -32,9 +32,9 @@ class DisaggregationSettings:
     migrate: str = setting(
         "never",
         choices=MIGRATE_MODES,
-        help="auto: move a running decode from a replica about to miss its TPOT targets to "
-        "one with room, its KV as a prefilled prompt's (any layout); never: a decode stays "
-        "where it started",
+        help="auto: move a running decode from a replica about to miss its TPOT targets or "
+        "to run out of KV blocks to one with room, its KV as a prefilled prompt's (any "
+        "layout); never: a decode stays where it started",
     )
     kv_transfer_latency_ms: float = setting(
         0.5,

@@ -93,6 +93,12 @@ class ReplicaLedger:
     def max_num_seqs(self) -> int:
         return self.forecast.max_num_seqs
 
+    @property
+    def num_free_kv_blocks(self) -> int:
+        """KV blocks free at the replica's last snapshot; a cached prefix's free block counts,
+        as a new block evicts it."""
+        return round((1.0 - self.stats.kv_cache_usage) * self.num_kv_blocks)
+
     def cached_blocks(self, block_hashes: Sequence[bytes]) -> int:
         """How many of a prompt's leading blocks this replica's prefix cache likely holds."""
         count = 0
