@@ -186,6 +186,16 @@ def _attainment(records) -> float:
     return sum(met) / len(met)
 
 
+def _round_robin_runs(workload, config: SimulationConfig) -> dict:
+    """The workload over two replicas behind round-robin, without and with migration."""
+    return {
+        mode: simulate_replicas(
+            "round-robin", "slo", workload, config, 2, DisaggregationSettings(migrate=mode)
+        )
+        for mode in ("never", "auto")
+    }
+
+
 def test_simulated_migrations_even_out_a_lopsided_placement_and_keep_every_answer():
     # Round-robin over two replicas sends every long answer to replica 0: its decodes outgrow
     # the target while replica 1 idles, which moving some of them fixes.
@@ -193,17 +203,7 @@ def test_simulated_migrations_even_out_a_lopsided_placement_and_keep_every_answe
         WorkloadRequest(i / 20, 64, c.output.median, c.max_tokens, c)
         for i, c in enumerate([LONG, SHORT] * 100)
     ]
-    runs = {
-        mode: simulate_replicas(
-            "round-robin",
-            "slo",
-            workload,
-            SimulationConfig(),
-            2,
-            DisaggregationSettings(migrate=mode),
-        )
-        for mode in ("never", "auto")
-    }
+    runs = _round_robin_runs(workload, SimulationConfig())
     moves = [t for t in runs["auto"].transfers if t.migration]
     assert not any(t.migration for t in runs["never"].transfers)
     assert moves and {(t.source, t.target) for t in moves} == {(0, 1)}
@@ -227,17 +227,7 @@ def test_simulated_migrations_spare_a_full_replica_its_preemptions():
         WorkloadRequest(i / 2, 64, c.output.median, c.max_tokens, c)
         for i, c in enumerate([LONG, SHORT] * 20)
     ]
-    runs = {
-        mode: simulate_replicas(
-            "round-robin",
-            "slo",
-            workload,
-            SimulationConfig(num_kv_blocks=72),
-            2,
-            DisaggregationSettings(migrate=mode),
-        )
-        for mode in ("never", "auto")
-    }
+    runs = _round_robin_runs(workload, SimulationConfig(num_kv_blocks=72))
     moves = [t for t in runs["auto"].transfers if t.migration]
     assert {(t.source, t.target) for t in moves} == {(0, 1)}
     assert runs["never"].num_preemptions >= 20
