@@ -140,6 +140,24 @@ MIXED_QUERY_LENS = [1, 6, 3, 8, 1]
 MIXED_SEQ_LENS = [11, 6, 13, 8, 1]
 
 
+def triton_on_mixed(q, kv_cache, tables, query_start_loc, scale: float, **options) -> torch.Tensor:
+    """`paged_attention_triton` over the MIXED batch `packed_batch` built, in 16-row tiles (which
+    split the longer chunks across programs) and 16-token KV tiles (four blocks; 16 is the
+    smallest tile `tl.dot` compiles for natively)."""
+    return paged_attention_triton(
+        q,
+        kv_cache,
+        tables,
+        int32(query_start_loc),
+        int32(MIXED_SEQ_LENS),
+        max(MIXED_QUERY_LENS),
+        scale,
+        block_m=16,
+        block_n=16,
+        **options,
+    )
+
+
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim"),
     [(2, 2, 64), (8, 2, 128), (8, 1, 64), (7, 1, 16)],
@@ -154,19 +172,7 @@ def test_paged_attention_mixed_decode_and_prefill_matches_reference(
     )
     scale = head_dim**-0.5
     expected = paged_attention_ref(q, kv_cache, tables, query_start_loc, MIXED_SEQ_LENS, scale)
-    # 16-row tiles split the longer chunks across programs; 16-token KV tiles span four blocks
-    # (16 is the smallest tile `tl.dot` compiles for natively).
-    actual = paged_attention_triton(
-        q,
-        kv_cache,
-        tables,
-        int32(query_start_loc),
-        int32(MIXED_SEQ_LENS),
-        max(MIXED_QUERY_LENS),
-        scale,
-        block_m=16,
-        block_n=16,
-    )
+    actual = triton_on_mixed(q, kv_cache, tables, query_start_loc, scale)
     close(actual, expected, torch.float32)
 
 
@@ -179,18 +185,8 @@ def test_paged_attention_window_and_softcap_match_reference(window, softcap):
     expected = paged_attention_ref(
         q, kv_cache, tables, query_start_loc, MIXED_SEQ_LENS, 0.25, window, softcap
     )
-    actual = paged_attention_triton(
-        q,
-        kv_cache,
-        tables,
-        int32(query_start_loc),
-        int32(MIXED_SEQ_LENS),
-        max(MIXED_QUERY_LENS),
-        0.25,
-        window=window,
-        softcap=softcap,
-        block_m=16,
-        block_n=16,
+    actual = triton_on_mixed(
+        q, kv_cache, tables, query_start_loc, 0.25, window=window, softcap=softcap
     )
     close(actual, expected, torch.float32)
 
@@ -209,19 +205,7 @@ def test_paged_attention_sinks_match_reference_with_windows_and_gqa(window, num_
     expected = paged_attention_ref(
         q, kv_cache, tables, query_start_loc, MIXED_SEQ_LENS, 0.25, window, None, sinks=sinks
     )
-    actual = paged_attention_triton(
-        q,
-        kv_cache,
-        tables,
-        int32(query_start_loc),
-        int32(MIXED_SEQ_LENS),
-        max(MIXED_QUERY_LENS),
-        0.25,
-        window=window,
-        sinks=sinks,
-        block_m=16,
-        block_n=16,
-    )
+    actual = triton_on_mixed(q, kv_cache, tables, query_start_loc, 0.25, window=window, sinks=sinks)
     close(actual, expected, torch.float32)
 
 

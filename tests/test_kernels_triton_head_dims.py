@@ -34,6 +34,7 @@ from tests.test_kernels_triton import (
     close,
     int32,
     packed_batch,
+    triton_on_mixed,
 )
 
 HEAD_DIMS = [80, 96, 192, 64]
@@ -51,19 +52,8 @@ def test_paged_attention_with_window_softcap_and_sinks_at_any_head_size(head_dim
     expected = paged_attention_ref(
         q, kv_cache, tables, query_start_loc, MIXED_SEQ_LENS, scale, 5, 1.5, sinks=sinks
     )
-    actual = paged_attention_triton(
-        q,
-        kv_cache,
-        tables,
-        int32(query_start_loc),
-        int32(MIXED_SEQ_LENS),
-        max(MIXED_QUERY_LENS),
-        scale,
-        window=5,
-        softcap=1.5,
-        sinks=sinks,
-        block_m=16,
-        block_n=16,
+    actual = triton_on_mixed(
+        q, kv_cache, tables, query_start_loc, scale, window=5, softcap=1.5, sinks=sinks
     )
     close(actual, expected, torch.float32)
 
