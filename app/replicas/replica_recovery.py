@@ -19,8 +19,9 @@ from baton.app.replicas.ray_replica import ReplicaInfo
 from baton.app.replicas.replica_views import new_ledger
 from baton.app.replicas.request_table import RequestTable
 from baton.core.config import EngineConfig
+from baton.core.replicas.disaggregation import DisaggregatingRouter
 from baton.core.replicas.migration import MigrationPlanner
-from baton.core.replicas.router import NoReplicaError, Router
+from baton.core.replicas.router import NoReplicaError
 from baton.core.request import EngineRequest
 
 logger = logging.getLogger("baton.replicas")
@@ -35,15 +36,15 @@ REPLICA_DIED = (
 
 class ReplicaRecovery:
     """Recovery of the replicas `actors` (Ray actor handles by replica id; `infos` kept current
-    as they come back) as `router` sees them, for the requests in `table`: `resend` places a
-    request again, `stopped` says the server is stopping."""
+    as they come back) as `placement`'s router sees them, for the requests in `table`: `resend`
+    places a request again, `stopped` says the server is stopping."""
 
     def __init__(
         self,
         actors: Sequence[ray.actor.ActorHandle],
         infos: list[ReplicaInfo],
         config: EngineConfig,
-        router: Callable[[], Router],
+        placement: DisaggregatingRouter,
         table: RequestTable,
         migration: MigrationPlanner,
         resend: Callable[[EngineRequest], None],
@@ -52,7 +53,7 @@ class ReplicaRecovery:
         self.actors = actors
         self.infos = infos
         self.config = config
-        self.router = router
+        self.placement = placement
         self.table = table
         self.migration = migration
         self.resend = resend
@@ -61,7 +62,7 @@ class ReplicaRecovery:
     def lost(self, replica: int) -> None:
         """Replica `replica` died or hung: the router stops sending to it at once; its requests
         that sent no token go to another replica, the others end with a clean error."""
-        replicas = self.router().replicas
+        replicas = self.placement.router.replicas
         old = replicas[replica]
         fresh = new_ledger(self.config, replica, self.infos[replica])
         fresh.healthy = False
@@ -92,7 +93,7 @@ class ReplicaRecovery:
                 await asyncio.sleep(1.0)
                 continue
             self.infos[replica] = info
-            self.router().replicas[replica] = new_ledger(self.config, replica, info)
+            self.placement.router.replicas[replica] = new_ledger(self.config, replica, info)
             logger.info("engine replica %d is back (pid %d)", replica, info.pid)
             return
 
@@ -105,7 +106,7 @@ class ReplicaRecovery:
         while not self.stopped():
             await asyncio.sleep(period)
             now = time.monotonic()
-            for ledger in list(self.router().replicas):
+            for ledger in list(self.placement.router.replicas):
                 replica = ledger.replica_id
                 if moving[replica] or not ledger.stalled(now, stall_timeout_s):
                     continue

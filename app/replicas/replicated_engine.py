@@ -90,7 +90,7 @@ class ReplicatedEngine:
             self.actors,
             self.infos,
             config,
-            lambda: self.router,
+            self.placement,
             self.requests,
             self.migration,
             self._send,
