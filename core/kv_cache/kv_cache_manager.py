@@ -222,6 +222,11 @@ class KVCacheManager:
     def holds(self, request_id: str) -> bool:
         return request_id in self._blocks
 
+    def num_held_blocks(self, request_id: str) -> int:
+        """Blocks `request_id` holds now (none freed out of its window)."""
+        blocks = self._blocks.get(request_id)
+        return 0 if blocks is None else len(blocks) - self._num_window_freed.get(request_id, 0)
+
     def _extend_hashes(self, request: Request, num_blocks: int) -> None:
         hashes = request.block_hashes
         size = self.block_size

@@ -70,6 +70,10 @@ class SchedulingPolicy(ABC):
     # admitted request's maximum length of KV, lets no request past the starvation bound into
     # a running batch and charges its padding (core/scheduling/static_batch.py).
     static_batching: bool = False
+    # A prompt starts only if the running requests and it still fit the KV pool as they grow
+    # to their predicted lengths (core/scheduling/kv_growth.py); off, a prompt starts whenever
+    # its next chunk fits, as in vLLM.
+    leaves_kv_growth_room: bool = False
 
     def __init__(self, context: PolicyContext | None = None) -> None:
         self.context = context or PolicyContext()

@@ -19,6 +19,7 @@ from baton.core.batch import Batch, ExecutorOutput, ScheduledSequence
 from baton.core.kv_cache.kv_cache_manager import KVCacheManager
 from baton.core.pooling import Pooling
 from baton.core.request import FinishReason, Request, RequestStatus
+from baton.core.scheduling.kv_growth import GrowthForecast, GrowthRoom
 from baton.core.scheduling.policy import UNLIMITED, SchedulerView, SchedulingPolicy, StepPlan
 from baton.core.scheduling.starvation_bound import StarvationBound
 from baton.core.scheduling.static_batch import StaticBatch, reserved_tokens
@@ -56,6 +57,13 @@ class Scheduler:
             max_num_batched_tokens,
             max_preemptions,
         )
+        self.growth = (
+            GrowthForecast(kv_cache, policy.context.length_predictor)
+            if policy.leaves_kv_growth_room
+            else None
+        )
+        # The step's view of the running requests' growth, taken at its first admission.
+        self._room: GrowthRoom | None = None
         # Speculative decoding; never under static batching, whose slots step in lockstep.
         self.speculator = None if policy.static_batching else speculator
         # In arrival order, so the requests nearest the starvation bound are at the front.
@@ -132,6 +140,7 @@ class Scheduler:
         batch = Batch()
         self._scheduled = set()
         self._blocks_in_flight = set()
+        self._room = None
         token_budget = self.max_num_batched_tokens
         overdue = self.bound.overdue(self.waiting, self.running, now)
         preempted = self.bound.make_room(overdue, self.running, now, self._preempt)
@@ -229,9 +238,10 @@ class Scheduler:
             elif len(self.running) < self.max_num_seqs and (admitting or request in overdue):
                 # Without a prefill limit (static batching forming its batch) everyone starts
                 # now: a request held back would wait for the whole batch to drain.
-                may_wait = plan.prefill_budget < UNLIMITED and request not in overdue
+                is_overdue = request in overdue
+                may_wait = plan.prefill_budget < UNLIMITED and not is_overdue
                 used = self._admit(
-                    batch, request, prefill_budget, plan.context_weight, now, may_wait
+                    batch, request, prefill_budget, plan.context_weight, now, may_wait, is_overdue
                 )
                 if used is None:
                     admitting = False
@@ -260,10 +270,12 @@ class Scheduler:
         context_weight: float,
         now: float,
         may_wait: bool = False,
+        overdue: bool = False,
     ) -> int | None:
         """Start prefilling a waiting request; the budget it used (0: no room for a chunk of
         it, or, if it `may_wait`, its prefix is being computed for another request this step),
-        or None if blocks ran out."""
+        or None if blocks ran out (or, under a policy that leaves the running requests room to
+        grow, would: an `overdue` request starts all the same)."""
         prefix = self.kv_cache.usable_prefix(request)
         scored_from = request.prompt_logprobs_from
         # Requests sharing a prompt (the choices of `n`) arrive together: the first computes
@@ -282,6 +294,11 @@ class Scheduler:
         num_new = min(request.num_tokens - num_hit, prefill_budget - overhead)
         if num_new <= 0:
             return 0
+        if self.growth is not None and self.growth.ready and not overdue:
+            if self._room is None:
+                self._room = self.growth.room(self.running)
+            if not self._room.admits(request):
+                return None
         # A static slot holds KV for its longest possible answer from the start (so fewer fit).
         num_held = reserved_tokens(request) - num_hit if self.policy.static_batching else num_new
         if not self.kv_cache.allocate_slots(request, num_held, prefix):
@@ -298,6 +315,8 @@ class Scheduler:
         self.prefix_cache_queries += request.num_tokens
         self.prefix_cache_hits += num_hit
         self.running.append(request)
+        if self._room is not None:
+            self._room.add(request)
         self._add(batch, request, num_new)
         return num_new + overhead
 

@@ -22,6 +22,7 @@ MAX_ERROR_HEADROOM = 0.25
 
 class SLOPolicy(SchedulingPolicy):
     name = "slo"
+    leaves_kv_growth_room = True
 
     def plan(self, view: SchedulerView) -> StepPlan:
         capped, context_weight = self.prefill_budget_and_weight(view)
