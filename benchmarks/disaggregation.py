@@ -28,6 +28,7 @@ import math
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 
+from baton.core.config import EngineConfig
 from baton.core.replicas.disaggregation_settings import DisaggregationSettings
 from baton.core.simulation.records import summarize
 from baton.core.simulation.replica_simulator import simulate_replicas
@@ -65,7 +66,8 @@ class Point:
 
 
 def _config(args: argparse.Namespace, seed: int) -> SimulationConfig:
-    return SimulationConfig(noise=0.05, seed=seed, num_kv_blocks=args.num_kv_blocks)
+    engine = EngineConfig(enable_prefix_caching=False, kv_growth_forecast=args.kv_growth_forecast)
+    return SimulationConfig(engine=engine, noise=0.05, seed=seed, num_kv_blocks=args.num_kv_blocks)
 
 
 def draw(args: argparse.Namespace, workload: str, num_requests: int, seed: int, rate: float):
@@ -208,6 +210,12 @@ def main() -> None:
         type=int,
         default=SimulationConfig().num_kv_blocks,
         help="KV blocks per replica (fewer: long answers outgrow a replica's cache)",
+    )
+    parser.add_argument(
+        "--kv-growth-forecast",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="admission leaves the running requests room to grow (off: as before it did)",
     )
     parser.add_argument("--jobs", type=int, default=1)
     args = parser.parse_args()

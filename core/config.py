@@ -83,6 +83,11 @@ class EngineConfig:
     max_preemptions: int = setting(
         3, help="a request preempted this many times is never preempted again"
     )
+    kv_growth_forecast: bool = setting(
+        True,
+        help="with the slo policy, start a prompt only if the running requests and it still fit "
+        "the KV cache as they grow to their predicted lengths, instead of preempting one later",
+    )
     # 0 turns SLO admission control off.
     slo_admission_factor: float = setting(
         3.0,

@@ -107,6 +107,7 @@ class Engine:
             config.max_wait_ms / 1000,
             config.max_preemptions,
             self.speculator,
+            config.kv_growth_forecast,
         )
         self.outputs = OutputProcessor(tokenizer, eos_token_ids, max_model_len)
         self.hand_offs = HandOffs(

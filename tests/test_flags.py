@@ -125,6 +125,7 @@ def test_a_flag_serve_and_simulate_share_is_the_same_field_with_the_same_help() 
         "--block-size",
         "--device",
         "--disaggregate",
+        "--kv-growth-forecast",
         "--kv-transfer-gbps",
         "--kv-transfer-latency-ms",
         "--max-num-batched-tokens",

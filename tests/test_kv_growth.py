@@ -45,10 +45,12 @@ def test_peak_blocks_matches_a_step_by_step_count(members, block_size, window_bl
     assert peak_blocks(tokens, remaining, block_size, window_blocks) == expected
 
 
-def warmed_engine(policy: str, observations: int = MIN_OBSERVATIONS) -> Engine:
+def warmed_engine(policy: str, observations: int = MIN_OBSERVATIONS, **config) -> Engine:
     """An engine whose length predictor has seen `observations` answers run to max_tokens,
-    so it predicts every answer runs to max_tokens."""
-    engine = make_engine(num_kv_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, scheduling_policy=policy)
+    so it predicts every answer runs to max_tokens; `config` are more EngineConfig fields."""
+    engine = make_engine(
+        num_kv_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, scheduling_policy=policy, **config
+    )
     for i in range(observations):
         add_request(engine, make_request(f"warm{i}", [i + 1] * 8, max_tokens=4))
     while engine.has_unfinished_requests:
@@ -87,6 +89,26 @@ def test_slo_holds_a_prompt_back_until_the_running_requests_leave_it_room():
     assert engine.scheduler.num_preemptions == 0
 
 
+def test_a_shared_prefix_counts_once():
+    # Three blocks of each prompt are one cached prefix, held once: all three fit at full
+    # length (3 + 3 x 7 = 24 blocks), though three whole requests (3 x 10) would not.
+    engine = warmed_engine("slo")
+    shared = [7] * (3 * BLOCK_SIZE)
+    requests = [
+        add_request(
+            engine,
+            make_request(f"r{i}", shared + [100 + i] * (PROMPT - len(shared)), max_tokens=ANSWER),
+        )
+        for i in range(3)
+    ]
+    engine.step()  # the first computes the prefix; the others read it from the cache next
+    engine.step()
+    assert all(r.status is RequestStatus.RUNNING for r in requests)
+    finish(engine)
+    assert all(r.num_output_tokens == ANSWER for r in requests)
+    assert engine.scheduler.num_preemptions == 0
+
+
 def test_fcfs_admits_the_prompt_and_preempts_when_the_pool_runs_out():
     engine = warmed_engine("fcfs")
     requests = start_three(engine)
@@ -94,6 +116,12 @@ def test_fcfs_admits_the_prompt_and_preempts_when_the_pool_runs_out():
     finish(engine)
     assert all(r.num_output_tokens == ANSWER for r in requests)
     assert engine.scheduler.num_preemptions > 0
+
+
+def test_the_forecast_can_be_turned_off():
+    engine = warmed_engine("slo", kv_growth_forecast=False)
+    requests = start_three(engine)
+    assert all(r.status is RequestStatus.RUNNING for r in requests)
 
 
 def test_a_cold_predictor_holds_nothing_back():

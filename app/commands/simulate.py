@@ -66,6 +66,7 @@ ENGINE = FlagGroup(
         "num_kv_blocks",
         "max_wait_ms",
         "max_preemptions",
+        "kv_growth_forecast",
         "slo_admission_factor",
         "speculative_method",
         "num_speculative_tokens",

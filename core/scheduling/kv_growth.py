@@ -118,15 +118,21 @@ class GrowthRoom:
             self._blocks(n + g) for n, g in zip(self.tokens, self.remaining, strict=True)
         )
 
+    def _member(self, request: Request, shared_blocks: int) -> tuple[int, int]:
+        """Its tokens, less the shared ones (whole blocks, so its own blocks count exactly),
+        and the tokens it is still expected to produce."""
+        own = request.num_tokens - shared_blocks * self.forecast.kv_cache.block_size
+        return own, self.forecast.remaining_tokens(request)
+
     def _blocks(self, num_tokens: int) -> int:
         return self.forecast.kv_cache.max_blocks_held(num_tokens, 1)
 
-    def admits(self, request: Request) -> bool:
-        """Whether `request` may start: always beside nothing (waiting frees nothing)."""
+    def admits(self, request: Request, shared_blocks: int = 0) -> bool:
+        """Whether `request` may start: always beside nothing (waiting frees nothing).
+        `shared_blocks`: blocks of its cached prefix that running requests hold already."""
         if not self.tokens:
             return True
-        n = request.num_tokens
-        g = self.forecast.remaining_tokens(request)
+        n, g = self._member(request, shared_blocks)
         # The common case needs no forecast: everyone at full length at once still fits.
         if self.final + self._blocks(n + g) <= self.capacity:
             return True
@@ -139,10 +145,9 @@ class GrowthRoom:
         )
         return peak <= self.capacity
 
-    def add(self, request: Request) -> None:
+    def add(self, request: Request, shared_blocks: int = 0) -> None:
         """`request` started this step."""
-        n = request.num_tokens
-        g = self.forecast.remaining_tokens(request)
+        n, g = self._member(request, shared_blocks)
         self.tokens.append(n)
         self.remaining.append(g)
         self.final += self._blocks(n + g)

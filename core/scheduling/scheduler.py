@@ -41,6 +41,7 @@ class Scheduler:
         max_wait_s: float = math.inf,
         max_preemptions: int = 3,
         speculator: Speculator | None = None,
+        kv_growth_forecast: bool = True,
     ) -> None:
         self.kv_cache = kv_cache
         self.policy = policy
@@ -59,7 +60,7 @@ class Scheduler:
         )
         self.growth = (
             GrowthForecast(kv_cache, policy.context.length_predictor)
-            if policy.leaves_kv_growth_room
+            if policy.leaves_kv_growth_room and kv_growth_forecast
             else None
         )
         # The step's view of the running requests' growth, taken at its first admission.
@@ -294,10 +295,12 @@ class Scheduler:
         num_new = min(request.num_tokens - num_hit, prefill_budget - overhead)
         if num_new <= 0:
             return 0
+        # Prefix blocks a running request holds already are not the newcomer's to grow.
+        shared = sum(1 for block in prefix if block.ref_count > 0)
         if self.growth is not None and self.growth.ready and not overdue:
             if self._room is None:
                 self._room = self.growth.room(self.running)
-            if not self._room.admits(request):
+            if not self._room.admits(request, shared):
                 return None
         # A static slot holds KV for its longest possible answer from the start (so fewer fit).
         num_held = reserved_tokens(request) - num_hit if self.policy.static_batching else num_new
@@ -316,7 +319,7 @@ class Scheduler:
         self.prefix_cache_hits += num_hit
         self.running.append(request)
         if self._room is not None:
-            self._room.add(request)
+            self._room.add(request, shared)
         self._add(batch, request, num_new)
         return num_new + overhead
 
