@@ -140,6 +140,22 @@ def test_hand_off_goes_to_the_decode_replica_with_room_and_records_it_as_decodin
     assert router.hand_off("s", 1500, TIGHT, (), source=0, now=0.0) == 0
 
 
+def test_hand_off_passes_over_a_decode_replica_without_kv_room_for_it():
+    router = _router("auto", num_replicas=3)
+    _, nearly_full, roomy = router.router.replicas
+    # One long decode holds 244 of the replica's 256 blocks: the shortest step, but a
+    # 1,500-token prompt's 94 blocks would make it preempt.
+    nearly_full.add("long", 3900, TIGHT, (), 0.0)
+    nearly_full.forecast.first_token("long", 0.0)
+    _decoding(roomy, 10)
+    assert router.hand_off("r", 1500, TIGHT, (), source=0, now=0.0) == roomy.replica_id
+    # With no decode replica that has the room, the prefill replica keeps it: no move, and
+    # its own engine decides when its prompt starts.
+    roomy.add("long-too", 3900, TIGHT, (), 0.0)
+    roomy.forecast.first_token("long-too", 0.0)
+    assert router.hand_off("s", 1500, TIGHT, (), source=0, now=0.0) == 0
+
+
 def test_hand_off_passes_over_a_decode_replica_that_owes_a_prompt():
     router = _router("auto", num_replicas=3)
     _, chunking, decoding = router.router.replicas

@@ -20,6 +20,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from baton.core.kv_cache.kv_cache_manager import blocks_needed
+from baton.core.replicas.kv_room import room_blocks
 from baton.core.replicas.kv_transfer import TransferCost
 from baton.core.replicas.replica_ledger import ReplicaLedger
 from baton.core.replicas.router import Candidate, NoReplicaError, Router, RouteRequest
@@ -124,9 +126,10 @@ class DisaggregatingRouter:
     ) -> int:
         """The replica to decode a request handed off at its first token by replica `source`:
         of the decode replicas (under `auto` also `source` itself, which needs no transfer),
-        first those whose decode step with it keeps its TPOT target (transfer counted) and
-        that have a place free, decode replicas before `source`, then the shortest step, then
-        the fewest tokens held; recorded in its ledger as decoding."""
+        first those whose decode step with it keeps its TPOT target (transfer counted), that
+        have a place free and, for a replica it would move to, the KV room for it, decode
+        replicas before `source`, then the shortest step, then the fewest tokens held;
+        recorded in its ledger as decoding."""
         replicas = self._healthy(Role.DECODE)
         prefiller = self.router.replicas[source]
         if self.mode == "auto" and prefiller.healthy:
@@ -134,7 +137,16 @@ class DisaggregatingRouter:
         if not replicas:
             raise NoReplicaError("no decode replica is serving; they are restarting")
         target_s = math.inf if slo.tpot_ms is None else slo.tpot_ms / 1000
-        moved_s = self.transfer_s(num_prompt_tokens) / max(1.0, _mean_intervals(replicas))
+        intervals = max(1.0, _mean_intervals(replicas))
+        moved_s = self.transfer_s(num_prompt_tokens) / intervals
+
+        def lacks_room(replica: ReplicaLedger) -> bool:
+            # A full replica would preempt a decode to take it, and recompute that decode's
+            # KV. What counts is the growth until its next decode is expected to end and give
+            # blocks back: one request's mean life spread over the decodes sharing it.
+            horizon = math.ceil(intervals / max(1, replica.num_in_flight))
+            needed = blocks_needed(num_prompt_tokens + 1, replica.block_size)
+            return room_blocks(replica, horizon) < needed
 
         def rank(replica: ReplicaLedger) -> tuple:
             if replica is prefiller:
@@ -142,7 +154,9 @@ class DisaggregatingRouter:
             else:
                 step_s, delay_s = _landing_step_s(replica, num_prompt_tokens), moved_s
             return (
-                step_s + delay_s > target_s or replica.num_in_flight >= replica.max_num_seqs,
+                step_s + delay_s > target_s
+                or replica.num_in_flight >= replica.max_num_seqs
+                or (replica is not prefiller and lacks_room(replica)),
                 replica is prefiller,
                 step_s,
                 replica.num_tokens,

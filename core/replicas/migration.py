@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from baton.core.kv_cache.kv_cache_manager import blocks_needed
 from baton.core.replicas.disaggregation import DisaggregatingRouter, Role
+from baton.core.replicas.kv_room import blocks_short, room_blocks
 from baton.core.replicas.replica_ledger import ReplicaLedger
 from baton.core.request import SLO
 from baton.core.scheduling.feasibility import MIN_CAPPED_PREFILL
@@ -111,7 +112,7 @@ class MigrationPlanner:
         if not least_prefill:
             order = _tightest_first
         else:
-            short = _blocks_short(source, horizon)
+            short = blocks_short(source, horizon)
             if short == 0:
                 return None
             order = _relief_order(short, source.block_size)
@@ -126,7 +127,7 @@ class MigrationPlanner:
         ]
         if not targets:
             return None
-        room = {target.replica_id: _room_blocks(target, horizon) for target in targets}
+        room = {target.replica_id: room_blocks(target, horizon) for target in targets}
         lifetime_s = source.forecast.lifetime_s
         decodes = sorted(
             (order(tpot_s, source.num_tokens_of(request_id)), request_id, first_token_s, tpot_s)
@@ -194,39 +195,6 @@ def _misses_target(replica: ReplicaLedger) -> bool:
     owed = min(replica.forecast.owed_tokens, MIN_CAPPED_PREFILL)
     context = sum(replica.num_tokens_of(request_id) for request_id, _, _ in decodes)
     return replica.stats.step_cost.predict_step(owed, len(decodes), context) > tightest_s
-
-
-def _growth_blocks(replica: ReplicaLedger, horizon: int) -> int:
-    """The KV blocks `replica`'s decodes grow into over the next `horizon` steps, a token
-    each a step."""
-    block_size = replica.block_size
-    growth = 0
-    for request_id, _, _ in replica.forecast.decodes():
-        # Its last token's KV is written by its next step.
-        held = replica.num_tokens_of(request_id) - 1
-        growth += blocks_needed(held + horizon, block_size) - blocks_needed(held, block_size)
-    return growth
-
-
-def _blocks_short(replica: ReplicaLedger, horizon: int) -> int:
-    """How many more KV blocks `replica`'s decodes grow into over the next `horizon` steps
-    than it has free; 0 when it has enough."""
-    return max(0, _growth_blocks(replica, horizon) - replica.num_free_kv_blocks)
-
-
-def _room_blocks(replica: ReplicaLedger, horizon: int) -> int:
-    """The KV blocks a decode moved to `replica` may take, its own decodes' growth over
-    `horizon` steps kept: the fewer of what its snapshot shows free less what the prompts it
-    owes take as they prefill, and what the requests routed there leave of its blocks once
-    each holds all its tokens (hand-offs still in transit included, which no snapshot shows)."""
-    block_size = replica.block_size
-    owed = blocks_needed(replica.forecast.owed_tokens, block_size)
-    routed = sum(
-        blocks_needed(replica.num_tokens_of(request_id), block_size)
-        for request_id in replica.request_ids
-    )
-    free = min(replica.num_free_kv_blocks - owed, replica.num_kv_blocks - routed)
-    return free - _growth_blocks(replica, horizon)
 
 
 def _tightest_first(tpot_s: float, num_tokens: int) -> tuple[float, int]:
