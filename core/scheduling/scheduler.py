@@ -275,8 +275,8 @@ class Scheduler:
     ) -> int | None:
         """Start prefilling a waiting request; the budget it used (0: no room for a chunk of
         it, or, if it `may_wait`, its prefix is being computed for another request this step),
-        or None if blocks ran out (or, under a policy that leaves the running requests room to
-        grow, would: an `overdue` request starts all the same)."""
+        or None if blocks ran out or the policy's KV growth forecast holds it back (never an
+        `overdue` one)."""
         prefix = self.kv_cache.usable_prefix(request)
         scored_from = request.prompt_logprobs_from
         # Requests sharing a prompt (the choices of `n`) arrive together: the first computes
