@@ -37,6 +37,8 @@ import httpx
 
 from baton.core.metrics import latency
 
+# Two replicas, each on one CPU thread of its own.
+REPLICAS = ["--replicas", "2", "--replica-cpus", "1", "--cpu-threads", "1"]
 LAYOUTS = {
     "1 prefill + 1 decode": ["--prefill-replicas", "1", "--disaggregate", "always"],
     "2 co-located": ["--prefill-replicas", "0"],
@@ -58,12 +60,12 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 class Server:
-    """`baton serve` in a subprocess on a free port, until the block ends."""
+    """`baton serve --device cpu` with `flags` in a subprocess on `port`, until the block
+    ends."""
 
     def __init__(self, model: Path, port: int, flags: list[str], log: Path) -> None:
         command = [sys.executable, "-m", "baton.app.cli", "serve", "--model", str(model)]
-        command += ["--device", "cpu", "--port", str(port), "--replicas", "2"]
-        command += ["--replica-cpus", "1", "--cpu-threads", "1", *flags]
+        command += ["--device", "cpu", "--port", str(port), *flags]
         self.command = command
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
@@ -218,7 +220,7 @@ def free_port() -> int:
 def run_round(model: Path, layout: str, args: argparse.Namespace, seed: int, logs: Path) -> dict:
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     log = logs / f"{layout.replace(' ', '_').replace('+', 'and')}-{seed}.log"
-    flags = [*LAYOUTS[layout], *shlex.split(args.server_args)]
+    flags = [*REPLICAS, *LAYOUTS[layout], *shlex.split(args.server_args)]
     with Server(model, free_port(), flags, log) as server:
         load_before = os.getloadavg()[0]
         records = asyncio.run(workload(server.url, args, vocab, seed))
