@@ -3,7 +3,7 @@ they decode to their predicted lengths, each giving its blocks back when it ends
 
 Admission that looks only at the next chunk lets a busy engine refill every block a finished
 request frees with a new prompt; a few steps later the running decodes outgrow the pool and one
-is preempted and recomputed, which costs more than the wait it saved. The forecast uses the
+is preempted: it loses its pace, and its KV is computed again. The forecast uses the
 online length predictor, so it is an expectation, not a bound: a request that runs past its
 prediction can still preempt, as without the check.
 """
