@@ -157,6 +157,7 @@ class Engine:
             kv_cache_usage=self.kv_cache.usage,
             num_steps=self.num_steps,
             num_preemptions=scheduler.num_preemptions,
+            num_kv_growth_holds=scheduler.num_kv_growth_holds,
             prefix_cache_queries=scheduler.prefix_cache_queries,
             prefix_cache_hits=scheduler.prefix_cache_hits,
             kv_blocks_freed_by_window=self.kv_cache.num_window_freed_blocks,

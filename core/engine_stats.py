@@ -20,6 +20,8 @@ class EngineStats:
     kv_cache_usage: float = 0.0
     num_steps: int = 0
     num_preemptions: int = 0
+    # Steps in which the KV growth forecast held a waiting prompt back.
+    num_kv_growth_holds: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     # KV blocks freed because they slid out of every layer's attention window.

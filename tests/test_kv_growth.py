@@ -84,7 +84,10 @@ def test_slo_holds_a_prompt_back_until_the_running_requests_leave_it_room():
         RequestStatus.RUNNING,
         RequestStatus.WAITING,
     ]
+    # Counted once a step it held the prompt back, for /metrics and /v1/stats.
+    assert engine.make_stats().num_kv_growth_holds == 1
     finish(engine)
+    assert engine.make_stats().num_kv_growth_holds > 1
     assert all(r.num_output_tokens == ANSWER for r in requests)
     assert engine.scheduler.num_preemptions == 0
 
@@ -122,6 +125,7 @@ def test_the_forecast_can_be_turned_off():
     engine = warmed_engine("slo", kv_growth_forecast=False)
     requests = start_three(engine)
     assert all(r.status is RequestStatus.RUNNING for r in requests)
+    assert engine.make_stats().num_kv_growth_holds == 0
 
 
 def test_a_cold_predictor_holds_nothing_back():

@@ -103,6 +103,7 @@ def test_counters_and_histograms_add_up_after_a_known_workload(llama_checkpoint)
     assert samples["baton:step_decode_tokens_sum"] == received - num_requests
     assert samples["baton:num_requests_running"] == 0
     assert samples["baton:num_preemptions_total"] == 0
+    assert samples["baton:kv_growth_holds_total"] == 0
 
 
 async def refused_over_socket(url: str, body: dict) -> dict:

@@ -93,6 +93,7 @@ def snapshot(state: ServerState, summary: WindowSummary) -> dict[str, Any]:
         "waiting": stats.num_waiting,
         "kv_cache_usage": stats.kv_cache_usage,
         "kv_blocks_freed_by_window": stats.kv_blocks_freed_by_window,
+        "kv_growth_holds": stats.num_kv_growth_holds,
         **window,
         "steps": {"total": stats.num_steps, **window["steps"]},
         "step_cost": step_cost(stats),

@@ -40,6 +40,7 @@ def combined_stats(ledgers: Sequence[ReplicaLedger]) -> EngineStats:
         kv_cache_usage=sum(s.kv_cache_usage for s in snapshots) / len(snapshots),
         num_steps=sum(s.num_steps for s in snapshots),
         num_preemptions=sum(s.num_preemptions for s in snapshots),
+        num_kv_growth_holds=sum(s.num_kv_growth_holds for s in snapshots),
         prefix_cache_queries=sum(s.prefix_cache_queries for s in snapshots),
         prefix_cache_hits=sum(s.prefix_cache_hits for s in snapshots),
     )

@@ -80,6 +80,7 @@ class Scheduler:
         # Under static batching, the batch running: each step's padding is measured by it.
         self._static_batch: StaticBatch | None = None
         self.num_preemptions = 0
+        self.num_kv_growth_holds = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
 
@@ -301,6 +302,7 @@ class Scheduler:
             if self._room is None:
                 self._room = self.growth.room(self.running)
             if not self._room.admits(request, shared):
+                self.num_kv_growth_holds += 1
                 return None
         # A static slot holds KV for its longest possible answer from the start (so fewer fit).
         num_held = reserved_tokens(request) - num_hit if self.policy.static_batching else num_new
