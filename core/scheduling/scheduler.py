@@ -296,9 +296,10 @@ class Scheduler:
         num_new = min(request.num_tokens - num_hit, prefill_budget - overhead)
         if num_new <= 0:
             return 0
+        forecasting = self.growth is not None and self.growth.ready
         # Prefix blocks a running request holds already are not the newcomer's to grow.
-        shared = sum(1 for block in prefix if block.ref_count > 0)
-        if self.growth is not None and self.growth.ready and not overdue:
+        shared = sum(1 for block in prefix if block.ref_count > 0) if forecasting else 0
+        if forecasting and not overdue:
             if self._room is None:
                 self._room = self.growth.room(self.running)
             if not self._room.admits(request, shared):
